@@ -1,0 +1,42 @@
+// `pipeforge`: split TorchScript models into pipeline stages, inspect them,
+// build pipeline schedules and train across ranks.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  using namespace pipeforge::cli;
+  CLI::App app{
+      "Pipeforge: turn a TorchScript model into pipeline-parallel stages and train them.\n"
+      "Typical flow: pipeforge split model.pt --spec split.yaml --out stages/; "
+      "pipeforge inspect stages/; pipeforge train --config train.yaml --nproc 2",
+      "pipeforge"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "pipeforge 0.1.0");
+  app.footer("Run `pipeforge <command> --help` for the options of one command.");
+
+  int exit_code = kExitOk;
+  addSplitCommand(app, exit_code);
+  addInspectCommand(app, exit_code);
+  addScheduleCommand(app, exit_code);
+  addTrainCommand(app, exit_code);
+  addExportCommand(app, exit_code);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // Unknown subcommands and flags, missing values: always exit 2, as the help promises.
+    std::cerr << "pipeforge: error: " << e.what() << "\n"
+              << "Run `pipeforge --help` (or `pipeforge <command> --help`) for usage.\n";
+    return kExitUsage;
+  }
+  return exit_code;
+}

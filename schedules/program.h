@@ -1,0 +1,44 @@
+// A whole schedule: one ordered action list per rank, plus the stage->rank layout.
+//
+// `std::nullopt` entries are the empty cells PyTorch keeps in compute-only
+// schedules (a rank idling on that step); lowered schedules have none.
+#pragma once
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "schedules/action.h"
+
+namespace pipeforge::schedules {
+
+// Every user-caused schedule problem (bad text, bad CSV, invalid or
+// deadlocking schedule, rejected configuration) is reported with this type.
+class ScheduleError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class StageLayout {
+  kLoop,  // stage s on rank s % ranks
+  kV,     // 0,1,..,p-1,p-1,..,0 repeating (ZBV, DualPipeV)
+};
+
+struct Program {
+  int num_ranks = 0;
+  int num_stages = 0;
+  int num_microbatches = 0;
+  std::vector<int> stage_to_rank;                            // size num_stages
+  std::vector<std::vector<std::optional<Action>>> actions;   // [rank][step]
+
+  friend bool operator==(const Program& a, const Program& b) {
+    return a.num_ranks == b.num_ranks && a.num_stages == b.num_stages &&
+           a.num_microbatches == b.num_microbatches && a.stage_to_rank == b.stage_to_rank &&
+           a.actions == b.actions;
+  }
+};
+
+std::vector<int> makeStageToRank(int num_ranks, int num_stages, StageLayout layout);
+
+}  // namespace pipeforge::schedules
