@@ -1,0 +1,82 @@
+// What each action costs: durations of F, I, W and B per stage, the latency of
+// a message between ranks, and the activation memory a microbatch holds on a stage.
+//
+// Times are in one abstract unit chosen by the caller (the CLI documents
+// milliseconds); memory is in another (the CLI uses "activations of one
+// microbatch on one stage" = 1.0 by default). Every simulator result is in
+// those same units.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "schedules/action.h"
+
+namespace pipeforge::schedules {
+
+struct StageCost {
+  double forward = 1.0;          // F
+  double backward_input = 1.0;   // I
+  double backward_weight = 1.0;  // W
+  // B (I and W fused). Absent: backward_input + backward_weight.
+  std::optional<double> full_backward;
+  // Memory one microbatch's activations take on this stage: allocated when its
+  // F starts, released by its I or B (see CostModel::weight_memory_share).
+  double activation_memory = 1.0;
+
+  double fullBackward() const {
+    return full_backward ? *full_backward : backward_input + backward_weight;
+  }
+};
+
+struct CostModel {
+  // One entry that applies to every stage, or exactly one entry per stage.
+  std::vector<StageCost> stages{StageCost{}};
+  // Added to every dependency that crosses ranks (F output to the next stage,
+  // input gradient to the previous one). Handoffs between two stages on the
+  // same rank are free.
+  double comm_latency = 0.0;
+  // When the backward is split, the share of a microbatch's activation memory
+  // that I keeps alive until its W (the weight gradient still needs the layer
+  // inputs); the rest is released when I ends. In [0, 1].
+  double weight_memory_share = 0.5;
+
+  // F, I, W for every stage (B = I + W), activation memory 1.
+  static CostModel uniform(double forward, double backward_input, double backward_weight,
+                           double comm_latency = 0.0);
+
+  // The costs of `stage`; throws ScheduleError when the model has per-stage
+  // entries and `stage` is outside them.
+  const StageCost& stage(int stage) const;
+
+  // How long `action` occupies its rank: its F/I/W/B cost, the sum of both
+  // halves for OVERLAP_F_B, zero for communication, UNSHARD, RESHARD and REDUCE_GRAD.
+  double duration(const Action& action) const;
+
+  // Throws ScheduleError when the model cannot describe a program with
+  // `num_stages` stages: a per-stage list of another length, a negative or
+  // non-finite cost, a non-positive F/I/W/B duration, a share outside [0, 1].
+  void check(int num_stages) const;
+};
+
+// Parses the CLI form "F,I,W" or "F,I,W,C" (C = comm latency), e.g. "1,1.3,0.7,0.1".
+// Throws ScheduleError naming the expected form on anything else.
+CostModel parseCostList(std::string_view text);
+
+// Reads a cost model from JSON:
+//   {"forward": 1, "backward_input": 1.3, "backward_weight": 0.7,
+//    "full_backward": 2, "activation_memory": 1,            // one set for all stages, or
+//    "stages": [{"forward": 1, ...}, ...],                    // one object per stage
+//    "comm_latency": 0.1, "weight_memory_share": 0.5}
+// Unknown keys are rejected (a typo must not silently become a default).
+CostModel costModelFromJson(const nlohmann::json& json);
+nlohmann::json costModelToJson(const CostModel& model);
+
+// "F=1 I=1.3 W=0.7 B=2 comm=0.1" (or "per-stage costs (4 stages), comm=0.1").
+std::string describeCostModel(const CostModel& model);
+
+}  // namespace pipeforge::schedules
