@@ -1,0 +1,137 @@
+#include "stage/manifest.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+
+namespace pipeforge::stage {
+namespace {
+
+using nlohmann::json;
+
+json sourceToJson(const ValueSource& s) {
+  if (s.kind == ValueSource::Kind::kInput) return json{{"from", "input"}, {"index", s.index}};
+  return json{{"from", "stage"}, {"stage", s.stage}, {"index", s.index}};
+}
+
+ValueSource sourceFromJson(const json& j) {
+  ValueSource s;
+  std::string from = j.at("from").get<std::string>();
+  if (from == "input") {
+    s.kind = ValueSource::Kind::kInput;
+  } else if (from == "stage") {
+    s.kind = ValueSource::Kind::kStage;
+    s.stage = j.at("stage").get<int>();
+  } else {
+    throw ManifestError("value source 'from' must be \"input\" or \"stage\", got \"" + from + "\"");
+  }
+  s.index = j.at("index").get<int>();
+  return s;
+}
+
+void checkSource(const ValueSource& s, int consumer_stage, const PipeManifest& m, const std::string& where) {
+  if (s.kind == ValueSource::Kind::kInput) {
+    if (s.index < 0 || s.index >= static_cast<int>(m.inputs.size())) {
+      throw ManifestError(where + " reads model input " + std::to_string(s.index) + " but the model has " +
+                          std::to_string(m.inputs.size()) + " inputs");
+    }
+    return;
+  }
+  if (s.stage < 0 || s.stage >= consumer_stage) {
+    throw ManifestError(where + " reads stage " + std::to_string(s.stage) + "; sources must be earlier stages (0.." +
+                        std::to_string(consumer_stage - 1) + ")");
+  }
+  if (s.index < 0 || s.index >= m.stages[s.stage].num_outputs) {
+    throw ManifestError(where + " reads output " + std::to_string(s.index) + " of stage " + std::to_string(s.stage) +
+                        ", which has " + std::to_string(m.stages[s.stage].num_outputs) + " outputs");
+  }
+}
+
+}  // namespace
+
+std::string manifestToJson(const PipeManifest& m) {
+  json j;
+  j["format"] = kManifestFormat;
+  j["num_stages"] = m.num_stages;
+  j["source"] = m.source;
+  j["inputs"] = m.inputs;
+  j["outputs"] = json::array();
+  for (const auto& o : m.outputs) j["outputs"].push_back(sourceToJson(o));
+  j["stages"] = json::array();
+  for (const auto& s : m.stages) {
+    json js;
+    js["index"] = s.index;
+    js["file"] = s.file;
+    js["inputs"] = json::array();
+    for (const auto& in : s.inputs) js["inputs"].push_back(sourceToJson(in));
+    js["num_outputs"] = s.num_outputs;
+    js["parameters"] = s.parameters;
+    js["buffers"] = s.buffers;
+    j["stages"].push_back(std::move(js));
+  }
+  j["tied"] = m.tied;
+  return j.dump(1) + "\n";
+}
+
+PipeManifest manifestFromJson(const std::string& text, const std::string& origin) {
+  PipeManifest m;
+  try {
+    json j = json::parse(text);
+    std::string format = j.at("format").get<std::string>();
+    if (format != kManifestFormat) {
+      throw ManifestError("format is \"" + format + "\", expected \"" + kManifestFormat +
+                          "\"; re-run `pipeforge split` with this version");
+    }
+    m.num_stages = j.at("num_stages").get<int>();
+    m.source = j.value("source", "");
+    m.inputs = j.at("inputs").get<std::vector<std::string>>();
+    for (const auto& o : j.at("outputs")) m.outputs.push_back(sourceFromJson(o));
+    for (const auto& js : j.at("stages")) {
+      StageInfo s;
+      s.index = js.at("index").get<int>();
+      s.file = js.at("file").get<std::string>();
+      for (const auto& in : js.at("inputs")) s.inputs.push_back(sourceFromJson(in));
+      s.num_outputs = js.at("num_outputs").get<int>();
+      s.parameters = js.value("parameters", std::vector<std::string>{});
+      s.buffers = js.value("buffers", std::vector<std::string>{});
+      m.stages.push_back(std::move(s));
+    }
+    if (j.contains("tied")) m.tied = j.at("tied").get<std::vector<std::vector<std::string>>>();
+  } catch (const ManifestError& e) {
+    throw ManifestError(origin + ": " + e.what());
+  } catch (const json::exception& e) {
+    throw ManifestError(origin + ": malformed manifest: " + e.what());
+  }
+  if (m.num_stages != static_cast<int>(m.stages.size()) || m.num_stages < 1) {
+    throw ManifestError(origin + ": num_stages is " + std::to_string(m.num_stages) + " but " +
+                        std::to_string(m.stages.size()) + " stages are listed");
+  }
+  for (int i = 0; i < m.num_stages; ++i) {
+    const StageInfo& s = m.stages[i];
+    if (s.index != i) {
+      throw ManifestError(origin + ": stage at position " + std::to_string(i) + " has index " + std::to_string(s.index));
+    }
+    for (size_t k = 0; k < s.inputs.size(); ++k) {
+      checkSource(s.inputs[k], i, m, origin + ": stage " + std::to_string(i) + " input " + std::to_string(k));
+    }
+  }
+  for (size_t k = 0; k < m.outputs.size(); ++k) {
+    checkSource(m.outputs[k], m.num_stages, m, origin + ": model output " + std::to_string(k));
+  }
+  return m;
+}
+
+PipeManifest readManifest(const std::string& directory) {
+  std::string path = directory + "/" + kManifestFileName;
+  std::ifstream in(path);
+  if (!in) {
+    throw ManifestError("no " + std::string(kManifestFileName) + " in '" + directory +
+                        "'; pass a folder written by `pipeforge split`");
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return manifestFromJson(buffer.str(), path);
+}
+
+}  // namespace pipeforge::stage

@@ -1,0 +1,78 @@
+// The manifest of a split: `pipe.json`, the dataflow between stage files.
+//
+// A plain value type with a JSON round trip; stage/ writes it, runtime/ and
+// `pipeforge inspect` read it. Format "pipeforge.pipe/1":
+//
+//   {"format": "pipeforge.pipe/1", "num_stages": 2, "source": "model.pt",
+//    "inputs": ["x"], "outputs": [{"from": "stage", "stage": 1, "index": 0}],
+//    "stages": [{"index": 0, "file": "stage_0.pt",
+//                "inputs": [{"from": "input", "index": 0}], "num_outputs": 1,
+//                "parameters": [...], "buffers": [...]}, ...],
+//    "tied": [["wte.weight", "lm_head.weight"]]}
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace pipeforge::stage {
+
+class ManifestError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Where a stage input (or a root output) comes from: a root input of the
+// model, or output `index` of an earlier stage.
+struct ValueSource {
+  enum class Kind { kInput, kStage };
+  Kind kind = Kind::kInput;
+  int stage = -1;  // only for kStage
+  int index = 0;
+
+  friend bool operator==(const ValueSource& a, const ValueSource& b) {
+    return a.kind == b.kind && a.stage == b.stage && a.index == b.index;
+  }
+};
+
+struct StageInfo {
+  int index = 0;
+  std::string file;                  // relative to the manifest's folder
+  std::vector<ValueSource> inputs;   // in the order the stage's forward takes them
+  int num_outputs = 0;               // forward always returns a tuple of this size
+  std::vector<std::string> parameters;  // original FQNs held by the stage
+  std::vector<std::string> buffers;     // original FQNs held by the stage
+
+  friend bool operator==(const StageInfo& a, const StageInfo& b) {
+    return a.index == b.index && a.file == b.file && a.inputs == b.inputs && a.num_outputs == b.num_outputs &&
+           a.parameters == b.parameters && a.buffers == b.buffers;
+  }
+};
+
+struct PipeManifest {
+  int num_stages = 0;
+  std::string source;                    // the model file the split came from
+  std::vector<std::string> inputs;       // names of the model's forward inputs
+  std::vector<ValueSource> outputs;      // the model's outputs, in order
+  std::vector<StageInfo> stages;
+  std::vector<std::vector<std::string>> tied;  // FQN groups naming one shared tensor
+
+  friend bool operator==(const PipeManifest& a, const PipeManifest& b) {
+    return a.num_stages == b.num_stages && a.source == b.source && a.inputs == b.inputs &&
+           a.outputs == b.outputs && a.stages == b.stages && a.tied == b.tied;
+  }
+};
+
+inline constexpr const char* kManifestFormat = "pipeforge.pipe/1";
+inline constexpr const char* kManifestFileName = "pipe.json";
+
+std::string manifestToJson(const PipeManifest& manifest);
+
+// Parses and checks a manifest (format tag, stage indices, sources pointing
+// only backwards). `origin` names the file in error messages.
+PipeManifest manifestFromJson(const std::string& text, const std::string& origin);
+
+// Reads DIR/pipe.json.
+PipeManifest readManifest(const std::string& directory);
+
+}  // namespace pipeforge::stage
