@@ -1,0 +1,169 @@
+#include "frontend/model_dag.h"
+
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/script.h>
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "frontend/module_paths.h"
+#include "frontend/opened_model.h"
+
+namespace pipeforge::frontend {
+namespace {
+
+using torch::jit::Block;
+using torch::jit::Node;
+using torch::jit::Value;
+
+bool isFreeNode(const Node* n) {
+  return n->kind() == c10::prim::Constant || n->kind() == c10::prim::GetAttr;
+}
+
+DagNodeKind kindOf(const Node* n) {
+  if (isPipeSplitMarker(n)) return DagNodeKind::kMarker;
+  if (n->kind() == c10::prim::CallMethod) return DagNodeKind::kCall;
+  if (!n->blocks().empty()) return DagNodeKind::kControlFlow;
+  return DagNodeKind::kOp;
+}
+
+std::string sourceOf(const Node* n) {
+  auto range = n->sourceRange();
+  auto src = range.source();
+  if (!src || !src->filename()) return "";
+  auto line = src->starting_line_no() + src->lineno_for_offset(range.start());
+  return *src->filename() + ":" + std::to_string(line);
+}
+
+// Every value a node reads, including those its sub-blocks read from outside.
+void externalInputs(const Node* n, std::vector<const Value*>& out) {
+  for (const Value* v : n->inputs()) out.push_back(v);
+  for (const Block* b : n->blocks()) {
+    for (const Node* inner : b->nodes()) {
+      std::vector<const Value*> inner_inputs;
+      externalInputs(inner, inner_inputs);
+      for (const Value* v : inner_inputs) {
+        if (v->node()->owningBlock() == n->owningBlock() || v->node()->kind() == c10::prim::Param) {
+          out.push_back(v);
+        }
+      }
+    }
+    for (const Value* v : b->outputs()) {
+      if (v->node()->owningBlock() == n->owningBlock()) out.push_back(v);
+    }
+  }
+}
+
+// FQNs of the parameters/buffers a node reads: tensors reached by GetAttr
+// among its inputs, and every tensor of a module it calls.
+std::vector<std::string> parametersRead(const Node* n, const std::vector<const Value*>& inputs,
+                                        const torch::jit::Module& root) {
+  std::set<std::string> names;
+  std::unordered_set<std::string> tensor_names;
+  for (const auto& p : root.named_parameters(true)) tensor_names.insert(p.name);
+  for (const auto& b : root.named_buffers(true)) tensor_names.insert(b.name);
+  for (const Value* v : inputs) {
+    auto path = attributePath(v);
+    if (!path) continue;
+    if (tensor_names.count(*path)) names.insert(*path);
+    if (v->type()->cast<c10::ClassType>() && !path->empty()) {
+      for (const auto& name : tensor_names) {
+        if (name.compare(0, path->size() + 1, *path + ".") == 0) names.insert(name);
+      }
+    }
+  }
+  (void)n;
+  return {names.begin(), names.end()};
+}
+
+}  // namespace
+
+ModelDag buildDag(const OpenedModel& model) {
+  ModelDag dag;
+  torch::jit::Graph& graph = model.graph();
+  const torch::jit::Module& root = model.module();
+
+  for (const auto& p : root.named_parameters(true)) dag.tensor_bytes[p.name] = p.value.numel() * p.value.element_size();
+  for (const auto& b : root.named_buffers(true)) dag.tensor_bytes[b.name] = b.value.numel() * b.value.element_size();
+  {
+    // Group names by the storage they share: that is what "tied" means.
+    std::map<const void*, std::vector<std::string>> by_storage;
+    for (const auto& p : root.named_parameters(true)) by_storage[p.value.unsafeGetTensorImpl()].push_back(p.name);
+    for (const auto& [impl, names] : by_storage) {
+      if (names.size() > 1) dag.aliases.push_back(names);
+    }
+    std::sort(dag.aliases.begin(), dag.aliases.end());
+  }
+
+  std::unordered_map<const Value*, std::pair<size_t, int>> producer;  // value -> (vertex, output index)
+  auto input_vertex = boost::add_vertex(dag.graph);
+  dag.graph[input_vertex].kind = DagNodeKind::kInputs;
+  dag.graph[input_vertex].op = "inputs";
+  for (size_t i = 1; i < graph.inputs().size(); ++i) {
+    const Value* v = graph.inputs()[i];
+    dag.input_names.push_back(v->debugName());
+    dag.graph[input_vertex].outputs.push_back({v->debugName(), v->type()->repr_str(),
+                                                v->type()->cast<c10::TensorType>() != nullptr, {}, ""});
+    producer[v] = {input_vertex, static_cast<int>(i - 1)};
+  }
+
+  auto connect = [&](size_t to, const std::vector<const Value*>& inputs) {
+    std::set<std::pair<size_t, int>> done;
+    for (const Value* v : inputs) {
+      auto it = producer.find(v);
+      if (it == producer.end() || !done.insert(it->second).second) continue;
+      DagEdge e;
+      e.value = v->debugName();
+      e.output_index = it->second.second;
+      boost::add_edge(it->second.first, to, e, dag.graph);
+    }
+  };
+
+  // A tuple built only to be returned is the model's output list, not work.
+  Node* return_tuple = nullptr;
+  if (graph.outputs().size() == 1) {
+    Node* producer_node = graph.outputs()[0]->node();
+    if (producer_node->kind() == c10::prim::TupleConstruct && graph.outputs()[0]->uses().size() == 1) {
+      return_tuple = producer_node;
+      dag.returns_tuple = true;
+    }
+  }
+
+  for (Node* n : graph.nodes()) {
+    if (isFreeNode(n) || n == return_tuple) continue;
+    std::vector<const Value*> inputs;
+    externalInputs(n, inputs);
+    auto vertex = boost::add_vertex(dag.graph);
+    DagNode& d = dag.graph[vertex];
+    d.kind = kindOf(n);
+    d.op = n->kind().toQualString();
+    d.owner = model.ownerOf(n);
+    if (d.kind == DagNodeKind::kCall) {
+      d.callee = attributePath(n->input(0)).value_or("");
+      d.op = "call " + d.callee + "." + n->s(c10::attr::name);
+    }
+    d.source = sourceOf(n);
+    d.node = n;
+    d.parameters = parametersRead(n, inputs, root);
+    for (size_t i = 0; i < n->outputs().size(); ++i) {
+      const Value* v = n->outputs()[i];
+      d.outputs.push_back({v->debugName(), v->type()->repr_str(), v->type()->cast<c10::TensorType>() != nullptr, {}, ""});
+      producer[v] = {vertex, static_cast<int>(i)};
+    }
+    connect(vertex, inputs);
+  }
+
+  auto output_vertex = boost::add_vertex(dag.graph);
+  dag.graph[output_vertex].kind = DagNodeKind::kOutputs;
+  dag.graph[output_vertex].op = "outputs";
+  std::vector<const Value*> outs;
+  if (return_tuple) {
+    outs.assign(return_tuple->inputs().begin(), return_tuple->inputs().end());
+  } else {
+    outs.assign(graph.outputs().begin(), graph.outputs().end());
+  }
+  connect(output_vertex, outs);
+  return dag;
+}
+
+}  // namespace pipeforge::frontend

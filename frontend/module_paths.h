@@ -1,0 +1,30 @@
+// Module FQNs: reading them off a graph, and suggesting near matches.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torch::jit {
+struct Module;
+struct Value;
+}  // namespace torch::jit
+
+namespace pipeforge::frontend {
+
+// The FQN a value stands for when it is reached from the graph's `self` by a
+// chain of prim::GetAttr ("" for self, "layers.1.lin", "layers.1.lin.weight");
+// nullopt for any other value.
+std::optional<std::string> attributePath(const torch::jit::Value* value);
+
+// "a.b" + "c" -> "a.b.c"; "" + "c" -> "c".
+std::string joinPath(const std::string& prefix, const std::string& name);
+
+// Every submodule FQN of `module` ("" excluded), in definition order.
+std::vector<std::string> submodulePaths(const torch::jit::Module& module);
+
+// Up to `limit` candidates closest to `wanted` by edit distance, closest first.
+std::vector<std::string> nearestNames(const std::string& wanted, const std::vector<std::string>& candidates,
+                                      size_t limit = 3);
+
+}  // namespace pipeforge::frontend

@@ -1,0 +1,47 @@
+// Assigning every DAG vertex to a stage.
+//
+// Stages are contiguous ranges of the DAG's vertex order (graph order, a
+// topological order), as PyTorch cuts its traced program at pipe_split():
+// a cut before vertex v starts a new stage at v. Cuts come from split_points
+// (BEGINNING: before the first vertex of the module; END: after its last),
+// pipe_split() markers, and an automatic policy that adds cuts at submodule
+// calls to balance a weight (parameter bytes, measured time, call count).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "frontend/model_dag.h"
+#include "partitioner/split_spec.h"
+
+namespace pipeforge::partitioner {
+
+struct Partition {
+  int num_stages = 0;
+  std::vector<int> stage_of_vertex;  // indexed by DAG vertex id; inputs vertex -> 0, outputs -> last
+  std::string balance;               // "policy parameters: max/mean 1.08 (...)" when a policy ran
+};
+
+// Units an automatic policy can move between stages: vertex ranges that start
+// at a submodule call. Costs for Policy::kCost are measured per unit by the caller.
+struct PolicyUnits {
+  std::vector<size_t> starts;  // first vertex of each unit; unit i = [starts[i], starts[i+1])
+};
+
+// The candidate cut positions of `dag` for a policy (one per submodule call
+// after the first vertex that does work).
+PolicyUnits policyUnits(const frontend::ModelDag& dag);
+
+// Cuts named by the spec's split_points and the graph's markers, as vertex
+// positions. Throws SpecError for unknown FQNs (with near matches), split
+// points inside control flow, and FQNs forward never calls.
+std::vector<size_t> explicitCuts(const frontend::ModelDag& dag, const SplitSpec& spec,
+                                 const std::vector<std::string>& module_paths,
+                                 const std::vector<std::string>& control_flow_paths);
+
+// Builds the partition. `unit_costs` (one per policy unit) is required for Policy::kCost.
+// Throws SpecError for an empty stage, more stages than cut points, or no split at all.
+Partition partitionDag(const frontend::ModelDag& dag, const SplitSpec& spec, const std::vector<size_t>& cuts,
+                       const std::vector<double>& unit_costs = {});
+
+}  // namespace pipeforge::partitioner

@@ -1,0 +1,152 @@
+#include "partitioner/split_spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace pipeforge::partitioner {
+namespace {
+
+std::string where(const std::string& origin, const YAML::Node& node) {
+  auto mark = node.Mark();
+  if (mark.line < 0) return origin;
+  return origin + ":" + std::to_string(mark.line + 1);
+}
+
+template <typename T>
+T scalarAs(const YAML::Node& node, const std::string& key, const char* expected, const std::string& origin) {
+  try {
+    return node.as<T>();
+  } catch (const YAML::Exception&) {
+    throw SpecError(where(origin, node) + ": '" + key + "' must be " + expected);
+  }
+}
+
+ExampleInput parseExampleInput(const YAML::Node& node, size_t index, const std::string& origin) {
+  std::string key = "example_inputs[" + std::to_string(index) + "]";
+  if (!node.IsMap()) {
+    throw SpecError(where(origin, node) + ": " + key + " must be a map like {shape: [8, 128], dtype: int64, high: 100}");
+  }
+  ExampleInput in;
+  bool has_shape = false;
+  for (const auto& kv : node) {
+    auto name = kv.first.as<std::string>();
+    if (name == "shape") {
+      if (!kv.second.IsSequence()) throw SpecError(where(origin, kv.second) + ": " + key + ".shape must be a list of sizes");
+      for (const auto& d : kv.second) {
+        auto size = scalarAs<int64_t>(d, key + ".shape", "a list of non-negative integers", origin);
+        if (size < 0) throw SpecError(where(origin, d) + ": " + key + ".shape has negative size " + std::to_string(size));
+        in.shape.push_back(size);
+      }
+      has_shape = true;
+    } else if (name == "dtype") {
+      in.dtype = scalarAs<std::string>(kv.second, key + ".dtype", "a string", origin);
+      static const std::set<std::string> kDtypes{"float32", "float64", "float16", "bfloat16", "int64", "int32", "bool"};
+      if (!kDtypes.count(in.dtype)) {
+        throw SpecError(where(origin, kv.second) + ": " + key + ".dtype '" + in.dtype +
+                        "' is not supported; use float32, float64, float16, bfloat16, int64, int32 or bool");
+      }
+    } else if (name == "low") {
+      in.low = scalarAs<double>(kv.second, key + ".low", "a number", origin);
+    } else if (name == "high") {
+      in.high = scalarAs<double>(kv.second, key + ".high", "a number", origin);
+    } else {
+      throw SpecError(where(origin, kv.first) + ": unknown key '" + key + "." + name +
+                      "'; an example input takes shape, dtype, low and high");
+    }
+  }
+  if (!has_shape) throw SpecError(where(origin, node) + ": " + key + " needs a shape, e.g. {shape: [8, 128]}");
+  return in;
+}
+
+}  // namespace
+
+const char* policyName(Policy policy) {
+  switch (policy) {
+    case Policy::kNone: return "none";
+    case Policy::kParameters: return "parameters";
+    case Policy::kCost: return "cost";
+    case Policy::kUniform: return "uniform";
+  }
+  return "?";
+}
+
+SplitSpec parseSplitSpec(const std::string& yaml_text, const std::string& origin) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    throw SpecError(origin + ":" + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
+  }
+  SplitSpec spec;
+  if (root.IsNull()) return spec;
+  if (!root.IsMap()) {
+    throw SpecError(origin + ": a split spec is a YAML map with split_points, num_stages, policy, example_inputs");
+  }
+  for (const auto& kv : root) {
+    auto key = kv.first.as<std::string>();
+    const YAML::Node& value = kv.second;
+    if (key == "split_points") {
+      if (value.IsNull()) continue;
+      if (!value.IsMap()) {
+        throw SpecError(where(origin, value) + ": split_points must map FQNs to BEGINNING or END, e.g. 'layers.1: BEGINNING'");
+      }
+      for (const auto& point : value) {
+        auto fqn = point.first.as<std::string>();
+        auto kind = scalarAs<std::string>(point.second, "split_points." + fqn, "BEGINNING or END", origin);
+        SplitPoint sp;
+        if (kind == "BEGINNING" || kind == "beginning") {
+          sp = SplitPoint::kBeginning;
+        } else if (kind == "END" || kind == "end") {
+          sp = SplitPoint::kEnd;
+        } else {
+          throw SpecError(where(origin, point.second) + ": split_points." + fqn + " is '" + kind +
+                          "'; a SplitPoint is BEGINNING or END");
+        }
+        spec.split_points.emplace_back(fqn, sp);
+      }
+    } else if (key == "num_stages") {
+      int n = scalarAs<int>(value, key, "an integer >= 1", origin);
+      if (n < 1) throw SpecError(where(origin, value) + ": num_stages must be >= 1, got " + std::to_string(n));
+      spec.num_stages = n;
+    } else if (key == "policy") {
+      auto name = scalarAs<std::string>(value, key, "a string", origin);
+      if (name == "parameters") {
+        spec.policy = Policy::kParameters;
+      } else if (name == "cost") {
+        spec.policy = Policy::kCost;
+      } else if (name == "uniform") {
+        spec.policy = Policy::kUniform;
+      } else {
+        throw SpecError(where(origin, value) + ": unknown policy '" + name + "'; use parameters, cost or uniform");
+      }
+    } else if (key == "example_inputs") {
+      if (!value.IsSequence()) {
+        throw SpecError(where(origin, value) + ": example_inputs must be a list, one entry per forward argument");
+      }
+      for (size_t i = 0; i < value.size(); ++i) spec.example_inputs.push_back(parseExampleInput(value[i], i, origin));
+    } else {
+      throw SpecError(where(origin, kv.first) + ": unknown key '" + key +
+                      "'; a split spec takes split_points, num_stages, policy and example_inputs");
+    }
+  }
+  if (spec.policy != Policy::kNone && !spec.num_stages) {
+    throw SpecError(origin + ": policy '" + policyName(spec.policy) + "' needs num_stages");
+  }
+  if (spec.policy == Policy::kCost && spec.example_inputs.empty()) {
+    throw SpecError(origin + ": policy 'cost' measures the model, so it needs example_inputs");
+  }
+  return spec;
+}
+
+SplitSpec loadSplitSpec(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw SpecError("split spec '" + path + "' cannot be read; check the path");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return parseSplitSpec(buffer.str(), path);
+}
+
+}  // namespace pipeforge::partitioner

@@ -1,0 +1,49 @@
+// The split spec: where to cut a model into stages (YAML, see configs/).
+//
+//   split_points:            # FQN -> BEGINNING | END, any depth
+//     layers.1: BEGINNING
+//   num_stages: 4            # and/or an automatic policy
+//   policy: parameters       # parameters | cost | uniform
+//   example_inputs:          # shape propagation and the cost policy
+//     - {shape: [8, 128], dtype: int64, high: 50000}
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pipeforge::partitioner {
+
+class SpecError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class SplitPoint { kBeginning, kEnd };
+enum class Policy { kNone, kParameters, kCost, kUniform };
+
+struct ExampleInput {
+  std::vector<int64_t> shape;
+  std::string dtype = "float32";  // float32 | float64 | float16 | bfloat16 | int64 | int32 | bool
+  double low = 0.0;                // integers: uniform in [low, high); floats: normal when low == high == 0
+  double high = 0.0;
+};
+
+struct SplitSpec {
+  std::vector<std::pair<std::string, SplitPoint>> split_points;  // in file order
+  std::optional<int> num_stages;
+  Policy policy = Policy::kNone;
+  std::vector<ExampleInput> example_inputs;
+};
+
+const char* policyName(Policy policy);
+
+// Parses YAML text; `origin` names the file in errors. Unknown keys, bad
+// values and malformed YAML throw SpecError naming the key and the fix.
+SplitSpec parseSplitSpec(const std::string& yaml_text, const std::string& origin);
+SplitSpec loadSplitSpec(const std::string& path);
+
+}  // namespace pipeforge::partitioner
