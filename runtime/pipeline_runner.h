@@ -1,0 +1,200 @@
+// The public face of the runtime: train or evaluate a split model with a
+// pipeline schedule, one process per rank.
+//
+//   RunnerOptions opts;
+//   opts.split_dir = "out/gpt";           // pipe.json + stage_<i>.pt
+//   opts.schedule = "1F1B";
+//   opts.num_microbatches = 4;
+//   PipelineRunner runner(opts);          // joins the process group
+//   auto params = runner.parameters();    // this rank's stages, by original FQN
+//   StepResult r = runner.trainStep({idx}, {targets});
+//   if (r.has_loss) log(r.loss);          // on the rank holding the last stage
+//   optimizer.step(); runner.zeroGrad();
+//
+// Every rank calls the same methods in the same order with the same global
+// batch (Note [Batch on every rank]): each rank cuts the microbatches it
+// needs from it: the first stage's inputs, root inputs that later stages read
+// directly, and the targets on the rank that computes the loss.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "runtime/dist_env.h"
+#include "runtime/step_profile.h"
+#include "schedules/program.h"
+
+namespace pipeforge::runtime {
+
+// Every error a user can cause (bad options, a split that does not fit the
+// schedule, a batch of the wrong form, a peer that failed) is a RuntimeError
+// whose message says what, where, and how to fix it.
+class RuntimeError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// How one model input (or target) is cut into microbatches, as PyTorch's
+// TensorChunkSpec: split along `dim` (uneven sizes allowed, as torch.tensor_split),
+// or give every microbatch the whole tensor.
+struct ChunkSpec {
+  bool replicate = false;
+  int dim = 0;
+
+  static ChunkSpec split(int dim = 0) { return ChunkSpec{false, dim}; }
+  static ChunkSpec replicated() { return ChunkSpec{true, 0}; }
+};
+
+enum class LossKind {
+  kCrossEntropy,  // logits [..., V] against integer targets [...], flattened as nanoGPT does; ignore_index -1
+  kMse,           // mean squared error
+  kScript,        // a TorchScript module: forward(outputs..., targets...) -> scalar Tensor
+};
+
+enum class Backend {
+  kAuto,  // NCCL for CUDA devices, Gloo otherwise
+  kGloo,
+  kNccl,
+};
+
+// How a stage learns the shape and dtype of what it receives.
+enum class ShapeMode {
+  kInferOnce,  // the sender describes each tensor on the first step, and again
+               // whenever the global batch shapes change; cached otherwise
+  kPerStep,    // described on every step (variable shapes between microbatches)
+  kStatic,     // never described: RunnerOptions::static_shapes gives them
+};
+
+// The shape and dtype of one tensor that crosses stages.
+struct TensorMeta {
+  std::vector<std::int64_t> sizes;
+  at::ScalarType dtype = at::kFloat;
+};
+
+struct RunnerOptions {
+  // A folder written by `pipeforge split`: pipe.json and stage_<i>.pt.
+  std::string split_dir;
+
+  // A schedule name from schedules::scheduleNames() ("GPipe", "1F1B",
+  // "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
+  // "DualPipeV"), ignored when `program` is set.
+  std::string schedule = "1F1B";
+  // A ready program (compute-only or lowered) instead of a named schedule:
+  // one rank per pipeline rank; it is lowered for execution if needed.
+  std::optional<schedules::Program> program;
+  int num_microbatches = 1;
+  int stages_per_rank = 1;  // pipe.json's stage count must be ranks * stages_per_rank
+
+  LossKind loss = LossKind::kCrossEntropy;
+  std::string loss_module;  // kScript: path of the TorchScript loss module
+  // As PyTorch's `scale_grads`: each microbatch's loss is divided by the
+  // number of microbatches before its backward, so the accumulated gradient
+  // is the gradient of the batch's mean loss (Note [Loss scaling]).
+  bool scale_grads = true;
+
+  // Per model input / per target; empty: every tensor split along dim 0.
+  std::vector<ChunkSpec> input_chunks;
+  std::vector<ChunkSpec> target_chunks;
+
+  // Data parallelism: world = dp_degree * pipeline ranks. Rank r runs
+  // pipeline rank r % (world / dp_degree) of replica r / (world / dp_degree);
+  // each replica gets its own batch, and stage gradients are averaged over
+  // replicas (REDUCE_GRAD, or at the end of the step).
+  int dp_degree = 1;
+
+  std::string device = "cpu";  // "cpu", "cuda" (cuda:<local rank>) or "cuda:N"
+  Backend backend = Backend::kAuto;
+  // Bound on every wait for a peer (p2p, collective, rendezvous). A peer that
+  // fails is reported sooner: failures are broadcast through the store.
+  std::chrono::milliseconds timeout{std::chrono::seconds(120)};
+
+  DistOptions dist;  // rank / world / master; unset fields come from the environment
+
+  ShapeMode shapes = ShapeMode::kInferOnce;
+  // kStatic only: for each stage, the meta of each of its inputs coming from
+  // another stage, in pipe.json's input order (root inputs are skipped), for one microbatch.
+  std::vector<std::vector<TensorMeta>> static_shapes;
+
+  bool profile = false;  // record per-action timings (StepProfile) on each step
+};
+
+struct StepResult {
+  // Per-microbatch losses, each already multiplied by the loss scale
+  // (1/num_microbatches with scale_grads): their sum is the batch's loss, and
+  // each is exactly the value whose backward ran. Only on the rank that
+  // computes the loss (the last stage's); empty elsewhere.
+  std::vector<double> losses;
+  bool has_loss = false;
+  double loss = 0.0;  // sum of `losses`
+};
+
+struct EvalResult {
+  // The model's outputs, microbatches merged back along the input chunk
+  // dimension (replicated outputs from the first microbatch), on the rank
+  // that holds the last stage; empty elsewhere.
+  std::vector<at::Tensor> outputs;
+  StepResult loss;  // filled when targets were given
+};
+
+struct NamedTensor {
+  std::string name;  // the original model's FQN
+  at::Tensor tensor;
+  int stage = 0;     // the stage that holds it
+};
+
+class PipelineRunner {
+ public:
+  // Loads this rank's stages, builds the schedule and joins the process group
+  // (a collective: every rank constructs its runner). Throws RuntimeError.
+  explicit PipelineRunner(const RunnerOptions& options);
+  ~PipelineRunner();
+  PipelineRunner(PipelineRunner&&) noexcept;
+  PipelineRunner& operator=(PipelineRunner&&) noexcept;
+  PipelineRunner(const PipelineRunner&) = delete;
+  PipelineRunner& operator=(const PipelineRunner&) = delete;
+
+  // One forward and backward of the whole batch through the schedule.
+  // Gradients accumulate into the parameters' .grad (call zeroGrad between
+  // steps); tied parameters (pipe.json "tied") get the sum of their
+  // gradients over every stage that holds them, and with dp_degree > 1 the
+  // average over replicas. A failure on any rank makes every rank throw
+  // RuntimeError naming the failed rank, the action and the schedule grid.
+  StepResult trainStep(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
+
+  // Forward only, no gradients kept. Targets optional (then no loss).
+  EvalResult evalStep(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets = {});
+
+  // This rank's parameters and buffers, by original FQN, in stage order then
+  // module order. The tensors are the modules' own: update them in place.
+  // A tied group held by two local stages appears once per stage (the copies
+  // stay equal because their gradients do).
+  std::vector<NamedTensor> parameters() const;
+  std::vector<NamedTensor> buffers() const;
+  void zeroGrad();
+
+  // Waits for every rank (checkpointing); bounded by the timeout.
+  void barrier();
+
+  int rank() const;
+  int worldSize() const;
+  int pipelineRank() const;  // rank inside this replica's pipeline
+  int dpRank() const;        // which data-parallel replica
+  std::vector<int> localStages() const;
+  bool computesLoss() const;  // holds the last stage
+  const schedules::Program& program() const;  // the lowered program being run
+
+  // Timings of the last step when RunnerOptions::profile is set.
+  const StepProfile& lastProfile() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pipeforge::runtime
