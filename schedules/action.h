@@ -7,6 +7,7 @@
 // through text (formatAction / parseAction).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -55,5 +56,38 @@ std::string formatAction(const Action& action);
 // Inverse of formatAction. Throws ScheduleError naming the expected form on
 // malformed text.
 Action parseAction(std::string_view text);
+
+// Stricter than PyTorch's `_Action.from_str` (which uses a prefix regex match):
+//  * the whole text must be consumed (`1F0x` is an error, not `1F0`);
+//  * F/I/W/B/SEND_*/RECV_* need a microbatch, UNSHARD/RESHARD/REDUCE_GRAD take none;
+//  * a composite holds one or more F/I/W/B sub-actions and ends in OVERLAP_F_B.
+// Surrounding whitespace is ignored, as in PyTorch. Composite actions parse
+// with stage -1, like PyTorch's container `_Action`.
+
+// The identity of a non-composite action (stage, type, microbatch; -1 when it
+// has none), for hash sets in passes and simulators. OVERLAP_F_B has no key of
+// its own: use its sub-actions.
+struct ActionKey {
+  int stage = 0;
+  ActionType type = ActionType::kForward;
+  int microbatch = -1;
+
+  friend bool operator==(const ActionKey& a, const ActionKey& b) {
+    return a.stage == b.stage && a.type == b.type && a.microbatch == b.microbatch;
+  }
+};
+
+inline ActionKey keyOf(const Action& action) {
+  return ActionKey{action.stage, action.type, action.microbatch.value_or(-1)};
+}
+
+struct ActionKeyHash {
+  std::size_t operator()(const ActionKey& key) const {
+    std::uint64_t h = static_cast<std::uint32_t>(key.stage);
+    h = h * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(key.type);
+    h = h * 0x9E3779B97F4A7C15ULL + static_cast<std::uint32_t>(key.microbatch);
+    return static_cast<std::size_t>(h ^ (h >> 29));
+  }
+};
 
 }  // namespace pipeforge::schedules

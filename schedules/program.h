@@ -7,6 +7,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "schedules/action.h"
@@ -40,5 +41,17 @@ struct Program {
 };
 
 std::vector<int> makeStageToRank(int num_ranks, int num_stages, StageLayout layout);
+
+// Throws ScheduleError (saying where, expected vs actual, and the step grid)
+// unless `program` hangs together: one action list per rank, one stage_to_rank
+// entry per stage naming an existing rank, every action's stage and microbatch
+// inside the program, a microbatch exactly on the types that take one,
+// composites (stage -1) made of F/I/W/B sub-actions, and every action on the
+// rank that stage_to_rank gives its stage. `context` names the caller
+// ("addSendRecv input") in the message. Lowering passes check their input with it.
+void checkProgramShape(const Program& program, std::string_view context);
+
+// The stage indices an action touches: its own, or its sub-actions' for OVERLAP_F_B.
+std::vector<int> stagesOf(const Action& action);
 
 }  // namespace pipeforge::schedules
