@@ -1,0 +1,300 @@
+#include "schedules/list_schedule.h"
+
+#include <algorithm>
+#include <deque>
+#include <functional>
+#include <queue>
+#include <tuple>
+#include <utility>
+
+namespace pipeforge::schedules {
+
+namespace {
+
+constexpr double kUnknown = -1.0;
+constexpr double kEps = 1e-9;
+
+struct Candidate {
+  Op op;
+  double ready = 0.0;
+  int cls = 0;
+  std::tuple<int, int> order{0, 0};  // smaller first within a class
+};
+
+class ListScheduler {
+ public:
+  ListScheduler(const ListScheduleProblem& problem, const ListSchedulePolicy& policy)
+      : pb_(problem),
+        policy_(policy),
+        P_(problem.num_ranks),
+        S_(static_cast<int>(problem.stage_to_rank.size())),
+        M_(problem.num_microbatches) {}
+
+  std::optional<RankOrders> run();
+
+ private:
+  double latency(int from, int to) const {
+    return pb_.stage_to_rank[from] == pb_.stage_to_rank[to] ? 0.0 : pb_.costs.comm_latency;
+  }
+  double duration(const Op& op) const {
+    const StageCost& c = pb_.costs.stage(op.stage);
+    switch (op.kind) {
+      case OpKind::kF:
+        return c.forward;
+      case OpKind::kI:
+        return c.backward_input;
+      case OpKind::kW:
+        return c.backward_weight;
+      case OpKind::kB:
+        return c.fullBackward();
+    }
+    return 0.0;
+  }
+  double act(int stage) const { return pb_.costs.stage(stage).activation_memory; }
+  void decide(int r, double now);
+  void start(int r, const Candidate& c, double now);
+
+  const ListScheduleProblem& pb_;
+  const ListSchedulePolicy& policy_;
+  int P_, S_, M_;
+  std::vector<std::vector<int>> local_;
+  std::vector<double> chain_act_;  // per rank: activations of one microbatch on all its stages
+  std::vector<double> fwd_end_;
+  std::vector<double> grad_end_;
+  std::vector<int> f_next_;
+  std::vector<int> i_next_;
+  std::vector<std::deque<std::pair<int, int>>> pending_w_;
+  std::vector<double> memory_;
+  std::vector<double> reserved_;
+  std::vector<int> admitted_;
+  std::vector<std::deque<int>> forwarding_;  // per rank: admitted, forwards not finished
+  std::vector<double> left_act_;             // [rank * M + mb]: memory its later F still need
+  std::vector<double> free_at_;
+  std::vector<std::size_t> remaining_;
+  std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>,
+                      std::greater<>>
+      wake_;
+  RankOrders orders_;
+};
+
+void ListScheduler::decide(int r, double now) {
+  const int cls_i = policy_.backward_first ? 0 : 1;
+  const int cls_f = policy_.backward_first ? 1 : 0;
+  const int cls_w = 2;
+  bool have_now = false;
+  Candidate best_now;
+  std::optional<Candidate> soonest[3];  // per class: known but not yet arrived
+  auto consider = [&](const Candidate& c) {
+    if (c.ready <= now + kEps) {
+      if (!have_now || std::tie(c.cls, c.order) < std::tie(best_now.cls, best_now.order)) {
+        best_now = c;
+        have_now = true;
+      }
+    } else if (!soonest[c.cls] || c.ready < soonest[c.cls]->ready) {
+      soonest[c.cls] = c;
+    }
+  };
+  const int first = local_[r].front();
+  for (int s : local_[r]) {
+    const int fi = f_next_[s];
+    if (fi < M_ && (s == 0 || fwd_end_[(s - 1) * M_ + fi] != kUnknown)) {
+      bool allowed = true;
+      if (s == first && !policy_.admission_cap.empty() &&
+          admitted_[r] >= policy_.admission_cap[r]) {
+        allowed = false;
+      } else if (policy_.reserve_whole_chain) {
+        // Later F of admitted microbatches were reserved when they were admitted.
+        if (s == first) {
+          allowed = memory_[r] + reserved_[r] + chain_act_[r] <= pb_.memory_limit + kEps;
+        }
+      } else {
+        // Keep room for the oldest microbatch in its forwards to finish them.
+        const auto& open = forwarding_[r];
+        double need;
+        if (open.empty()) {
+          need = s == first ? chain_act_[r] : act(s);
+        } else if (s != first && open.front() == fi) {
+          need = act(s);
+        } else {
+          need = act(s) + left_act_[static_cast<std::size_t>(r) * M_ + open.front()];
+        }
+        allowed = memory_[r] + need <= pb_.memory_limit + kEps;
+      }
+      if (allowed) {
+        Candidate c;
+        c.op = Op{OpKind::kF, s, fi};
+        c.ready = s == 0 ? 0.0 : fwd_end_[(s - 1) * M_ + fi] + latency(s - 1, s);
+        c.cls = cls_f;
+        switch (policy_.forward_pick) {
+          case ListSchedulePolicy::ForwardPick::kDeepestStage:
+            c.order = {-s, fi};
+            break;
+          case ListSchedulePolicy::ForwardPick::kShallowestStage:
+            c.order = {s, fi};
+            break;
+          case ListSchedulePolicy::ForwardPick::kOldestMicrobatch:
+            c.order = {fi, -s};
+            break;
+        }
+        consider(c);
+      }
+    }
+    const int bi = i_next_[s];
+    if (bi < M_ && fwd_end_[s * M_ + bi] != kUnknown &&
+        (s == S_ - 1 || grad_end_[(s + 1) * M_ + bi] != kUnknown)) {
+      Candidate c;
+      c.op = Op{OpKind::kI, s, bi};
+      c.ready = fwd_end_[s * M_ + bi];
+      if (s < S_ - 1) {
+        c.ready = std::max(c.ready, grad_end_[(s + 1) * M_ + bi] + latency(s + 1, s));
+      }
+      c.cls = cls_i;
+      c.order = {bi, -s};
+      consider(c);
+    }
+  }
+  if (!pending_w_[r].empty()) {
+    const auto [s, i] = pending_w_[r].front();
+    Candidate c;
+    c.op = Op{OpKind::kW, s, i};
+    c.ready = grad_end_[s * M_ + i];
+    c.cls = cls_w;
+    consider(c);
+  }
+  if (!have_now) {
+    double next = -1.0;
+    for (const auto& c : soonest) {
+      if (c && (next < 0.0 || c->ready < next)) next = c->ready;
+    }
+    if (next >= 0.0) wake_.push({next, r});
+    return;
+  }
+  if (policy_.lookahead > 0.0) {
+    for (int cls = 0; cls < best_now.cls; ++cls) {
+      if (soonest[cls] &&
+          soonest[cls]->ready - now < policy_.lookahead * duration(best_now.op)) {
+        wake_.push({soonest[cls]->ready, r});
+        return;
+      }
+    }
+  }
+  start(r, best_now, now);
+}
+
+void ListScheduler::start(int r, const Candidate& c, double now) {
+  const Op& op = c.op;
+  const int s = op.stage;
+  const int i = op.microbatch;
+  const double end = now + duration(op);
+  orders_.ops[r].push_back(op);
+  free_at_[r] = end;
+  --remaining_[r];
+  wake_.push({end, r});
+  switch (op.kind) {
+    case OpKind::kF:
+      fwd_end_[s * M_ + i] = end;
+      ++f_next_[s];
+      {
+        double& left = left_act_[static_cast<std::size_t>(r) * M_ + i];
+        if (s == local_[r].front()) {
+          ++admitted_[r];
+          reserved_[r] += chain_act_[r] - act(s);
+          left = chain_act_[r] - act(s);
+          forwarding_[r].push_back(i);
+        } else {
+          reserved_[r] -= act(s);
+          left -= act(s);
+        }
+        if (s == local_[r].back()) {
+          // Per stage F runs in microbatch order, so microbatches finish their
+          // forwards on a rank in the order they were admitted.
+          forwarding_[r].pop_front();
+          left = 0.0;
+        }
+      }
+      memory_[r] += act(s);
+      if (s + 1 < S_ && pb_.stage_to_rank[s + 1] != r) {
+        wake_.push({end + latency(s, s + 1), pb_.stage_to_rank[s + 1]});
+      }
+      break;
+    case OpKind::kI:
+      grad_end_[s * M_ + i] = end;
+      ++i_next_[s];
+      memory_[r] -= act(s) * (1.0 - pb_.costs.weight_memory_share);
+      pending_w_[r].emplace_back(s, i);
+      if (s == local_[r].front()) --admitted_[r];
+      if (s > 0 && pb_.stage_to_rank[s - 1] != r) {
+        wake_.push({end + latency(s, s - 1), pb_.stage_to_rank[s - 1]});
+      }
+      break;
+    case OpKind::kW:
+      memory_[r] -= act(s) * pb_.costs.weight_memory_share;
+      pending_w_[r].pop_front();
+      break;
+    case OpKind::kB:
+      break;  // the greedy always splits the backward
+  }
+}
+
+std::optional<RankOrders> ListScheduler::run() {
+  local_.assign(P_, {});
+  for (int s = 0; s < S_; ++s) local_[pb_.stage_to_rank[s]].push_back(s);
+  chain_act_.assign(P_, 0.0);
+  for (int s = 0; s < S_; ++s) chain_act_[pb_.stage_to_rank[s]] += act(s);
+  fwd_end_.assign(static_cast<std::size_t>(S_) * M_, kUnknown);
+  grad_end_.assign(static_cast<std::size_t>(S_) * M_, kUnknown);
+  f_next_.assign(S_, 0);
+  i_next_.assign(S_, 0);
+  pending_w_.assign(P_, {});
+  memory_.assign(P_, 0.0);
+  reserved_.assign(P_, 0.0);
+  admitted_.assign(P_, 0);
+  forwarding_.assign(P_, {});
+  left_act_.assign(static_cast<std::size_t>(P_) * M_, 0.0);
+  free_at_.assign(P_, 0.0);
+  remaining_.assign(P_, 0);
+  orders_ = RankOrders{};
+  orders_.num_ranks = P_;
+  orders_.num_stages = S_;
+  orders_.num_microbatches = M_;
+  orders_.stage_to_rank = pb_.stage_to_rank;
+  orders_.ops.assign(P_, {});
+  for (int r = 0; r < P_; ++r) {
+    if (local_[r].empty()) return std::nullopt;  // a rank without stages: not a layout we search
+    remaining_[r] = 3 * static_cast<std::size_t>(M_) * local_[r].size();
+    orders_.ops[r].reserve(remaining_[r]);
+    wake_.push({0.0, r});
+  }
+  std::vector<int> batch;
+  std::vector<char> in_batch(P_, 0);
+  while (!wake_.empty()) {
+    const double now = wake_.top().first;
+    batch.clear();
+    while (!wake_.empty() && wake_.top().first <= now) {
+      const int r = wake_.top().second;
+      wake_.pop();
+      if (!in_batch[r]) {
+        in_batch[r] = 1;
+        batch.push_back(r);
+      }
+    }
+    std::sort(batch.begin(), batch.end());
+    for (int r : batch) {
+      in_batch[r] = 0;
+      if (free_at_[r] <= now && remaining_[r] > 0) decide(r, now);
+    }
+  }
+  for (int r = 0; r < P_; ++r) {
+    if (remaining_[r] > 0) return std::nullopt;
+  }
+  return std::move(orders_);
+}
+
+}  // namespace
+
+std::optional<RankOrders> listSchedule(const ListScheduleProblem& problem,
+                                       const ListSchedulePolicy& policy) {
+  return ListScheduler(problem, policy).run();
+}
+
+}  // namespace pipeforge::schedules
