@@ -99,9 +99,10 @@ ModelDag buildDag(const OpenedModel& model) {
   auto input_vertex = boost::add_vertex(dag.graph);
   dag.graph[input_vertex].kind = DagNodeKind::kInputs;
   dag.graph[input_vertex].op = "inputs";
+  const auto& schema_args = root.get_method("forward").function().getSchema().arguments();
   for (size_t i = 1; i < graph.inputs().size(); ++i) {
     const Value* v = graph.inputs()[i];
-    dag.input_names.push_back(v->debugName());
+    dag.input_names.push_back(i < schema_args.size() ? schema_args[i].name() : v->debugName());
     dag.graph[input_vertex].outputs.push_back({v->debugName(), v->type()->repr_str(),
                                                 v->type()->cast<c10::TensorType>() != nullptr, {}, ""});
     producer[v] = {input_vertex, static_cast<int>(i - 1)};

@@ -144,7 +144,10 @@ OpenedModel::OpenedModel(const torch::jit::Module& module, const OpenOptions& op
     if (!target) break;
     Node* before = target->prev();
     Node* after = target->next();
-    torch::jit::inlineCallTo(target, calleeOf(target), /*use_graph=*/false);
+    GraphFunction* callee = calleeOf(target);
+    // A function call's first input is the function itself, not an argument.
+    if (target->kind() == c10::prim::CallFunction) target->removeInput(0);
+    torch::jit::inlineCallTo(target, callee, /*use_graph=*/false);
     // The inlined nodes sit between `before` and `after` in the same block.
     for (Node* n = before->next(); n != after; n = n->next()) {
       std::vector<Node*> inner{n};

@@ -41,25 +41,37 @@ size_t normalizeCut(const frontend::ModelDag& dag, size_t cut) {
 size_t firstWorkVertex(const frontend::ModelDag& dag) { return normalizeCut(dag, 1); }
 
 // Minimises the largest stage weight over contiguous groupings of units
-// into `stages` stages, never letting a stage span a forced boundary.
+// into `stages` stages, never letting a stage span a forced boundary. Ties
+// on the largest weight go to the smaller sum of squares (more even stages).
 std::vector<size_t> balanceUnits(const std::vector<double>& weight, const std::vector<bool>& forced_start,
                                  int stages) {
   const size_t n = weight.size();
   const double inf = std::numeric_limits<double>::infinity();
+  struct Score {
+    double max = std::numeric_limits<double>::infinity();
+    double squares = 0.0;
+    bool betterThan(const Score& o) const {
+      if (o.max == std::numeric_limits<double>::infinity()) return max < o.max;
+      const double eps = 1e-9 * std::max(1.0, std::abs(o.max));
+      if (max < o.max - eps) return true;
+      return max <= o.max + eps && squares < o.squares - 1e-12 * std::max(1.0, o.squares);
+    }
+  };
   std::vector<double> prefix(n + 1, 0.0);
   for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + weight[i];
-  // best[k][i]: minimal max weight placing units [0, i) into k stages.
-  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(n + 1, inf));
+  // best[k][i]: best score placing units [0, i) into k stages.
+  std::vector<std::vector<Score>> best(stages + 1, std::vector<Score>(n + 1));
   std::vector<std::vector<size_t>> from(stages + 1, std::vector<size_t>(n + 1, 0));
-  best[0][0] = 0.0;
+  best[0][0] = Score{0.0, 0.0};
   for (int k = 1; k <= stages; ++k) {
     for (size_t i = 1; i <= n; ++i) {
       // Stage k covers units [j, i); no forced start strictly inside.
       for (size_t j = i; j-- > 0;) {
-        if (best[k - 1][j] < inf) {
-          double cost = std::max(best[k - 1][j], prefix[i] - prefix[j]);
-          if (cost < best[k][i] - 1e-12) {
-            best[k][i] = cost;
+        if (best[k - 1][j].max < inf) {
+          double w = prefix[i] - prefix[j];
+          Score candidate{std::max(best[k - 1][j].max, w), best[k - 1][j].squares + w * w};
+          if (candidate.betterThan(best[k][i])) {
+            best[k][i] = candidate;
             from[k][i] = j;
           }
         }
@@ -67,7 +79,7 @@ std::vector<size_t> balanceUnits(const std::vector<double>& weight, const std::v
       }
     }
   }
-  if (best[stages][n] == inf) return {};
+  if (best[stages][n].max == inf) return {};
   std::vector<size_t> starts;
   for (size_t i = n, k = stages; k > 0; --k) {
     i = from[k][i];
@@ -83,8 +95,13 @@ PolicyUnits policyUnits(const frontend::ModelDag& dag) {
   PolicyUnits units;
   size_t first = firstWorkVertex(dag);
   units.starts.push_back(first);
+  // The ops before the first call (GPT's arange for positions) join the first
+  // call's unit: a stage of bookkeeping alone would be a wasted pipeline step.
+  bool seen_call = dag.graph[first].kind == DagNodeKind::kCall;
   for (size_t v = first + 1; v < numVertices(dag); ++v) {
-    if (dag.graph[v].kind == DagNodeKind::kCall) units.starts.push_back(v);
+    if (dag.graph[v].kind != DagNodeKind::kCall) continue;
+    if (seen_call) units.starts.push_back(v);
+    seen_call = true;
   }
   return units;
 }

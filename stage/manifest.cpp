@@ -68,6 +68,7 @@ std::string manifestToJson(const PipeManifest& m) {
     js["num_outputs"] = s.num_outputs;
     js["parameters"] = s.parameters;
     js["buffers"] = s.buffers;
+    if (!s.output_meta.empty()) js["output_meta"] = s.output_meta;
     j["stages"].push_back(std::move(js));
   }
   j["tied"] = m.tied;
@@ -95,6 +96,7 @@ PipeManifest manifestFromJson(const std::string& text, const std::string& origin
       s.num_outputs = js.at("num_outputs").get<int>();
       s.parameters = js.value("parameters", std::vector<std::string>{});
       s.buffers = js.value("buffers", std::vector<std::string>{});
+      s.output_meta = js.value("output_meta", std::vector<std::string>{});
       m.stages.push_back(std::move(s));
     }
     if (j.contains("tied")) m.tied = j.at("tied").get<std::vector<std::vector<std::string>>>();

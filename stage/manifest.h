@@ -42,10 +42,12 @@ struct StageInfo {
   int num_outputs = 0;               // forward always returns a tuple of this size
   std::vector<std::string> parameters;  // original FQNs held by the stage
   std::vector<std::string> buffers;     // original FQNs held by the stage
+  // Optional, from shape propagation: "float32[8, 16]" per output.
+  std::vector<std::string> output_meta;
 
   friend bool operator==(const StageInfo& a, const StageInfo& b) {
     return a.index == b.index && a.file == b.file && a.inputs == b.inputs && a.num_outputs == b.num_outputs &&
-           a.parameters == b.parameters && a.buffers == b.buffers;
+           a.parameters == b.parameters && a.buffers == b.buffers && a.output_meta == b.output_meta;
   }
 };
 

@@ -217,6 +217,22 @@ class Reference(nn.Module):
         return len(self.outputs)
 
 
+# (f) A submodule called inside a loop: control flow stays whole, so a split
+# point at `block` must be refused.
+class LoopModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, 4)
+        self.block = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor, steps: int = 3) -> torch.Tensor:
+        x = self.inp(x)
+        for _ in range(steps):
+            x = torch.relu(self.block(x))
+        return self.out(x)
+
+
 GPT_TEST = dict(vocab=64, n_embd=16, n_head=2, block_size=16)
 GPT_DEMO = dict(vocab=256, n_embd=64, n_head=4, block_size=64)
 
@@ -239,6 +255,8 @@ def build(name: str, gpt_layers: int):
     if name == "multi_io":
         return MultiIO(), [torch.randn(6, 8, generator=g), torch.randn(6, 8, generator=g),
                            torch.randint(0, 2, (6, 8), generator=g)], "script"
+    if name == "loop_model":
+        return LoopModel(), [torch.randn(4, 4, generator=g)], "script"
     raise SystemExit(f"generate_zoo.py: unknown model '{name}'")
 
 
@@ -259,7 +277,7 @@ def save_model(name: str, out_dir: str, gpt_layers: int) -> None:
     os.replace(ref + ".tmp", ref)
 
 
-DEFAULT_MODELS = ["seed_example", "mlp", "mlp_traced", "gpt", "markers", "multi_io", "gpt_demo"]
+DEFAULT_MODELS = ["seed_example", "mlp", "mlp_traced", "gpt", "markers", "multi_io", "loop_model", "gpt_demo"]
 
 
 def main() -> None:

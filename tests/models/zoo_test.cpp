@@ -24,7 +24,7 @@ TEST_P(ZooModel, ReproducesPythonReferenceExactly) {
 
 INSTANTIATE_TEST_SUITE_P(All, ZooModel,
                          ::testing::Values("seed_example", "mlp", "mlp_traced", "gpt", "markers", "multi_io",
-                                           "gpt_demo"));
+                                           "loop_model", "gpt_demo"));
 
 TEST(ZooGpt, TiedHeadSharesTheEmbeddingTensor) {
   auto module = frontend::loadModel(testing::zooModelPath("gpt"));

@@ -1,0 +1,162 @@
+#include "stage/split_in_memory.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/jit/ir/ir.h>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+
+#include "frontend/module_paths.h"
+
+namespace pipeforge::stage {
+namespace {
+
+using partitioner::Policy;
+using partitioner::SpecError;
+
+// FQNs whose code sits inside a prim::If / prim::Loop body of the opened graph.
+std::vector<std::string> controlFlowPaths(const frontend::OpenedModel& opened) {
+  std::vector<std::string> paths;
+  std::function<void(torch::jit::Block*, bool)> walk = [&](torch::jit::Block* block, bool inside) {
+    for (torch::jit::Node* n : block->nodes()) {
+      if (inside) {
+        paths.push_back(opened.ownerOf(n));
+        if (n->kind() == c10::prim::CallMethod) {
+          if (auto p = frontend::attributePath(n->input(0))) paths.push_back(*p);
+        }
+      }
+      for (torch::jit::Block* b : n->blocks()) walk(b, true);
+    }
+  };
+  walk(opened.graph().block(), false);
+  paths.erase(std::remove(paths.begin(), paths.end(), std::string()), paths.end());
+  return paths;
+}
+
+at::ScalarType dtypeOf(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "float64") return at::kDouble;
+  if (name == "float16") return at::kHalf;
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "int64") return at::kLong;
+  if (name == "int32") return at::kInt;
+  return at::kBool;
+}
+
+std::string metaOf(const at::Tensor& t) {
+  std::string dtype = c10::toString(t.scalar_type());
+  return fmt::format("{}[{}]", dtype, fmt::join(t.sizes(), ", "));
+}
+
+// Each unit as its own stage, timed on the example inputs (best of 3 after a warm-up).
+std::vector<double> measureUnitCosts(const frontend::OpenedModel& opened, const frontend::ModelDag& dag,
+                                     const partitioner::SplitSpec& spec, const std::vector<size_t>& unit_starts) {
+  partitioner::Partition per_unit;
+  per_unit.num_stages = static_cast<int>(unit_starts.size());
+  size_t n = boost::num_vertices(dag.graph);
+  per_unit.stage_of_vertex.assign(n, 0);
+  for (size_t v = 0, u = 0; v < n; ++v) {
+    while (u + 1 < unit_starts.size() && v >= unit_starts[u + 1]) ++u;
+    per_unit.stage_of_vertex[v] = static_cast<int>(u);
+  }
+  per_unit.stage_of_vertex[n - 1] = per_unit.num_stages - 1;
+  BuiltStages stages = buildStages(opened, dag, per_unit);
+  auto inputs = makeExampleInputs(spec);
+  torch::NoGradGuard no_grad;
+  std::vector<double> best(per_unit.num_stages, std::numeric_limits<double>::infinity());
+  for (int rep = 0; rep < 4; ++rep) {
+    std::vector<double> seconds;
+    runChained(stages.modules, stages.manifest, inputs, &seconds);
+    if (rep == 0) continue;  // warm-up
+    for (size_t i = 0; i < seconds.size(); ++i) best[i] = std::min(best[i], seconds[i]);
+  }
+  return best;
+}
+
+}  // namespace
+
+std::vector<c10::IValue> makeExampleInputs(const partitioner::SplitSpec& spec) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+  std::vector<c10::IValue> inputs;
+  for (const auto& in : spec.example_inputs) {
+    auto dtype = dtypeOf(in.dtype);
+    auto options = torch::TensorOptions().dtype(dtype);
+    at::Tensor t;
+    if (dtype == at::kBool) {
+      t = at::randint(0, 2, in.shape, gen, torch::TensorOptions().dtype(at::kLong)).to(at::kBool);
+    } else if (c10::isIntegralType(dtype, false)) {
+      double high = in.high > in.low ? in.high : in.low + 2;
+      t = at::randint(static_cast<int64_t>(in.low), static_cast<int64_t>(high), in.shape, gen, options);
+    } else if (in.high > in.low) {
+      t = at::rand(in.shape, gen, torch::TensorOptions().dtype(at::kFloat)).mul(in.high - in.low).add(in.low).to(dtype);
+    } else {
+      t = at::randn(in.shape, gen, torch::TensorOptions().dtype(at::kFloat)).to(dtype);
+    }
+    inputs.emplace_back(t);
+  }
+  return inputs;
+}
+
+SplitResult splitInMemory(const torch::jit::Module& model, const partitioner::SplitSpec& spec) {
+  std::vector<std::string> split_fqns;
+  for (const auto& [fqn, point] : spec.split_points) split_fqns.push_back(fqn);
+  const auto module_paths = frontend::submodulePaths(model);
+
+  if (!spec.example_inputs.empty()) {
+    auto method = model.get_method("forward");
+    size_t expected = method.function().getSchema().arguments().size() - 1;
+    if (spec.example_inputs.size() != expected) {
+      throw SpecError(fmt::format("example_inputs has {} entries but forward takes {} arguments; give one per argument",
+                                  spec.example_inputs.size(), expected));
+    }
+    try {
+      torch::NoGradGuard no_grad;
+      auto copy = model.clone();
+      copy.eval();
+      copy.forward(makeExampleInputs(spec));
+    } catch (const c10::Error& e) {
+      std::string what = e.what_without_backtrace();
+      throw SpecError("example_inputs do not fit the model: forward failed with: " + what.substr(0, what.find('\n')) +
+                      "; fix their shape or dtype");
+    }
+  }
+
+  frontend::OpenOptions options;
+  options.split_fqns = split_fqns;
+  while (true) {
+    frontend::OpenedModel opened(model, options);
+    frontend::ModelDag dag = frontend::buildDag(opened);
+    auto cuts = partitioner::explicitCuts(dag, spec, module_paths, controlFlowPaths(opened));
+    if (spec.policy != Policy::kNone) {
+      auto units = partitioner::policyUnits(dag);
+      std::set<size_t> all(units.starts.begin(), units.starts.end());
+      all.insert(cuts.begin(), cuts.end());
+      if (static_cast<int>(all.size()) < *spec.num_stages && opened.hasDeeperCalls()) {
+        ++options.open_depth;  // not enough cut points at this level: open one level deeper
+        continue;
+      }
+    }
+    std::vector<double> costs;
+    if (spec.policy == Policy::kCost) {
+      // Explicit cuts subdivide units, so measure at that finer grain.
+      auto units = partitioner::policyUnits(dag);
+      std::set<size_t> starts(units.starts.begin(), units.starts.end());
+      starts.insert(cuts.begin(), cuts.end());
+      costs = measureUnitCosts(opened, dag, spec, {starts.begin(), starts.end()});
+    }
+    partitioner::Partition partition = partitioner::partitionDag(dag, spec, cuts, costs);
+    BuiltStages stages = buildStages(opened, dag, partition);
+    if (!spec.example_inputs.empty()) {
+      torch::NoGradGuard no_grad;
+      std::vector<std::vector<at::Tensor>> outs;
+      runChained(stages.modules, stages.manifest, makeExampleInputs(spec), nullptr, &outs);
+      for (int k = 0; k < partition.num_stages; ++k) {
+        for (const auto& t : outs[k]) stages.manifest.stages[k].output_meta.push_back(metaOf(t));
+      }
+    }
+    return SplitResult{std::move(opened), std::move(dag), std::move(partition), std::move(stages)};
+  }
+}
+
+}  // namespace pipeforge::stage
