@@ -20,6 +20,12 @@ CostModel CostModel::uniform(double forward, double backward_input, double backw
   return model;
 }
 
+CostModel CostModel::unitSteps() {
+  CostModel model = uniform(1.0, 1.0, 1.0, 0.0);
+  model.stages.front().full_backward = 1.0;
+  return model;
+}
+
 const StageCost& CostModel::stage(int stage) const {
   if (stages.size() == 1) return stages.front();
   if (stage < 0 || static_cast<std::size_t>(stage) >= stages.size()) {

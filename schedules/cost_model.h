@@ -49,6 +49,10 @@ struct CostModel {
   static CostModel uniform(double forward, double backward_input, double backward_weight,
                            double comm_latency = 0.0);
 
+  // Every F, I, W and B one unit, no latency: PyTorch's step grid in time
+  // (what the emitters use when no costs are given). OVERLAP_F_B takes two.
+  static CostModel unitSteps();
+
   // The costs of `stage`; throws ScheduleError when the model has per-stage
   // entries and `stage` is outside them.
   const StageCost& stage(int stage) const;
