@@ -16,11 +16,24 @@ struct ScheduleConfig {
   int num_ranks = 1;
   int stages_per_rank = 1;  // 1 for single-stage schedules (GPipe, 1F1B)
   int num_microbatches = 1;
+  // MegatronInterleaved only: Megatron's microbatch_group_size_per_vp_stage
+  // (how many consecutive microbatches run on one model chunk before moving to
+  // the next). 0 means Megatron's default, the pipeline size (num_ranks).
+  int microbatch_group_size_per_vp_stage = 0;
 };
 
 // Names accepted by generateSchedule, in their canonical spelling
 // ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
-// "ZBVZeroBubble", "DualPipeV", ...).
+// "ZBVZeroBubble", "DualPipeV", "MegatronInterleaved").
+//
+// Layouts: stage s runs on rank s % num_ranks (StageLayout::kLoop), except
+// ZBVZeroBubble and DualPipeV, which fold the stages into a V (StageLayout::kV).
+// GPipe and 1F1B are single-stage (stages_per_rank must be 1); PyTorch runs
+// them without an action list, so their programs are the order its runtime
+// executes, laid out on unit time steps like the multi-stage ones: an action
+// waits one step for its input from another stage (F for F, B for B), and the
+// cell stays empty meanwhile. MegatronInterleaved is Megatron-LM's
+// interleaved order (megatron_table.h) laid out the same way.
 std::vector<std::string> scheduleNames();
 
 // Generates the compute-only program of the named schedule. Throws
