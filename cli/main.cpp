@@ -24,6 +24,19 @@ int main(int argc, char** argv) {
   addTrainCommand(app, exit_code);
   addExportCommand(app, exit_code);
 
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    std::string names;
+    for (const auto* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+      known = known || sub->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) {
+      std::cerr << "pipeforge: error: unknown command '" << argv[1] << "'; commands: " << names << "\n"
+                << "Run `pipeforge --help` for usage.\n";
+      return kExitUsage;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -34,6 +34,22 @@ std::vector<std::string> controlFlowPaths(const frontend::OpenedModel& opened) {
   return paths;
 }
 
+// The line of a TorchScript interpreter error that says what went wrong
+// ("RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x5 and 8x16)").
+std::string errorSummary(const std::string& what) {
+  std::string best;
+  size_t start = 0;
+  while (start < what.size()) {
+    size_t end = what.find('\n', start);
+    std::string line = what.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (line.find("Error: ") != std::string::npos) best = line;
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  if (!best.empty()) return best;
+  return what.substr(0, what.find('\n'));
+}
+
 at::ScalarType dtypeOf(const std::string& name) {
   if (name == "float32") return at::kFloat;
   if (name == "float64") return at::kDouble;
@@ -115,9 +131,8 @@ SplitResult splitInMemory(const torch::jit::Module& model, const partitioner::Sp
       auto copy = model.clone();
       copy.eval();
       copy.forward(makeExampleInputs(spec));
-    } catch (const c10::Error& e) {
-      std::string what = e.what_without_backtrace();
-      throw SpecError("example_inputs do not fit the model: forward failed with: " + what.substr(0, what.find('\n')) +
+    } catch (const std::exception& e) {
+      throw SpecError("example_inputs do not fit the model: forward failed with: " + errorSummary(e.what()) +
                       "; fix their shape or dtype");
     }
   }
