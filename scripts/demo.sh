@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The main job on the embedded default: install, build, split the bundled GPT
+# example into 2 stages and train it as a byte-level language model on 2 local
+# ranks (Gloo on CPU, 1F1B), then show where the results are.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/build.sh
+BUILD_DIR=${PIPEFORGE_BUILD_DIR:-build}
+PF="$BUILD_DIR/cli/pipeforge"
+
+echo "== split: the bundled GPT example into 2 stages"
+"$PF" split "$BUILD_DIR/zoo/gpt_demo.pt" --spec configs/split_gpt_demo.yaml --out out/demo/stages --force
+"$PF" inspect out/demo/stages | tail -n 6
+
+echo "== schedule: 1F1B on 2 ranks, 8 microbatches"
+"$PF" schedule --name 1F1B --ranks 2 --stages 2 --microbatches 8 --simulate | tail -n 3
+
+echo "== train: 2 local ranks, Gloo on CPU"
+exec "$PF" train --config configs/demo_gpt.yaml --nproc 2
