@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
-  libtorch-dev libgloo-dev python3-torch python3-torchvision python3-yaml
+  libtorch-dev libgloo-dev python3-torch python3-torchvision
   libyaml-cpp-dev libboost-graph-dev libgtest-dev libgmock-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
   graphviz libgraphviz-dev iproute2
