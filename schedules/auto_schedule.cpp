@@ -76,6 +76,28 @@ std::string verify(const Program& program, const CostModel& costs) {
 
 }  // namespace
 
+double makespanLowerBound(const AutoScheduleConfig& config) {
+  checkConfig(config);
+  const int P = config.num_ranks;
+  const int S = P * config.stages_per_rank;
+  const std::vector<int> stage_to_rank = makeStageToRank(P, S, config.layout);
+  const CostModel& c = config.costs;
+  std::vector<double> head(P, -1.0);
+  std::vector<double> work(P, 0.0);
+  double t = 0.0;  // earliest start of F(s, 0)
+  for (int s = 0; s < S; ++s) {
+    const int r = stage_to_rank[s];
+    if (head[r] < 0.0) head[r] = t;
+    const StageCost& sc = c.stage(s);
+    work[r] += config.num_microbatches *
+               (sc.forward + std::min(sc.backward_input + sc.backward_weight, sc.fullBackward()));
+    if (s + 1 < S) t += sc.forward + (stage_to_rank[s + 1] == r ? 0.0 : c.comm_latency);
+  }
+  double bound = 0.0;
+  for (int r = 0; r < P; ++r) bound = std::max(bound, std::max(head[r], 0.0) + work[r]);
+  return bound;
+}
+
 double minimumMemoryLimit(const AutoScheduleConfig& config) {
   checkConfig(config);
   const int S = config.num_ranks * config.stages_per_rank;
@@ -101,6 +123,8 @@ AutoScheduleResult autoSchedule(const AutoScheduleConfig& config) {
   }
 
   AutoScheduleResult result;
+  result.lower_bound = makespanLowerBound(config);
+  const double at_bound = result.lower_bound * (1.0 + 1e-9) + 1e-12;
   std::vector<Entry> pool;
   RankOrders shape;
   shape.num_ranks = P;
@@ -259,7 +283,7 @@ AutoScheduleResult autoSchedule(const AutoScheduleConfig& config) {
       static_cast<double>(config.evaluations_per_candidate),
       total_evals / static_cast<double>(seeds.size())));
   std::vector<Entry> improved;
-  if (per_seed >= 2) {
+  if (per_seed >= 2 && pool.front().makespan > at_bound) {
     for (std::size_t k : seeds) {
       Entry entry;
       entry.name = pool[k].name;

@@ -53,6 +53,9 @@ struct AutoScheduleResult {
   std::string origin;            // the candidate it came from (and how it was improved)
   CostSimulation simulation;     // of `program` under the config's costs
   std::vector<AutoCandidate> candidates;  // everything tried, in the order tried
+  // No schedule can be faster: max over ranks of (the earliest its first F can
+  // start + its total F, I and W work). The search stops early when it gets there.
+  double lower_bound = 0.0;
   // The best named schedule that fits, if any (for comparison).
   std::optional<std::string> best_named;
   std::optional<double> best_named_makespan;
@@ -62,6 +65,9 @@ struct AutoScheduleResult {
 // do not fit the stages), and when the memory limit is below what any
 // schedule needs (naming that minimum).
 AutoScheduleResult autoSchedule(const AutoScheduleConfig& config);
+
+// See AutoScheduleResult::lower_bound.
+double makespanLowerBound(const AutoScheduleConfig& config);
 
 // The smallest per-rank memory limit under which some schedule exists: the
 // activations of one microbatch on all of a rank's stages, maximised over ranks.

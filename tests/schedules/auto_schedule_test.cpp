@@ -119,7 +119,9 @@ TEST(AutoSchedule, BeatsZeroBubbleSchedulesWhenFIWDiffer) {
     // Lower bound: every rank has 3 ops per stage and microbatch to run, and
     // the last rank cannot start before the first F has crossed p-1 ranks.
     const double work = w.v * 8 * (1 + 1.3 + 0.7);
-    EXPECT_GE(r.simulation.makespan, work + 3 * (1 + 0.1) - 1e-9);
+    EXPECT_DOUBLE_EQ(r.lower_bound, work + 3 * (1 + 0.1));
+    EXPECT_GE(r.simulation.makespan, r.lower_bound - 1e-9);
+    if (w.v == 2) EXPECT_NEAR(r.simulation.makespan, r.lower_bound, 1e-9);  // optimal here
   }
 }
 
