@@ -1,14 +1,412 @@
-// `pipeforge schedule`.
+// `pipeforge schedule`: generate (or load), lower, simulate and draw pipeline schedules.
+//
+//   pipeforge schedule --name NAME --ranks P --stages S --microbatches M
+//       [--costs F,I,W[,C] | --cost-file COSTS.json] [--mem-limit X] [--layout loop|v]
+//       [--lower] [--simulate] [--csv OUT.csv] [--trace OUT.json] [--svg OUT.svg]
+//   pipeforge schedule --load IN.csv --format compute_only|compute_comms ...
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "cli/commands.h"
-#include "cli/not_built.h"
+#include "cli/run_guarded.h"
+#include "schedules/auto_schedule.h"
+#include "schedules/chrome_trace.h"
+#include "schedules/cost_model.h"
+#include "schedules/csv.h"
+#include "schedules/format_grid.h"
+#include "schedules/generate.h"
+#include "schedules/lower.h"
+#include "schedules/simulate_cost.h"
+#include "schedules/simulate_unit.h"
+#include "schedules/svg_timeline.h"
+#include "schedules/validate.h"
 
 namespace pipeforge::cli {
 
+namespace {
+
+namespace sch = pipeforge::schedules;
+
+struct ScheduleOptions {
+  std::string name;
+  int ranks = 0;
+  int stages = 0;
+  int microbatches = 0;
+  std::string load;
+  std::string format = "compute_only";
+  std::string costs;
+  std::string cost_file;
+  std::optional<double> mem_limit;
+  std::optional<double> act_mem;
+  std::optional<double> w_share;
+  std::string layout = "loop";
+  double time_unit_us = 1000.0;
+  bool lower = false;
+  bool simulate = false;
+  std::string csv;
+  std::string trace;
+  std::string svg;
+};
+
+// A mistake on the command line: reported as such, exit code 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::string lowercase(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return text;
+}
+
+std::string plural(int n, const char* noun) {
+  return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s");
+}
+
+bool isLowered(const sch::Program& program) {
+  for (const auto& row : program.actions) {
+    for (const auto& cell : row) {
+      if (cell && !sch::isCompute(cell->type)) return true;
+    }
+  }
+  return false;
+}
+
+// Writes next to the target, then renames over it: readers never see half a file.
+void writeFileAtomically(const std::string& path, const std::string& text, const char* what) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  fs::path tmp = target;
+  tmp += fmt::format(".tmp.{}", static_cast<long>(::getpid()));
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) {
+      throw sch::ScheduleError(fmt::format(
+          "cannot write the {} to '{}': cannot create '{}' (does the folder exist and is it "
+          "writable?)",
+          what, path, tmp.string()));
+    }
+    out << text;
+    out.flush();
+    if (!out) {
+      std::error_code ignored;
+      fs::remove(tmp, ignored);
+      throw sch::ScheduleError(fmt::format("cannot write the {} to '{}' (disk full?)", what, path));
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, target, ec);
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw sch::ScheduleError(
+        fmt::format("cannot write the {} to '{}': {}", what, path, ec.message()));
+  }
+}
+
+std::optional<sch::CostModel> readCosts(const ScheduleOptions& o, int num_stages) {
+  std::optional<sch::CostModel> costs;
+  if (!o.costs.empty()) {
+    try {
+      costs = sch::parseCostList(o.costs);
+    } catch (const sch::ScheduleError& e) {
+      throw UsageError(fmt::format("--costs: {}", e.what()));
+    }
+  }
+  if (!o.cost_file.empty()) {
+    std::ifstream in(o.cost_file);
+    if (!in) throw UsageError(fmt::format("cannot open --cost-file '{}'", o.cost_file));
+    nlohmann::json json;
+    try {
+      in >> json;
+    } catch (const nlohmann::json::exception& e) {
+      throw sch::ScheduleError(
+          fmt::format("--cost-file '{}' is not valid JSON: {}", o.cost_file, e.what()));
+    }
+    try {
+      costs = sch::costModelFromJson(json);
+    } catch (const sch::ScheduleError& e) {
+      throw sch::ScheduleError(fmt::format("--cost-file '{}': {}", o.cost_file, e.what()));
+    }
+  }
+  if (!costs && (o.act_mem || o.w_share || o.mem_limit)) {
+    // Memory questions need activation sizes; the default costs are unit ones.
+    costs = sch::CostModel::uniform(1.0, 1.0, 1.0, 0.0);
+  }
+  if (costs) {
+    if (o.act_mem) {
+      for (auto& stage : costs->stages) stage.activation_memory = *o.act_mem;
+    }
+    if (o.w_share) costs->weight_memory_share = *o.w_share;
+    costs->check(num_stages);
+  }
+  return costs;
+}
+
+std::string joinNumbers(const std::vector<double>& values, const char* format) {
+  std::string out;
+  for (std::size_t r = 0; r < values.size(); ++r) {
+    if (r) out += " ";
+    out += fmt::format(fmt::runtime(format), values[r]);
+  }
+  return out;
+}
+
+int runSchedule(const ScheduleOptions& o) {
+  // --- where the program comes from ---------------------------------------
+  const bool from_name = !o.name.empty();
+  const bool from_file = !o.load.empty();
+  if (from_name == from_file) {
+    throw UsageError("give either --name NAME (with --ranks, --stages, --microbatches) or "
+                     "--load IN.csv");
+  }
+  if (o.format != "compute_only" && o.format != "compute_comms") {
+    throw UsageError(fmt::format(
+        "--format {}: expected compute_only (F/I/W/B only) or compute_comms (with SEND/RECV)",
+        o.format));
+  }
+  if (o.layout != "loop" && o.layout != "v") {
+    throw UsageError(fmt::format("--layout {}: expected loop or v", o.layout));
+  }
+  if (!(o.time_unit_us > 0.0)) {
+    throw UsageError(fmt::format("--time-unit-us {}: expected a positive number", o.time_unit_us));
+  }
+  if (!o.costs.empty() && !o.cost_file.empty()) {
+    throw UsageError("give --costs or --cost-file, not both");
+  }
+
+  sch::Program program;
+  std::string title;
+  std::optional<sch::CostModel> costs;
+  bool is_auto = false;
+  if (from_name) {
+    if (o.ranks < 1 || o.stages < 1 || o.microbatches < 1) {
+      throw UsageError(fmt::format(
+          "--name needs --ranks, --stages and --microbatches, each at least 1 (got {}, {}, {})",
+          o.ranks, o.stages, o.microbatches));
+    }
+    if (o.stages % o.ranks != 0) {
+      const int below = std::max(o.ranks, o.stages / o.ranks * o.ranks);
+      throw UsageError(fmt::format(
+          "--stages {} is not a multiple of --ranks {}: every rank holds --stages / --ranks "
+          "stages; use --stages {} or {}",
+          o.stages, o.ranks, below, below + o.ranks));
+    }
+    const int per_rank = o.stages / o.ranks;
+    costs = readCosts(o, o.stages);
+    is_auto = lowercase(o.name) == sch::kAutoScheduleName;
+    if (is_auto) {
+      sch::AutoScheduleConfig config;
+      config.num_ranks = o.ranks;
+      config.stages_per_rank = per_rank;
+      config.num_microbatches = o.microbatches;
+      config.layout = o.layout == "v" ? sch::StageLayout::kV : sch::StageLayout::kLoop;
+      config.costs = costs.value_or(sch::CostModel::uniform(1.0, 1.0, 1.0, 0.0));
+      config.memory_limit = o.mem_limit;
+      const sch::AutoScheduleResult result = sch::autoSchedule(config);
+      program = result.program;
+      std::cout << fmt::format("auto: {} ({} layout), simulated makespan {:.4g} with {}\n",
+                               result.origin, o.layout, result.simulation.makespan,
+                               sch::describeCostModel(config.costs));
+      if (result.best_named) {
+        std::cout << fmt::format(
+            "      best named schedule within the memory limit: {} at {:.4g} ({:+.2f}%)\n",
+            *result.best_named, *result.best_named_makespan,
+            100.0 * (result.simulation.makespan / *result.best_named_makespan - 1.0));
+      } else {
+        std::cout << "      no named schedule fits this layout and memory limit\n";
+      }
+      title = fmt::format("auto ({}), {} ranks, {} per rank, {} microbatches", result.origin,
+                          o.ranks, plural(per_rank, "stage"), o.microbatches);
+    } else {
+      const std::vector<std::string> names = sch::scheduleNames();
+      const bool known = std::any_of(names.begin(), names.end(), [&](const std::string& n) {
+        return lowercase(n) == lowercase(o.name);
+      });
+      if (!known) {
+        throw UsageError(fmt::format("unknown schedule '{}'; the names (any case) are {}, auto",
+                                     o.name, fmt::join(names, ", ")));
+      }
+      if (o.layout != "loop") {
+        throw UsageError("--layout chooses the layout for --name auto; named schedules "
+                         "have their own (ZBVZeroBubble and DualPipeV fold into a V)");
+      }
+      sch::ScheduleConfig config;
+      config.num_ranks = o.ranks;
+      config.stages_per_rank = per_rank;
+      config.num_microbatches = o.microbatches;
+      try {
+        program = sch::generateSchedule(o.name, config);
+      } catch (const sch::ScheduleError& e) {
+        throw sch::ScheduleError(fmt::format("--name {} --ranks {} --stages {} ({} per rank) "
+                                             "--microbatches {}: {}",
+                                             o.name, o.ranks, o.stages, per_rank,
+                                             o.microbatches, e.what()));
+      }
+      title = fmt::format("{}, {} ranks, {} per rank, {} microbatches", o.name, o.ranks,
+                          plural(per_rank, "stage"), o.microbatches);
+    }
+  } else {
+    if (o.ranks || o.stages || o.microbatches) {
+      throw UsageError("--load reads ranks, stages and microbatches from the CSV; drop "
+                       "--ranks/--stages/--microbatches");
+    }
+    if (o.layout != "loop") throw UsageError("--layout only applies to --name auto");
+    program = sch::loadCsvFile(o.load);
+    const bool lowered = isLowered(program);
+    if (o.format == "compute_only" && lowered) {
+      throw sch::ScheduleError(fmt::format(
+          "{} holds communication actions (SEND/RECV, UNSHARD, ...), so it is not "
+          "compute_only; pass --format compute_comms",
+          o.load));
+    }
+    if (o.format == "compute_comms" && o.lower) {
+      throw UsageError("--lower turns a compute_only schedule into a compute_comms one; "
+                       + o.load + " is loaded as compute_comms already");
+    }
+    costs = readCosts(o, program.num_stages);
+    title = fmt::format("{} ({} ranks, {} stages, {} microbatches)", o.load, program.num_ranks,
+                        program.num_stages, program.num_microbatches);
+  }
+  sch::validateProgram(program);
+
+  // --- lowering and the grid --------------------------------------------------
+  if (o.lower) {
+    program = sch::lowerForExecution(program);
+    title += ", lowered";
+  }
+  std::cout << title << "\n" << sch::formatGrid(program);
+
+  // --- simulation ----------------------------------------------------------------
+  std::optional<sch::CostSimulation> timed;
+  if (costs) timed = sch::simulateCost(program, *costs);
+  if (o.simulate) {
+    const sch::Program lowered = isLowered(program) ? program : sch::lowerForExecution(program);
+    const sch::UnitSimulation unit = sch::simulateUnit(lowered);
+    std::cout << fmt::format("unit-time simulation: {} steps{}\n", unit.num_steps,
+                             isLowered(program) ? "" : " (after lowering to SEND/RECV)");
+    if (timed) {
+      std::cout << fmt::format("cost simulation ({}):\n", sch::describeCostModel(*costs));
+      std::cout << fmt::format("  makespan        {:.6g}\n", timed->makespan);
+      std::cout << fmt::format("  bubble          {:.4f} overall; per rank {}\n",
+                               timed->totalBubbleFraction(),
+                               joinNumbers(timed->bubble_fraction, "{:.4f}"));
+      std::cout << fmt::format("  peak memory     per rank {}\n",
+                               joinNumbers(timed->peak_memory, "{:.4g}"));
+    } else {
+      std::cout << "  (give --costs F,I,W[,C] for the makespan, bubbles and peak memory)\n";
+    }
+  }
+  if (timed && o.mem_limit && !is_auto) {
+    for (std::size_t r = 0; r < timed->peak_memory.size(); ++r) {
+      if (timed->peak_memory[r] > *o.mem_limit + 1e-9) {
+        throw sch::ScheduleError(fmt::format(
+            "the schedule peaks at {:.4g} activation memory on rank {}, above --mem-limit "
+            "{:.4g}; choose another schedule, more microbatch memory, or --name auto",
+            timed->peak_memory[r], r, *o.mem_limit));
+      }
+    }
+  }
+
+  // --- files ---------------------------------------------------------------------
+  if (!o.csv.empty()) {
+    writeFileAtomically(o.csv, sch::programToCsv(program), "schedule CSV");
+    std::cout << "wrote " << o.csv << "\n";
+  }
+  if (!o.trace.empty() || !o.svg.empty()) {
+    // Cost-aware times when costs are known, PyTorch's unit steps otherwise.
+    const sch::CostSimulation shown =
+        timed ? *timed : sch::simulateCost(program, sch::CostModel::unitSteps());
+    if (!o.trace.empty()) {
+      sch::ChromeTraceOptions trace_options;
+      trace_options.microseconds_per_unit = o.time_unit_us;
+      trace_options.process_name = title;
+      writeFileAtomically(o.trace, sch::chromeTraceText(shown, program.num_ranks, trace_options),
+                          "Chrome trace");
+      std::cout << "wrote " << o.trace << " (open in https://ui.perfetto.dev)\n";
+    }
+    if (!o.svg.empty()) {
+      sch::SvgTimelineOptions svg_options;
+      svg_options.title = title + (timed ? ", " + sch::describeCostModel(*costs) : ", unit steps");
+      writeFileAtomically(
+          o.svg, sch::svgTimeline(shown, program.num_ranks, program.stage_to_rank, svg_options),
+          "SVG timeline");
+      std::cout << "wrote " << o.svg << "\n";
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
 void addScheduleCommand(CLI::App& app, int& exit_code) {
-  auto* sub = app.add_subcommand("schedule", "schedule (not built yet)");
-  markNotBuiltYet(*sub, "schedule", exit_code);
+  auto o = std::make_shared<ScheduleOptions>();
+  auto* sub = app.add_subcommand(
+      "schedule",
+      "Generate (or load) a pipeline schedule, print its step grid, lower it, simulate it and "
+      "draw it.\nExamples:\n"
+      "  pipeforge schedule --name 1F1B --ranks 4 --stages 4 --microbatches 8 --simulate\n"
+      "  pipeforge schedule --name auto --ranks 4 --stages 8 --microbatches 16 "
+      "--costs 1,1.3,0.7,0.1 --mem-limit 8 --svg auto.svg\n"
+      "  pipeforge schedule --load sched.csv --format compute_only --lower --csv lowered.csv\n"
+      "Times are in the unit of --costs (read as milliseconds in traces); memory is in "
+      "activations of one microbatch on one stage (--act-mem).");
+  sub->add_option("--name", o->name,
+                  "schedule: GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
+                  "ZBVZeroBubble, DualPipeV, MegatronInterleaved, or auto (search for the "
+                  "fastest under --costs and --mem-limit)");
+  sub->add_option("--ranks", o->ranks, "pipeline ranks P");
+  sub->add_option("--stages", o->stages, "total stages S (a multiple of P; S/P per rank)");
+  sub->add_option("--microbatches", o->microbatches, "microbatches M per step");
+  sub->add_option("--load", o->load, "read the schedule from a PyTorch-format CSV instead");
+  sub->add_option("--format", o->format,
+                  "CSV flavour for --load: compute_only (default) or compute_comms");
+  sub->add_option("--costs", o->costs,
+                  "durations F,I,W and optionally the comm latency C, e.g. 1,1.3,0.7,0.1 "
+                  "(B = I + W)");
+  sub->add_option("--cost-file", o->cost_file,
+                  "per-stage costs as JSON ({\"stages\": [{\"forward\": 1, ...}], "
+                  "\"comm_latency\": 0.1})");
+  sub->add_option("--mem-limit", o->mem_limit,
+                  "peak activation memory per rank: auto stays below it, a named schedule "
+                  "above it is an error");
+  sub->add_option("--act-mem", o->act_mem, "activation memory of one microbatch on a stage (1)");
+  sub->add_option("--w-share", o->w_share,
+                  "share of that memory kept from I until W when the backward is split (0.5)");
+  sub->add_option("--layout", o->layout, "stage layout for --name auto: loop (default) or v");
+  sub->add_option("--time-unit-us", o->time_unit_us,
+                  "microseconds per time unit in --trace (1000: costs in milliseconds)");
+  sub->add_flag("--lower", o->lower, "insert SEND/RECV (and merge adjacent I,W into B)");
+  sub->add_flag("--simulate", o->simulate,
+                "print the unit-time step count and, with costs, makespan, bubbles and memory");
+  sub->add_option("--csv", o->csv, "write the schedule as PyTorch CSV");
+  sub->add_option("--trace", o->trace, "write a Chrome/Perfetto trace (JSON)");
+  sub->add_option("--svg", o->svg, "write an SVG timeline");
+  sub->callback([o, &exit_code] {
+    exit_code = runGuarded("schedule", [&] {
+      try {
+        return runSchedule(*o);
+      } catch (const UsageError& e) {
+        std::cerr << "pipeforge schedule: error: " << e.what() << "\n"
+                  << "Run `pipeforge schedule --help` for usage.\n";
+        return kExitUsage;
+      }
+    });
+  });
 }
 
 }  // namespace pipeforge::cli
