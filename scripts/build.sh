@@ -5,8 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 BUILD_DIR=${PIPEFORGE_BUILD_DIR:-build}
+# Cache hits across clones (CI builds a fresh clone on the same machine).
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 JOBS=${PIPEFORGE_JOBS:-$(nproc)}
 if [ ! -f "$BUILD_DIR/build.ninja" ] || [ $# -gt 0 ]; then
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=${PIPEFORGE_BUILD_TYPE:-Release} "$@" >/dev/null
 fi
 cmake --build "$BUILD_DIR" -j "$JOBS"
