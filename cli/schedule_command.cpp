@@ -157,7 +157,15 @@ std::optional<sch::CostModel> readCosts(const ScheduleOptions& o, int num_stages
   return costs;
 }
 
+// All values for a few ranks; min and max (with their ranks) for many.
 std::string joinNumbers(const std::vector<double>& values, const char* format) {
+  if (values.size() > 16) {
+    const auto lo = std::min_element(values.begin(), values.end());
+    const auto hi = std::max_element(values.begin(), values.end());
+    return fmt::format("min {} (rank {}), max {} (rank {})", fmt::format(fmt::runtime(format), *lo),
+                       lo - values.begin(), fmt::format(fmt::runtime(format), *hi),
+                       hi - values.begin());
+  }
   std::string out;
   for (std::size_t r = 0; r < values.size(); ++r) {
     if (r) out += " ";

@@ -38,6 +38,7 @@ struct Entry {
   RankOrders orders;
   double makespan = kInf;
   double finish_sum = kInf;
+  double peak = kInf;  // max over ranks of the peak activation memory
   std::optional<Program> original;  // for named schedules: the generated program
   bool improved = false;
 };
@@ -46,6 +47,10 @@ bool lessByTime(const Entry& a, const Entry& b) {
   const double eps = 1e-9 * std::max(1.0, b.makespan);
   if (a.makespan < b.makespan - eps) return true;
   if (a.makespan > b.makespan + eps) return false;
+  // Equally fast: less memory first (an unlimited search otherwise happily
+  // keeps every microbatch in flight), then ranks that finish earlier.
+  if (a.peak < b.peak - 1e-9) return true;
+  if (a.peak > b.peak + 1e-9) return false;
   return a.finish_sum < b.finish_sum - eps;
 }
 
@@ -166,6 +171,7 @@ AutoScheduleResult autoSchedule(const AutoScheduleConfig& config) {
             // The orders (composites split into their halves) seed the local
             // search; the entry itself stands for the program as generated.
             entry.makespan = sim.makespan;
+            entry.peak = cand.peak_memory;
             entry.finish_sum = 0.0;
             for (int r = 0; r < P; ++r) {
               double last = 0.0;
@@ -253,6 +259,7 @@ AutoScheduleResult autoSchedule(const AutoScheduleConfig& config) {
                 entry.orders = std::move(*orders);
                 entry.makespan = evaluation.makespan;
                 entry.finish_sum = evaluation.finish_sum;
+                entry.peak = evaluation.max_peak_memory;
                 pool.push_back(std::move(entry));
               }
             }
@@ -296,6 +303,7 @@ AutoScheduleResult autoSchedule(const AutoScheduleConfig& config) {
       if (evaluation.deadlocked || evaluation.max_peak_memory > limit + 1e-9) continue;
       entry.makespan = evaluation.makespan;
       entry.finish_sum = evaluation.finish_sum;
+      entry.peak = evaluation.max_peak_memory;
       entry.improved = true;
       AutoCandidate cand;
       cand.name = entry.name + " + local search";
@@ -311,12 +319,14 @@ AutoScheduleResult autoSchedule(const AutoScheduleConfig& config) {
   for (Entry& e : improved) pool.push_back(std::move(e));
 
   // 4. The fastest that survives validation, lowering and simulation. On a
-  // tie a named schedule wins (it is the familiar one), then the earliest tried.
+  // tie the one with less peak memory, then a named schedule (it is the
+  // familiar one), then the earliest tried.
   std::vector<std::size_t> order(pool.size());
   for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     const double eps = 1e-9 * std::max(1.0, pool[b].makespan);
-    if (std::abs(pool[a].makespan - pool[b].makespan) <= eps) {
+    if (std::abs(pool[a].makespan - pool[b].makespan) <= eps &&
+        std::abs(pool[a].peak - pool[b].peak) <= 1e-9) {
       const bool na = pool[a].original && !pool[a].improved;
       const bool nb = pool[b].original && !pool[b].improved;
       if (na != nb) return na;
