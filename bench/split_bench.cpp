@@ -2,6 +2,7 @@
 // torch::jit::load of the same file in the same run, and the balance each
 // policy reaches. Usage: pipeforge_bench_split MODEL.pt [MODEL.pt ...]
 #include <fmt/format.h>
+#include <ATen/Parallel.h>
 #include <torch/script.h>
 
 #include <chrono>
@@ -34,7 +35,7 @@ double bestOf(int reps, F&& f) {
 
 int main(int argc, char** argv) {
   namespace fs = std::filesystem;
-  torch::set_num_threads(1);
+  at::set_num_threads(1);
   fs::path scratch = fs::temp_directory_path() / "pipeforge-split-bench";
   fs::create_directories(scratch);
   std::string spec_path = (scratch / "spec.yaml").string();
