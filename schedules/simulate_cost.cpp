@@ -1,14 +1,11 @@
 #include "schedules/simulate_cost.h"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "schedules/format_grid.h"
-
 
 namespace pipeforge::schedules {
 
@@ -295,7 +292,9 @@ void Simulator::reportDeadlock(const std::vector<std::size_t>& pos,
     const auto& row = program_.actions[r];
     if (pos[r] >= row.size()) continue;
     const Action& stuck = *row[pos[r]];
-    if (!first_stuck || static_cast<int>(pos[r]) < *first_stuck) first_stuck = static_cast<int>(pos[r]);
+    if (!first_stuck || static_cast<int>(pos[r]) < *first_stuck) {
+      first_stuck = static_cast<int>(pos[r]);
+    }
     std::string producer;
     if (auto at = findProducer(blocked_on[r])) {
       if (at->first == r) {
