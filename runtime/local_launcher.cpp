@@ -1,0 +1,208 @@
+#include "runtime/local_launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+extern char** environ;
+
+namespace pipeforge::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The environment of one rank: ours, minus what we set, plus what we set.
+std::vector<std::string> rankEnv(const LaunchOptions& o, int rank, int port) {
+  std::vector<std::pair<std::string, std::string>> set = {
+      {"RANK", std::to_string(rank)},
+      {"WORLD_SIZE", std::to_string(o.num_ranks)},
+      {"LOCAL_RANK", std::to_string(rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(o.num_ranks)},
+      {"MASTER_ADDR", o.master_addr},
+      {"MASTER_PORT", std::to_string(port)},
+  };
+  set.insert(set.end(), o.env.begin(), o.env.end());
+  std::vector<std::string> out;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry(*e);
+    std::string name = entry.substr(0, entry.find('='));
+    bool overridden = false;
+    for (const auto& [k, v] : set) overridden |= k == name;
+    if (!overridden) out.push_back(entry);
+  }
+  for (const auto& [k, v] : set) out.push_back(k + "=" + v);
+  return out;
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string lastLines(const std::string& text, int n) {
+  std::size_t pos = text.size();
+  while (n-- > 0 && pos > 0) {
+    pos = text.rfind('\n', pos - 1);
+    if (pos == std::string::npos) return text;
+  }
+  return text.substr(pos + 1);
+}
+
+}  // namespace
+
+int findFreePort(const std::string& addr) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw LaunchError(fmt::format("socket() failed: {}", std::strerror(errno)));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = 0;
+  if (::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    ::close(fd);
+    throw LaunchError(fmt::format("cannot bind a free port on {}: {}", addr, std::strerror(errno)));
+  }
+  socklen_t len = sizeof(sa);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  ::close(fd);
+  return ntohs(sa.sin_port);
+}
+
+std::string LaunchResult::summary() const {
+  std::string out;
+  for (const RankExit& r : ranks) {
+    std::string how = r.signal != 0 ? fmt::format("killed by signal {}", r.signal) : fmt::format("exit {}", r.exit_code);
+    out += fmt::format("rank {}: {} after {:.1f} s{}\n", r.rank, how, r.seconds,
+                       r.killed_by_launcher ? " (stopped by the launcher)" : "");
+  }
+  if (first_failed) {
+    const RankExit& r = ranks[*first_failed];
+    out += fmt::format("rank {} failed first", r.rank);
+    if (!r.output.empty()) out += "; its last output:\n" + lastLines(r.output, 30);
+    if (!out.empty() && out.back() != '\n') out += "\n";
+  }
+  return out;
+}
+
+LaunchResult launchLocal(const LaunchOptions& o) {
+  if (o.num_ranks < 1) throw LaunchError(fmt::format("num_ranks is {}; launch at least one rank", o.num_ranks));
+  if (::access(o.executable.c_str(), X_OK) != 0) {
+    throw LaunchError(fmt::format("cannot run '{}': {}", o.executable, std::strerror(errno)));
+  }
+  LaunchResult result;
+  result.master_port = o.master_port.value_or(findFreePort(o.master_addr));
+
+  std::string log_dir;
+  if (o.capture_output) {
+    char tmpl[] = "/tmp/pipeforge-launch-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) throw LaunchError(fmt::format("mkdtemp failed: {}", std::strerror(errno)));
+    log_dir = tmpl;
+  }
+
+  // Everything the children need is built before fork: after it, a child of
+  // a threaded parent may only make async-signal-safe calls.
+  std::vector<std::string> argv_text{o.executable};
+  argv_text.insert(argv_text.end(), o.args.begin(), o.args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_text) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  std::vector<pid_t> pids(o.num_ranks, -1);
+  result.ranks.resize(o.num_ranks);
+  auto start = Clock::now();
+  for (int rank = 0; rank < o.num_ranks; ++rank) {
+    std::vector<std::string> env_text = rankEnv(o, rank, result.master_port);
+    std::vector<char*> envp;
+    for (auto& e : env_text) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::string log = o.capture_output ? fmt::format("{}/rank{}.log", log_dir, rank) : std::string();
+    int log_fd = -1;
+    if (!log.empty()) log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    pid_t parent = ::getpid();
+    pid_t pid = ::fork();
+    if (pid < 0) throw LaunchError(fmt::format("fork failed: {}", std::strerror(errno)));
+    if (pid == 0) {
+      // Dies with the launcher, so a killed test leaves no stray ranks.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);
+      if (log_fd >= 0) {
+        ::dup2(log_fd, STDOUT_FILENO);
+        ::dup2(log_fd, STDERR_FILENO);
+      }
+      ::execve(o.executable.c_str(), argv.data(), envp.data());
+      ::_exit(127);
+    }
+    if (log_fd >= 0) ::close(log_fd);
+    pids[rank] = pid;
+    result.ranks[rank].rank = rank;
+  }
+
+  int running = o.num_ranks;
+  std::optional<Clock::time_point> kill_at;
+  auto deadline = start + o.timeout;
+  while (running > 0) {
+    bool reaped = false;
+    for (int rank = 0; rank < o.num_ranks; ++rank) {
+      if (pids[rank] < 0) continue;
+      int status = 0;
+      pid_t got = ::waitpid(pids[rank], &status, WNOHANG);
+      if (got != pids[rank]) continue;
+      reaped = true;
+      RankExit& r = result.ranks[rank];
+      r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+      if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+      pids[rank] = -1;
+      --running;
+      if (!r.ok() && !result.first_failed) {
+        result.first_failed = rank;
+        kill_at = Clock::now() + o.grace;
+      }
+    }
+    auto now = Clock::now();
+    if ((kill_at && now >= *kill_at) || now >= deadline) {
+      for (int rank = 0; rank < o.num_ranks; ++rank) {
+        if (pids[rank] < 0) continue;
+        ::kill(pids[rank], SIGKILL);
+        result.ranks[rank].killed_by_launcher = true;
+      }
+      kill_at.reset();
+      deadline = now + std::chrono::hours(1);  // reap the killed ones
+    }
+    if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!result.first_failed) {
+    for (const RankExit& r : result.ranks) {
+      if (!r.ok()) {
+        result.first_failed = r.rank;
+        break;
+      }
+    }
+  }
+  if (o.capture_output) {
+    for (int rank = 0; rank < o.num_ranks; ++rank) {
+      std::string log = fmt::format("{}/rank{}.log", log_dir, rank);
+      result.ranks[rank].output = readFile(log);
+      ::unlink(log.c_str());
+    }
+    ::rmdir(log_dir.c_str());
+  }
+  return result;
+}
+
+}  // namespace pipeforge::runtime

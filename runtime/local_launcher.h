@@ -1,0 +1,71 @@
+// Starts N rank processes of one executable on this machine, as torchrun
+// would (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), and
+// collects how each ended.
+//
+//   LaunchOptions opts;
+//   opts.executable = "/path/to/worker";
+//   opts.args = {"--case", "gpt"};
+//   opts.num_ranks = 4;
+//   LaunchResult r = launchLocal(opts);
+//   if (!r.ok()) std::cerr << r.summary();
+//
+// When a rank fails, the others get `grace` to stop by themselves (the
+// runtime makes them, Note [Failure broadcast]); whoever is still running
+// then is killed. Torch-free.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pipeforge::runtime {
+
+class LaunchError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct LaunchOptions {
+  std::string executable;  // a path; not looked up in PATH
+  std::vector<std::string> args;
+  int num_ranks = 1;
+  std::string master_addr = "127.0.0.1";
+  std::optional<int> master_port;  // default: a free port
+  std::vector<std::pair<std::string, std::string>> env;  // extra variables for every rank
+  std::chrono::milliseconds grace{std::chrono::seconds(30)};
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};  // then every rank is killed
+  bool capture_output = true;  // else ranks share this process's stdout/stderr
+};
+
+struct RankExit {
+  int rank = 0;
+  int exit_code = -1;  // when it exited
+  int signal = 0;      // when a signal ended it
+  bool killed_by_launcher = false;
+  double seconds = 0.0;  // from launch to exit
+  std::string output;    // stdout and stderr, when captured
+
+  bool ok() const { return signal == 0 && exit_code == 0; }
+};
+
+struct LaunchResult {
+  std::vector<RankExit> ranks;
+  int master_port = 0;
+  std::optional<int> first_failed;  // the rank that failed first
+
+  bool ok() const { return !first_failed.has_value(); }
+  // One line per rank ("rank 2: exit 1 after 3.1 s"), then the last lines
+  // of the first failed rank's output.
+  std::string summary() const;
+};
+
+// Throws LaunchError when the executable cannot be started.
+LaunchResult launchLocal(const LaunchOptions& options);
+
+// A TCP port on `addr` that was free a moment ago.
+int findFreePort(const std::string& addr = "127.0.0.1");
+
+}  // namespace pipeforge::runtime

@@ -1,0 +1,61 @@
+#include "runtime/local_launcher.h"
+
+#include <gtest/gtest.h>
+
+namespace pipeforge::runtime {
+namespace {
+
+LaunchOptions shell(const std::string& script, int ranks) {
+  LaunchOptions o;
+  o.executable = "/bin/sh";
+  o.args = {"-c", script};
+  o.num_ranks = ranks;
+  o.grace = std::chrono::milliseconds(300);
+  return o;
+}
+
+TEST(LocalLauncherTest, SetsTheTorchrunVariablesPerRank) {
+  LaunchResult r = launchLocal(shell("echo $RANK/$WORLD_SIZE/$LOCAL_RANK/$MASTER_ADDR/$MASTER_PORT", 3));
+  ASSERT_TRUE(r.ok()) << r.summary();
+  ASSERT_EQ(r.ranks.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(r.ranks[i].output, std::to_string(i) + "/3/" + std::to_string(i) + "/127.0.0.1/" +
+                                     std::to_string(r.master_port) + "\n");
+  }
+}
+
+TEST(LocalLauncherTest, StopsTheOthersAfterTheGraceWhenOneFails) {
+  LaunchResult r = launchLocal(shell("if [ $RANK = 1 ]; then echo boom; exit 3; fi; sleep 30", 3));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(*r.first_failed, 1);
+  EXPECT_EQ(r.ranks[1].exit_code, 3);
+  EXPECT_TRUE(r.ranks[0].killed_by_launcher);
+  EXPECT_LT(r.ranks[0].seconds, 10.0);
+  std::string summary = r.summary();
+  EXPECT_NE(summary.find("rank 1: exit 3"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("boom"), std::string::npos) << summary;
+}
+
+TEST(LocalLauncherTest, KillsEverythingAtTheTimeout) {
+  LaunchOptions o = shell("sleep 30", 2);
+  o.timeout = std::chrono::milliseconds(300);
+  LaunchResult r = launchLocal(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.ranks[0].signal, 9);
+  EXPECT_LT(r.ranks[1].seconds, 10.0);
+}
+
+TEST(LocalLauncherTest, ReportsAnExecutableThatCannotRun) {
+  LaunchOptions o;
+  o.executable = "/nonexistent/worker";
+  EXPECT_THROW(launchLocal(o), LaunchError);
+}
+
+TEST(LocalLauncherTest, FindsAFreePort) {
+  int port = findFreePort();
+  EXPECT_GT(port, 0);
+  EXPECT_LT(port, 65536);
+}
+
+}  // namespace
+}  // namespace pipeforge::runtime
