@@ -9,3 +9,16 @@
 
 #define PIPEFORGE_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+// c10d's process groups (ProcessGroupGloo, ProcessGroupNCCL) derive from
+// ProcessGroup in 1.13 and from Backend in 2.x; both bases offer
+// send/recv/allreduce/barrier with the same signatures.
+namespace c10d {
+class ProcessGroup;
+class Backend;
+}  // namespace c10d
+#if PIPEFORGE_TORCH_AT_LEAST(2, 0)
+#define PIPEFORGE_C10D_GROUP c10d::Backend
+#else
+#define PIPEFORGE_C10D_GROUP c10d::ProcessGroup
+#endif

@@ -27,18 +27,13 @@
 #include <ATen/core/Tensor.h>
 
 #include "runtime/dist_env.h"
+#include "runtime/errors.h"
 #include "runtime/step_profile.h"
 #include "schedules/program.h"
 
 namespace pipeforge::runtime {
 
-// Every error a user can cause (bad options, a split that does not fit the
-// schedule, a batch of the wrong form, a peer that failed) is a RuntimeError
-// whose message says what, where, and how to fix it.
-class RuntimeError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+class Communicator;
 
 // How one model input (or target) is cut into microbatches, as PyTorch's
 // TensorChunkSpec: split along `dim` (uneven sizes allowed, as torch.tensor_split),
@@ -118,7 +113,9 @@ struct RunnerOptions {
 
   ShapeMode shapes = ShapeMode::kInferOnce;
   // kStatic only: for each stage, the meta of each of its inputs coming from
-  // another stage, in pipe.json's input order (root inputs are skipped), for one microbatch.
+  // another stage, in pipe.json's input order (root inputs are skipped; on
+  // the last stage, model outputs made by earlier stages follow), for one
+  // microbatch; every microbatch must have these shapes.
   std::vector<std::vector<TensorMeta>> static_shapes;
 
   bool profile = false;  // record per-action timings (StepProfile) on each step
@@ -153,6 +150,9 @@ class PipelineRunner {
   // Loads this rank's stages, builds the schedule and joins the process group
   // (a collective: every rank constructs its runner). Throws RuntimeError.
   explicit PipelineRunner(const RunnerOptions& options);
+  // The same over a communicator the caller built (tests: FakeWorld ranks as
+  // threads). Its rank and world size replace options.dist.
+  PipelineRunner(const RunnerOptions& options, std::shared_ptr<Communicator> comm);
   ~PipelineRunner();
   PipelineRunner(PipelineRunner&&) noexcept;
   PipelineRunner& operator=(PipelineRunner&&) noexcept;

@@ -1,0 +1,475 @@
+#include "runtime/c10d_comm.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "compat/torch_compat.h"
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+namespace pipeforge::runtime {
+namespace {
+
+using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kAbortKey = "pipeforge/abort";
+constexpr const char* kAbortClaimKey = "pipeforge/abort_claim";
+constexpr const char* kExitKey = "pipeforge/exit";
+constexpr milliseconds kPoll{100};
+// How long a failed rank 0 keeps the store up so peers can read its report.
+constexpr milliseconds kLingerAfterAbort{2000};
+
+std::vector<std::uint8_t> toBytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string fromBytes(const std::vector<std::uint8_t>& b) { return {b.begin(), b.end()}; }
+
+bool isLoopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+// What the main thread, the watchdog and the send reaper share.
+struct Shared {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<std::string> report;     // the published failure, once known
+  std::map<c10d::Work*, WorkPtr> in_flight;  // sends and receives that abort() must wake
+  bool stopping = false;
+
+  // Records the failure (first one wins) and wakes every in-flight p2p wait.
+  void fail(const std::string& r) {
+    std::vector<WorkPtr> wake;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!report) report = r;
+      for (auto& [ptr, work] : in_flight) wake.push_back(work);
+    }
+    cv.notify_all();
+    for (auto& work : wake) {
+      try {
+        work->abort();
+      } catch (const std::exception&) {
+        // Backends without abort (NCCL) end by their own timeout.
+      }
+    }
+  }
+
+  std::optional<std::string> currentReport() {
+    std::lock_guard<std::mutex> lock(mu);
+    return report;
+  }
+
+  // False when a failure is already known: the caller must not wait then.
+  bool track(const WorkPtr& work) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (report) return false;
+    in_flight.emplace(work.get(), work);
+    return true;
+  }
+  void untrack(const WorkPtr& work) {
+    std::lock_guard<std::mutex> lock(mu);
+    in_flight.erase(work.get());
+  }
+};
+
+CommError abortedError(const std::string& what, const std::string& report) {
+  return CommError(CommError::Kind::kAborted, what + ": aborted because a rank failed", report);
+}
+
+// Gloo reports timeouts and lost peers only as message text.
+CommError classify(const std::string& what, const std::exception& e, milliseconds timeout, int peer = -1) {
+  std::string msg = e.what();
+  if (msg.find("imed out") != std::string::npos) {
+    return CommError(CommError::Kind::kTimeout,
+                     fmt::format("{}: timed out after {} ms; the peer is stuck or much slower "
+                                 "(raise the timeout if that is expected)",
+                                 what, timeout.count()));
+  }
+  std::string first_line = msg.substr(0, msg.find('\n'));
+  if (peer >= 0 && (msg.find("closed") != std::string::npos || msg.find("reset") != std::string::npos)) {
+    return CommError(CommError::Kind::kPeerLost,
+                     fmt::format("{}: rank {} closed its connection, so it has exited or crashed ({})", what, peer,
+                                 first_line));
+  }
+  return CommError(CommError::Kind::kPeerLost, fmt::format("{}: {}", what, first_line));
+}
+
+class RecvOp : public PendingOp {
+ public:
+  RecvOp(std::shared_ptr<Shared> shared, WorkPtr work, std::vector<at::Tensor> keep, milliseconds timeout,
+         std::string what, int peer)
+      : shared_(std::move(shared)), work_(std::move(work)), keep_(std::move(keep)), timeout_(timeout),
+        what_(std::move(what)), peer_(peer) {}
+
+  ~RecvOp() override { shared_->untrack(work_); }
+
+  void wait() override {
+    if (done_) return;
+    if (!shared_->track(work_)) throw abortedError(what_, *shared_->currentReport());
+    bool completed = false;
+    try {
+      completed = work_->wait(timeout_);
+    } catch (const std::exception& e) {
+      shared_->untrack(work_);
+      if (auto r = shared_->currentReport()) throw abortedError(what_, *r);
+      throw classify(what_, e, timeout_, peer_);
+    }
+    shared_->untrack(work_);
+    if (!completed) throw abortedError(what_, shared_->currentReport().value_or("(no report)"));
+    done_ = true;
+  }
+  bool done() override { return done_; }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  WorkPtr work_;
+  std::vector<at::Tensor> keep_;
+  milliseconds timeout_;
+  std::string what_;
+  int peer_;
+  bool done_ = false;
+};
+
+// A send finishes when the receiver took the data (Gloo waits for the
+// matching receive), so sends are waited by a background reaper in posting
+// order: the main thread can ask done() without blocking (Note [Releasing outputs]).
+struct SendState {
+  int peer = -1;
+  WorkPtr work;
+  std::vector<at::Tensor> keep;
+  std::string what;
+  bool done = false;
+  std::optional<std::string> error;
+};
+
+class SendOp : public PendingOp {
+ public:
+  SendOp(std::shared_ptr<Shared> shared, std::shared_ptr<SendState> state, milliseconds timeout)
+      : shared_(std::move(shared)), state_(std::move(state)), timeout_(timeout) {}
+
+  void wait() override {
+    // The reaper's Gloo wait ends by the process group timeout; allow it a few polls more.
+    auto deadline = Clock::now() + timeout_ + 3 * kPoll;
+    std::unique_lock<std::mutex> lock(shared_->mu);
+    while (!state_->done) {
+      if (shared_->report) throw abortedError(state_->what, *shared_->report);
+      if (Clock::now() > deadline) {
+        throw CommError(CommError::Kind::kTimeout,
+                        fmt::format("{}: timed out after {} ms", state_->what, timeout_.count()));
+      }
+      shared_->cv.wait_for(lock, kPoll);
+    }
+    if (state_->error) {
+      if (shared_->report) throw abortedError(state_->what, *shared_->report);
+      throw classify(state_->what, std::runtime_error(*state_->error), timeout_, state_->peer);
+    }
+  }
+  bool done() override {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    return state_->done;
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<SendState> state_;
+  milliseconds timeout_;
+};
+
+class C10dComm : public Communicator {
+ public:
+  explicit C10dComm(const C10dCommOptions& options) : options_(options), shared_(std::make_shared<Shared>()) {
+    const DistEnv& env = options.env;
+    store_ = connectStore(env.rank == 0);
+    world_ = makeGroup(c10::make_intrusive<c10d::PrefixStore>("pipeforge/world", store_), env.rank,
+                       env.world_size);
+    for (const auto& ranks : options.groups) {
+      if (std::find(ranks.begin(), ranks.end(), env.rank) == ranks.end() || groups_.count(ranks)) continue;
+      groups_.emplace(ranks, joinGroup(ranks));
+    }
+    watch_store_ = connectStore(false);
+    watchdog_ = std::thread([this] { watch(); });
+    reaper_ = std::thread([this] { reap(); });
+  }
+
+  ~C10dComm() override {
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      shared_->stopping = true;
+    }
+    shared_->cv.notify_all();
+    if (aborted()) shared_->fail(*shared_->currentReport());  // wake the reaper's wait
+    watchdog_.join();
+    reaper_.join();
+    leaveStore();
+    if (aborted()) {
+      // Note [Leaked groups]: after a failure a process group's destructor
+      // can wait for peers that are gone; the process is about to exit, so
+      // the groups are dropped without destruction.
+      world_.release();
+      for (auto& [ranks, pg] : groups_) pg.release();
+    }
+  }
+
+  int rank() const override { return options_.env.rank; }
+  int worldSize() const override { return options_.env.world_size; }
+  milliseconds timeout() const override { return options_.timeout; }
+
+  std::unique_ptr<PendingOp> isend(const at::Tensor& tensor, int dst, std::uint32_t tag) override {
+    auto state = std::make_shared<SendState>();
+    state->keep = {tensor};
+    state->what = fmt::format("rank {} sending tag {} to rank {}", rank(), tag, dst);
+    state->peer = dst;
+    state->work = post(state->what, dst, [&] { return world_->send(state->keep, dst, static_cast<int>(tag)); });
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      shared_->in_flight.emplace(state->work.get(), state->work);
+      sends_.push_back(state);
+    }
+    shared_->cv.notify_all();
+    return std::make_unique<SendOp>(shared_, state, options_.timeout);
+  }
+
+  std::unique_ptr<PendingOp> irecv(const at::Tensor& tensor, int src, std::uint32_t tag) override {
+    std::vector<at::Tensor> keep{tensor};
+    std::string what = fmt::format("rank {} receiving tag {} from rank {}", rank(), tag, src);
+    WorkPtr work = post(what, src, [&] { return world_->recv(keep, src, static_cast<int>(tag)); });
+    return std::make_unique<RecvOp>(shared_, work, std::move(keep), options_.timeout, std::move(what), src);
+  }
+
+  void allreduceSum(const at::Tensor& tensor, const std::vector<int>& group) override {
+    if (static_cast<int>(group.size()) == worldSize()) {
+      runCollective(world_, tensor, fmt::format("rank {} in an allreduce over all ranks", rank()));
+      return;
+    }
+    auto it = groups_.find(group);
+    if (it == groups_.end()) {
+      // Created on first use: every member reaches this collective, in the
+      // same order as all its others, so creating here cannot deadlock.
+      it = groups_.emplace(group, joinGroup(group)).first;
+    }
+    runCollective(it->second, tensor,
+                  fmt::format("rank {} in an allreduce over ranks {}", rank(), fmt::join(group, ",")));
+  }
+
+  void barrier() override {
+    std::string what = fmt::format("rank {} in a barrier", rank());
+    waitCollective(world_->barrier(), what);
+  }
+
+  void abort(const std::string& report) override {
+    try {
+      if (store_->add(kAbortClaimKey, 1) == 1) store_->set(kAbortKey, toBytes(report));
+    } catch (const std::exception&) {
+      // The store is gone (rank 0 died): peers learn it from their watchdogs.
+    }
+    shared_->fail(report);
+  }
+
+  std::optional<std::string> abortReport() override { return shared_->currentReport(); }
+
+ private:
+  bool aborted() { return shared_->currentReport().has_value(); }
+
+  // Posting fails at once when the peer's connection is already gone.
+  template <class Post>
+  WorkPtr post(const std::string& what, int peer, Post fn) {
+    if (auto r = shared_->currentReport()) throw abortedError(what, *r);
+    try {
+      return fn();
+    } catch (const std::exception& e) {
+      if (auto r = shared_->currentReport()) throw abortedError(what, *r);
+      throw classify(what, e, options_.timeout, peer);
+    }
+  }
+
+  // The process group of `ranks` (sorted, including this rank); its store
+  // prefix is named after the ranks, so every member finds the same keys.
+  c10::intrusive_ptr<PIPEFORGE_C10D_GROUP> joinGroup(const std::vector<int>& ranks) {
+    auto it = std::find(ranks.begin(), ranks.end(), rank());
+    if (it == ranks.end()) {
+      throw std::logic_error(fmt::format("rank {} joins group {} it is not part of", rank(), fmt::join(ranks, ",")));
+    }
+    c10::intrusive_ptr<c10d::Store> prefixed =
+        c10::make_intrusive<c10d::PrefixStore>(fmt::format("pipeforge/group/{}", fmt::join(ranks, ",")), store_);
+    return makeGroup(prefixed, static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()));
+  }
+
+  c10::intrusive_ptr<c10d::Store> connectStore(bool server) {
+    const DistEnv& env = options_.env;
+    c10d::TCPStoreOptions opts;
+    opts.port = static_cast<std::uint16_t>(env.master_port);
+    opts.isServer = server;
+    opts.numWorkers = env.world_size;
+    opts.waitWorkers = false;
+    opts.timeout = options_.timeout;
+    try {
+      return c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    } catch (const std::exception& e) {
+      std::string msg = e.what();
+      throw CommError(CommError::Kind::kPeerLost,
+                      fmt::format("rank {}: cannot {} the rendezvous store at {}:{} ({}); check that every rank "
+                                  "has the same MASTER_ADDR/MASTER_PORT and that rank 0 is running",
+                                  env.rank, server ? "host" : "reach", env.master_addr, env.master_port,
+                                  msg.substr(0, msg.find('\n'))));
+    }
+  }
+
+  c10::intrusive_ptr<PIPEFORGE_C10D_GROUP> makeGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                       int size) {
+    try {
+#ifdef USE_C10D_NCCL
+      if (options_.nccl) {
+        auto opts = c10d::ProcessGroupNCCL::Options::create();
+        opts->timeout = options_.timeout;
+        return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
+      }
+#endif
+      if (options_.nccl) {
+        throw CommError(CommError::Kind::kPeerLost,
+                        "backend NCCL asked for, but this LibTorch was built without ProcessGroupNCCL; "
+                        "use the gloo backend or a CUDA build of LibTorch");
+      }
+      auto opts = c10d::ProcessGroupGloo::Options::create(options_.timeout);
+      const std::string& addr = options_.env.master_addr;
+      opts->devices.push_back(isLoopback(addr) ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                               : c10d::ProcessGroupGloo::createDefaultDevice());
+      opts->threads = 1;
+      return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+    } catch (const CommError&) {
+      throw;
+    } catch (const std::exception& e) {
+      std::string msg = e.what();
+      throw CommError(CommError::Kind::kTimeout,
+                      fmt::format("rank {}: joining a process group of {} ranks failed ({}); are all {} ranks "
+                                  "started with the same MASTER_ADDR/MASTER_PORT?",
+                                  options_.env.rank, size, msg.substr(0, msg.find('\n')), size));
+    }
+  }
+
+  void runCollective(const c10::intrusive_ptr<PIPEFORGE_C10D_GROUP>& pg, const at::Tensor& tensor,
+                     const std::string& what) {
+    std::vector<at::Tensor> tensors{tensor};
+    waitCollective(pg->allreduce(tensors), what);
+  }
+
+  // Collectives run on the group's worker thread: poll their completion so a
+  // published failure ends the wait (Note [Bounded waits]).
+  void waitCollective(const WorkPtr& work, const std::string& what) {
+    if (options_.nccl) {
+      work->wait();
+      return;
+    }
+    auto deadline = Clock::now() + options_.timeout;
+    while (true) {
+      if (auto r = shared_->currentReport()) throw abortedError(what, *r);
+      try {
+        work->wait(std::chrono::duration_cast<milliseconds>(std::chrono::milliseconds(20)));
+        return;
+      } catch (const std::exception& e) {
+        if (work->isCompleted()) throw classify(what, e, options_.timeout);
+      }
+      if (Clock::now() > deadline) {
+        throw CommError(CommError::Kind::kTimeout,
+                        fmt::format("{}: timed out after {} ms", what, options_.timeout.count()));
+      }
+    }
+  }
+
+  void watch() {
+    std::unique_lock<std::mutex> lock(shared_->mu);
+    while (!shared_->stopping && !shared_->report) {
+      shared_->cv.wait_for(lock, kPoll);
+      if (shared_->stopping || shared_->report) break;
+      lock.unlock();
+      std::optional<std::string> found;
+      try {
+        if (watch_store_->check({kAbortKey})) found = fromBytes(watch_store_->get(kAbortKey));
+      } catch (const std::exception& e) {
+        const DistEnv& env = options_.env;
+        found = fmt::format("rank 0 failed: the rendezvous store it hosts at {}:{} stopped answering, so rank 0 "
+                            "has exited or crashed (seen by rank {})",
+                            env.master_addr, env.master_port, env.rank);
+      }
+      if (found) shared_->fail(*found);
+      lock.lock();
+    }
+  }
+
+  void reap() {
+    std::unique_lock<std::mutex> lock(shared_->mu);
+    while (true) {
+      shared_->cv.wait(lock, [&] { return shared_->stopping || !sends_.empty(); });
+      if (sends_.empty()) return;  // stopping, nothing left
+      std::shared_ptr<SendState> state = sends_.front();
+      sends_.pop_front();
+      lock.unlock();
+      std::optional<std::string> error;
+      try {
+        if (!state->work->wait()) error = "aborted";
+      } catch (const std::exception& e) {
+        std::string msg = e.what();
+        error = msg.substr(0, msg.find('\n'));
+      }
+      lock.lock();
+      shared_->in_flight.erase(state->work.get());
+      state->keep.clear();  // the data may go now (Note [Releasing outputs])
+      state->done = true;
+      state->error = error;
+      shared_->cv.notify_all();
+    }
+  }
+
+  // Note [Orderly exit]: rank 0 hosts the store, so it leaves last: every
+  // rank counts itself out after its watchdog stopped, and rank 0 waits for
+  // the count (briefly after a failure, so peers can still read its report).
+  void leaveStore() {
+    try {
+      store_->add(kExitKey, 1);
+      if (rank() != 0) return;
+      auto limit = aborted() ? std::min(options_.timeout, kLingerAfterAbort) : options_.timeout;
+      auto deadline = Clock::now() + limit;
+      while (store_->add(kExitKey, 0) < worldSize() && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    } catch (const std::exception&) {
+      // The store is already gone; nothing left to coordinate.
+    }
+  }
+
+  C10dCommOptions options_;
+  std::shared_ptr<Shared> shared_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Store> watch_store_;
+  c10::intrusive_ptr<PIPEFORGE_C10D_GROUP> world_;
+  std::map<std::vector<int>, c10::intrusive_ptr<PIPEFORGE_C10D_GROUP>> groups_;
+  std::deque<std::shared_ptr<SendState>> sends_;  // guarded by shared_->mu
+  std::thread watchdog_;
+  std::thread reaper_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> connectC10d(const C10dCommOptions& options) {
+  return std::make_unique<C10dComm>(options);
+}
+
+bool c10dHasNccl() {
+#ifdef USE_C10D_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace pipeforge::runtime

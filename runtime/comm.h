@@ -1,0 +1,80 @@
+// The small communication interface the executor runs on: point-to-point
+// sends and receives, a sum over a group of ranks, a barrier, and a way to
+// tell every rank that this one failed.
+//
+// Implementations: c10d (TCPStore + Gloo, or NCCL) in c10d_comm.h, and an
+// in-process fake for tests in fake_comm.h.
+//
+// Note [Bounded waits]: every wait ends within the communicator's timeout.
+// It ends sooner, with CommError::Kind::kAborted, once any rank has published
+// a failure with abort(); the error then carries that rank's report.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace pipeforge::runtime {
+
+class CommError : public std::runtime_error {
+ public:
+  enum class Kind {
+    kTimeout,  // the peer did not answer within the timeout
+    kAborted,  // a rank published a failure (report() holds its message)
+    kPeerLost, // the connection or the store went away (a rank died)
+  };
+  CommError(Kind kind, const std::string& what, std::string report = {})
+      : std::runtime_error(what), kind_(kind), report_(std::move(report)) {}
+  Kind kind() const { return kind_; }
+  const std::string& report() const { return report_; }
+
+ private:
+  Kind kind_;
+  std::string report_;
+};
+
+// An operation in flight. Destroying one that was never waited is allowed
+// only after the communicator was aborted.
+class PendingOp {
+ public:
+  virtual ~PendingOp() = default;
+  // Blocks until the operation finished; throws CommError (Note [Bounded waits]).
+  virtual void wait() = 0;
+  // True once the operation finished (never blocks). Sends may finish in the
+  // background; receives report true only after wait().
+  virtual bool done() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int worldSize() const = 0;
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  // `tensor` must stay alive and unchanged until the op is done.
+  virtual std::unique_ptr<PendingOp> isend(const at::Tensor& tensor, int dst, std::uint32_t tag) = 0;
+  // Fills `tensor` (already of the right shape and dtype) in place.
+  virtual std::unique_ptr<PendingOp> irecv(const at::Tensor& tensor, int src, std::uint32_t tag) = 0;
+
+  // Sums `tensor` in place over `group` (sorted ranks, including this one).
+  // Implementations may require the groups to be declared up front.
+  virtual void allreduceSum(const at::Tensor& tensor, const std::vector<int>& group) = 0;
+
+  virtual void barrier() = 0;
+
+  // Publishes `report` as this rank's failure: every wait on every rank ends
+  // with kAborted. The first report published wins; later ones are dropped.
+  virtual void abort(const std::string& report) = 0;
+  // The published failure, if any (polls; cheap enough to call between actions).
+  virtual std::optional<std::string> abortReport() = 0;
+};
+
+}  // namespace pipeforge::runtime

@@ -1,0 +1,80 @@
+#include "runtime/loss.h"
+
+#include <fmt/format.h>
+#include <torch/script.h>
+
+namespace pipeforge::runtime {
+
+class LossFunction::Impl {
+ public:
+  LossKind kind;
+  std::optional<torch::jit::Module> script;
+};
+
+LossFunction::LossFunction(LossKind kind, const std::string& script_path, const std::string& device)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->kind = kind;
+  if (kind != LossKind::kScript) return;
+  if (script_path.empty()) {
+    throw RuntimeError("loss kind 'script' needs RunnerOptions::loss_module, the path of a TorchScript loss module");
+  }
+  try {
+    impl_->script = torch::jit::load(script_path, c10::Device(device));
+  } catch (const c10::Error& e) {
+    throw RuntimeError(fmt::format("cannot load the loss module '{}': {}", script_path, e.what_without_backtrace()));
+  }
+}
+
+LossFunction::~LossFunction() = default;
+LossFunction::LossFunction(LossFunction&&) noexcept = default;
+LossFunction& LossFunction::operator=(LossFunction&&) noexcept = default;
+
+at::Tensor LossFunction::operator()(const std::vector<at::Tensor>& outputs,
+                                    const std::vector<at::Tensor>& targets) const {
+  if (impl_->kind == LossKind::kScript) {
+    std::vector<c10::IValue> args(outputs.begin(), outputs.end());
+    args.insert(args.end(), targets.begin(), targets.end());
+    c10::IValue r = impl_->script->forward(std::move(args));
+    if (!r.isTensor() || r.toTensor().numel() != 1) {
+      throw RuntimeError("the loss module must return a scalar tensor");
+    }
+    return r.toTensor().reshape({});
+  }
+  if (targets.empty() || targets.size() > outputs.size()) {
+    throw RuntimeError(fmt::format("the loss got {} targets for {} model outputs; give one target per output the "
+                                   "loss should cover (at least one)",
+                                   targets.size(), outputs.size()));
+  }
+  at::Tensor total;
+  for (std::size_t k = 0; k < targets.size(); ++k) {
+    const at::Tensor& out = outputs[k];
+    const at::Tensor& tgt = targets[k];
+    at::Tensor term;
+    switch (impl_->kind) {
+      case LossKind::kCrossEntropy: {
+        if (out.dim() < 1 || out.numel() / out.size(-1) != tgt.numel()) {
+          throw RuntimeError(fmt::format("cross-entropy: output {} has shape [{}] but target {} has shape [{}]; "
+                                         "logits [..., V] need integer targets [...]",
+                                         k, fmt::join(out.sizes(), ","), k, fmt::join(tgt.sizes(), ",")));
+        }
+        term = at::cross_entropy_loss(out.reshape({-1, out.size(-1)}), tgt.reshape({-1}).to(at::kLong), {},
+                                      at::Reduction::Mean, /*ignore_index=*/-1);
+        break;
+      }
+      case LossKind::kMse: {
+        if (out.sizes() != tgt.sizes()) {
+          throw RuntimeError(fmt::format("mse: output {} has shape [{}] but target {} has shape [{}]", k,
+                                         fmt::join(out.sizes(), ","), k, fmt::join(tgt.sizes(), ",")));
+        }
+        term = at::mse_loss(out, tgt.to(out.scalar_type()));
+        break;
+      }
+      case LossKind::kScript:
+        break;
+    }
+    total = total.defined() ? total + term : term;
+  }
+  return total;
+}
+
+}  // namespace pipeforge::runtime

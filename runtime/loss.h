@@ -1,0 +1,35 @@
+// The loss computed on the last stage, one microbatch at a time.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "runtime/pipeline_runner.h"
+
+namespace pipeforge::runtime {
+
+class LossFunction {
+ public:
+  // kScript loads `script_path` (a TorchScript module whose forward takes the
+  // model outputs then the targets and returns a scalar) onto `device`.
+  // Throws RuntimeError when it cannot be loaded.
+  LossFunction(LossKind kind, const std::string& script_path, const std::string& device);
+  ~LossFunction();
+  LossFunction(LossFunction&&) noexcept;
+  LossFunction& operator=(LossFunction&&) noexcept;
+
+  // Built-in kinds: the sum over k < targets.size() of loss(outputs[k],
+  // targets[k]), each a mean (cross-entropy flattens logits [..., V] to
+  // [N, V] and targets to [N], ignore_index -1, as nanoGPT). Throws
+  // RuntimeError on mismatched shapes or counts.
+  at::Tensor operator()(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& targets) const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pipeforge::runtime

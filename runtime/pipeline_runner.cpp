@@ -1,0 +1,353 @@
+#include "runtime/pipeline_runner.h"
+
+#include <algorithm>
+#include <set>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "runtime/c10d_comm.h"
+#include "runtime/comm.h"
+#include "runtime/comm_plan.h"
+#include "runtime/fake_comm.h"
+#include "runtime/loss.h"
+#include "runtime/microbatch.h"
+#include "runtime/pipeline_stage.h"
+#include "runtime/schedule_executor.h"
+#include "schedules/generate.h"
+#include "schedules/lower.h"
+#include "stage/manifest.h"
+
+namespace pipeforge::runtime {
+namespace {
+
+bool isLowered(const schedules::Program& program) {
+  for (const auto& actions : program.actions) {
+    for (const auto& a : actions) {
+      if (!a) continue;
+      switch (a->type) {
+        case schedules::ActionType::kSendF:
+        case schedules::ActionType::kRecvF:
+        case schedules::ActionType::kSendB:
+        case schedules::ActionType::kRecvB:
+          return true;
+        default:
+          break;
+      }
+    }
+  }
+  return false;
+}
+
+std::string resolveDevice(const std::string& device, int local_rank) {
+  if (device == "cuda") return fmt::format("cuda:{}", local_rank);
+  return device;
+}
+
+// Every group allreduceSum will use, in one order all ranks agree on:
+// the tied groups of each replica, then the data-parallel groups.
+void addGroup(std::vector<std::vector<int>>& groups, std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  if (ranks.size() < 2) return;
+  if (std::find(groups.begin(), groups.end(), ranks) == groups.end()) groups.push_back(std::move(ranks));
+}
+
+}  // namespace
+
+class PipelineRunner::Impl {
+ public:
+  Impl(const RunnerOptions& options, std::shared_ptr<Communicator> comm) : options_(options) {
+    try {
+      setUp(std::move(comm));
+    } catch (const stage::ManifestError& e) {
+      throw RuntimeError(e.what());
+    } catch (const schedules::ScheduleError& e) {
+      throw RuntimeError(fmt::format("schedule '{}': {}", options_.schedule, e.what()));
+    } catch (const DistEnvError& e) {
+      throw RuntimeError(e.what());
+    } catch (const CommError& e) {
+      throw RuntimeError(e.what());
+    }
+  }
+
+  void setUp(std::shared_ptr<Communicator> comm) {
+    if (options_.dp_degree < 1) throw RuntimeError("dp_degree must be at least 1");
+    if (options_.stages_per_rank < 1) throw RuntimeError("stages_per_rank must be at least 1");
+    manifest_ = stage::readManifest(options_.split_dir);
+    plan_ = buildCommPlan(manifest_);
+
+    int rank = 0, world = 1, local_rank = 0;
+    DistEnv env;
+    if (comm) {
+      rank = comm->rank();
+      world = comm->worldSize();
+    } else {
+      env = resolveDistEnv(options_.dist);
+      rank = env.rank;
+      world = env.world_size;
+      local_rank = env.local_rank;
+    }
+    if (world % options_.dp_degree != 0) {
+      throw RuntimeError(fmt::format("world size {} is not a multiple of dp_degree {}", world, options_.dp_degree));
+    }
+    pp_size_ = world / options_.dp_degree;
+    pp_rank_ = rank % pp_size_;
+    dp_rank_ = rank / pp_size_;
+    rank_ = rank;
+    world_ = world;
+    device_ = resolveDevice(options_.device, local_rank);
+
+    buildProgram();
+
+    // Stages on this rank.
+    stages_.resize(manifest_.num_stages);
+    for (int s = 0; s < manifest_.num_stages; ++s) {
+      if (program_.stage_to_rank[s] != pp_rank_) continue;
+      owned_.push_back(std::make_unique<PipelineStage>(
+          PipelineStage::fromSplit(options_.split_dir, manifest_, plan_, s, device_)));
+      stages_[s] = owned_.back().get();
+    }
+    computes_loss_ = program_.stage_to_rank[manifest_.num_stages - 1] == pp_rank_;
+    if (computes_loss_) loss_ = std::make_unique<LossFunction>(options_.loss, options_.loss_module, device_);
+
+    ExecutorConfig cfg;
+    cfg.program = &program_;
+    cfg.plan = &plan_;
+    cfg.pipeline_rank = pp_rank_;
+    cfg.rank_offset = dp_rank_ * pp_size_;
+    cfg.stages = stages_;
+    cfg.loss = loss_.get();
+    cfg.device = device_;
+    cfg.shapes = options_.shapes;
+    cfg.static_shapes = options_.static_shapes;
+    cfg.dp_degree = options_.dp_degree;
+    for (int d = 0; d < options_.dp_degree; ++d) cfg.dp_group.push_back(d * pp_size_ + pp_rank_);
+
+    std::vector<std::vector<int>> groups;
+    for (const auto& fqns : manifest_.tied) {
+      for (int d = 0; d < options_.dp_degree; ++d) {
+        ExecutorConfig::Tied tied = tiedGroup(fqns, d * pp_size_);
+        addGroup(groups, tied.ranks);
+        if (d == dp_rank_) cfg.tied.push_back(std::move(tied));
+      }
+    }
+    if (options_.dp_degree > 1) {
+      for (int r = 0; r < pp_size_; ++r) {
+        std::vector<int> g;
+        for (int d = 0; d < options_.dp_degree; ++d) g.push_back(d * pp_size_ + r);
+        addGroup(groups, g);
+      }
+    }
+
+    if (comm) {
+      comm_ = std::move(comm);
+    } else if (world == 1) {
+      fake_world_ = std::make_unique<FakeWorld>(1, options_.timeout);
+      comm_ = fake_world_->communicator(0);
+    } else {
+      C10dCommOptions co;
+      co.env = env;
+      co.timeout = options_.timeout;
+      bool cuda = device_.rfind("cuda", 0) == 0;
+      co.nccl = options_.backend == Backend::kNccl || (options_.backend == Backend::kAuto && cuda);
+      co.cuda_device = local_rank;
+      co.groups = groups;
+      comm_ = connectC10d(co);
+    }
+    executor_ = std::make_unique<ScheduleExecutor>(*comm_, std::move(cfg));
+  }
+
+  void buildProgram() {
+    int stages = manifest_.num_stages;
+    if (options_.program) {
+      program_ = *options_.program;
+    } else {
+      if (stages != pp_size_ * options_.stages_per_rank) {
+        throw RuntimeError(fmt::format("the split in '{}' has {} stages but {} pipeline ranks x {} stages per rank = "
+                                       "{}; split into {} stages or change the ranks / stages_per_rank",
+                                       options_.split_dir, stages, pp_size_, options_.stages_per_rank,
+                                       pp_size_ * options_.stages_per_rank, pp_size_ * options_.stages_per_rank));
+      }
+      schedules::ScheduleConfig sc;
+      sc.num_ranks = pp_size_;
+      sc.stages_per_rank = options_.stages_per_rank;
+      sc.num_microbatches = options_.num_microbatches;
+      program_ = schedules::generateSchedule(options_.schedule, sc);
+    }
+    if (!isLowered(program_)) program_ = schedules::lowerForExecution(program_);
+    if (program_.num_ranks != pp_size_ || program_.num_stages != stages ||
+        static_cast<int>(program_.stage_to_rank.size()) != stages) {
+      throw RuntimeError(fmt::format("the program has {} ranks and {} stages but the job has {} pipeline ranks and "
+                                     "the split {} stages",
+                                     program_.num_ranks, program_.num_stages, pp_size_, stages));
+    }
+    if (program_.num_microbatches != options_.num_microbatches) {
+      throw RuntimeError(fmt::format("the program runs {} microbatches but num_microbatches is {}",
+                                     program_.num_microbatches, options_.num_microbatches));
+    }
+  }
+
+  ExecutorConfig::Tied tiedGroup(const std::vector<std::string>& fqns, int offset) const {
+    ExecutorConfig::Tied tied;
+    int holders = 0;
+    for (int s = 0; s < manifest_.num_stages; ++s) {
+      const auto& params = manifest_.stages[s].parameters;
+      auto it = std::find_if(fqns.begin(), fqns.end(), [&](const std::string& f) {
+        return std::find(params.begin(), params.end(), f) != params.end();
+      });
+      if (it == fqns.end()) continue;
+      ++holders;
+      tied.ranks.push_back(offset + program_.stage_to_rank[s]);
+      if (program_.stage_to_rank[s] == pp_rank_) tied.local.emplace_back(s, *it);
+    }
+    std::sort(tied.ranks.begin(), tied.ranks.end());
+    tied.ranks.erase(std::unique(tied.ranks.begin(), tied.ranks.end()), tied.ranks.end());
+    tied.crosses_stages = holders > 1;
+    return tied;
+  }
+
+  StepOutcome runStep(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets, bool train) {
+    if (static_cast<int>(inputs.size()) != plan_.num_model_inputs) {
+      comm_->abort(fmt::format("rank {} was given {} model inputs instead of {}", rank_, inputs.size(),
+                               plan_.num_model_inputs));
+      throw RuntimeError(fmt::format("the model takes {} inputs ({}) but {} were given", plan_.num_model_inputs,
+                                     fmt::join(manifest_.inputs, ", "), inputs.size()));
+    }
+    int m = options_.num_microbatches;
+    StepRequest req;
+    req.train = train;
+    try {
+      req.inputs = splitIntoMicrobatches(inputs, options_.input_chunks, m, "input");
+      if (!targets.empty()) req.targets = splitIntoMicrobatches(targets, options_.target_chunks, m, "target");
+    } catch (const RuntimeError& e) {
+      // The peers would otherwise wait for this rank until the timeout.
+      comm_->abort(fmt::format("rank {} failed before its step: {}", rank_, e.what()));
+      throw;
+    }
+    req.loss_scale = options_.scale_grads ? 1.0 / m : 1.0;
+    req.batch_signature.push_back(m);
+    for (const auto* list : {&inputs, &targets}) {
+      for (const at::Tensor& t : *list) {
+        req.batch_signature.push_back(t.dim());
+        for (int64_t d : t.sizes()) req.batch_signature.push_back(d);
+      }
+    }
+    return executor_->run(req, options_.profile);
+  }
+
+  StepResult toResult(const StepOutcome& out) const {
+    StepResult r;
+    if (!computes_loss_ || out.losses.empty()) return r;
+    r.has_loss = true;
+    r.losses = out.losses;
+    for (double l : r.losses) r.loss += l;
+    return r;
+  }
+
+  RunnerOptions options_;
+  stage::PipeManifest manifest_;
+  CommPlan plan_;
+  schedules::Program program_;
+  int rank_ = 0, world_ = 1, pp_size_ = 1, pp_rank_ = 0, dp_rank_ = 0;
+  std::string device_;
+  bool computes_loss_ = false;
+  std::vector<std::unique_ptr<PipelineStage>> owned_;
+  std::vector<PipelineStage*> stages_;
+  std::unique_ptr<LossFunction> loss_;
+  std::unique_ptr<FakeWorld> fake_world_;
+  std::shared_ptr<Communicator> comm_;
+  std::unique_ptr<ScheduleExecutor> executor_;
+  StepProfile profile_;
+};
+
+PipelineRunner::PipelineRunner(const RunnerOptions& options) : impl_(std::make_unique<Impl>(options, nullptr)) {}
+PipelineRunner::PipelineRunner(const RunnerOptions& options, std::shared_ptr<Communicator> comm)
+    : impl_(std::make_unique<Impl>(options, std::move(comm))) {}
+PipelineRunner::~PipelineRunner() = default;
+PipelineRunner::PipelineRunner(PipelineRunner&&) noexcept = default;
+PipelineRunner& PipelineRunner::operator=(PipelineRunner&&) noexcept = default;
+
+StepResult PipelineRunner::trainStep(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets) {
+  if (targets.empty()) throw RuntimeError("trainStep needs targets for the loss; use evalStep for forward only");
+  StepOutcome out = impl_->runStep(inputs, targets, /*train=*/true);
+  impl_->profile_ = std::move(out.profile);
+  return impl_->toResult(out);
+}
+
+EvalResult PipelineRunner::evalStep(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets) {
+  for (PipelineStage* s : impl_->stages_) {
+    if (s != nullptr) s->setTraining(false);
+  }
+  StepOutcome out;
+  try {
+    out = impl_->runStep(inputs, targets, /*train=*/false);
+  } catch (...) {
+    for (PipelineStage* s : impl_->stages_) {
+      if (s != nullptr) s->setTraining(true);
+    }
+    throw;
+  }
+  for (PipelineStage* s : impl_->stages_) {
+    if (s != nullptr) s->setTraining(true);
+  }
+  impl_->profile_ = std::move(out.profile);
+  EvalResult r;
+  r.loss = impl_->toResult(out);
+  if (impl_->computes_loss_) {
+    const auto& chunks = impl_->options_.input_chunks;
+    int dim = !chunks.empty() && !chunks[0].replicate ? chunks[0].dim : 0;
+    r.outputs = mergeMicrobatches(out.outputs, dim);
+  }
+  return r;
+}
+
+std::vector<NamedTensor> PipelineRunner::parameters() const {
+  std::vector<NamedTensor> out;
+  for (PipelineStage* s : impl_->stages_) {
+    if (s == nullptr) continue;
+    for (auto& [name, t] : s->namedParameters()) out.push_back(NamedTensor{name, t, s->index()});
+  }
+  return out;
+}
+
+std::vector<NamedTensor> PipelineRunner::buffers() const {
+  std::vector<NamedTensor> out;
+  for (PipelineStage* s : impl_->stages_) {
+    if (s == nullptr) continue;
+    for (auto& [name, t] : s->namedBuffers()) out.push_back(NamedTensor{name, t, s->index()});
+  }
+  return out;
+}
+
+void PipelineRunner::zeroGrad() {
+  for (PipelineStage* s : impl_->stages_) {
+    if (s != nullptr) s->zeroGrad();
+  }
+}
+
+void PipelineRunner::barrier() {
+  try {
+    impl_->comm_->barrier();
+  } catch (const CommError& e) {
+    throw RuntimeError(e.report().empty() ? std::string(e.what()) : std::string(e.what()) + ":\n" + e.report());
+  }
+}
+
+int PipelineRunner::rank() const { return impl_->rank_; }
+int PipelineRunner::worldSize() const { return impl_->world_; }
+int PipelineRunner::pipelineRank() const { return impl_->pp_rank_; }
+int PipelineRunner::dpRank() const { return impl_->dp_rank_; }
+std::vector<int> PipelineRunner::localStages() const {
+  std::vector<int> out;
+  for (PipelineStage* s : impl_->stages_) {
+    if (s != nullptr) out.push_back(s->index());
+  }
+  return out;
+}
+bool PipelineRunner::computesLoss() const { return impl_->computes_loss_; }
+const schedules::Program& PipelineRunner::program() const { return impl_->program_; }
+const StepProfile& PipelineRunner::lastProfile() const { return impl_->profile_; }
+
+}  // namespace pipeforge::runtime

@@ -1,0 +1,92 @@
+// One pipeline stage: a TorchScript module run one microbatch at a time,
+// with full (B), input-only (I) and weight-only (W) backward.
+//
+// The module's forward takes the stage inputs in pipe.json order and returns
+// a tuple (a lone tensor is accepted from hand-built modules). Inputs that
+// come from other stages are made leaves that require grad (when floating
+// point), so backward yields their gradients; root inputs and integer
+// tensors (masks, token ids) get none. The last stage may take *loss inputs*
+// after the module's inputs (Note [Communication plan]): held like inputs,
+// never passed to the module, read by the loss.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace torch::jit {
+struct Module;
+}
+
+namespace pipeforge::stage {
+struct PipeManifest;
+}
+
+namespace pipeforge::runtime {
+
+struct CommPlan;
+
+struct StageSignature {
+  int index = 0;
+  int num_module_inputs = 0;
+  int num_outputs = 0;
+  // One per input (module inputs, then loss inputs): may it carry a gradient
+  // back? (True for values from other stages; floating point is checked per tensor.)
+  std::vector<bool> input_wants_grad;
+};
+
+class PipelineStage {
+ public:
+  // Stage `index` of the split in `split_dir` (its pipe.json already read
+  // into `manifest`), moved to `device`. Throws RuntimeError when the file is
+  // missing or its parameters differ from pipe.json's list.
+  static PipelineStage fromSplit(const std::string& split_dir, const stage::PipeManifest& manifest,
+                                 const CommPlan& plan, int index, const std::string& device);
+
+  // A module built by hand. Throws RuntimeError when the signature does not fit it.
+  PipelineStage(const torch::jit::Module& module, StageSignature signature);
+  ~PipelineStage();
+  PipelineStage(PipelineStage&&) noexcept;
+  PipelineStage& operator=(PipelineStage&&) noexcept;
+
+  const StageSignature& signature() const;
+  int index() const;
+
+  // Runs microbatch `mb`. With `keep_for_backward` the inputs, outputs and
+  // graph are kept until its backward; otherwise nothing is kept (eval).
+  std::vector<at::Tensor> forward(int mb, std::vector<at::Tensor> inputs, bool keep_for_backward);
+
+  // The inputs forward made leaves of (loss inputs included), until backward.
+  const std::vector<at::Tensor>& inputsOf(int mb) const;
+
+  // Makes `loss` (a scalar computed from this microbatch's outputs and loss
+  // inputs) the root of its backward instead of the outputs.
+  void setLoss(int mb, const at::Tensor& loss);
+
+  // B: `grads` has one gradient per output (undefined: none), or one for the
+  // loss after setLoss. Returns one gradient per input (undefined where none)
+  // and releases the microbatch.
+  std::vector<at::Tensor> backward(int mb, const std::vector<at::Tensor>& grads);
+  // I: as backward, but parameter gradients wait for backwardWeight.
+  std::vector<at::Tensor> backwardInput(int mb, const std::vector<at::Tensor>& grads);
+  // W: accumulates the parameter gradients of an I'd microbatch and releases it.
+  void backwardWeight(int mb);
+
+  // Microbatches forwarded whose backward has not finished.
+  int liveMicrobatches() const;
+
+  // By original FQN, in module order. The tensors are the module's own.
+  std::vector<std::pair<std::string, at::Tensor>> namedParameters() const;
+  std::vector<std::pair<std::string, at::Tensor>> namedBuffers() const;
+  void zeroGrad();  // sets every .grad to undefined (PyTorch's set_to_none)
+  void setTraining(bool training);
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pipeforge::runtime

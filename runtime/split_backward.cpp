@@ -1,0 +1,281 @@
+#include "runtime/split_backward.h"
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
+
+namespace pipeforge::runtime {
+namespace {
+
+using torch::autograd::Edge;
+using torch::autograd::edge_list;
+using torch::autograd::Engine;
+using torch::autograd::Node;
+using torch::autograd::variable_list;
+
+struct Seeds {
+  edge_list edges;
+  variable_list grads;
+};
+
+Seeds rootSeeds(const std::vector<at::Tensor>& roots, const std::vector<at::Tensor>& grads) {
+  TORCH_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(), " gradients");
+  Seeds seeds;
+  for (std::size_t i = 0; i < roots.size(); ++i) {
+    if (!roots[i].defined() || !roots[i].requires_grad() || !grads[i].defined()) continue;
+    seeds.edges.push_back(torch::autograd::impl::gradient_edge(roots[i]));
+    seeds.grads.push_back(grads[i]);
+  }
+  return seeds;
+}
+
+std::vector<at::Tensor> undefinedGrads(std::size_t n) { return std::vector<at::Tensor>(n); }
+
+// Node flags of the graph below the roots.
+enum : std::uint8_t { kVisited = 1, kReachesInput = 2, kReachesParam = 4 };
+
+class GraphScan {
+ public:
+  GraphScan(const std::unordered_set<Node*>& input_nodes, const std::unordered_set<Node*>& param_nodes)
+      : input_nodes_(input_nodes), param_nodes_(param_nodes) {}
+
+  // Post-order walk (iterative: graphs can be thousands of nodes deep).
+  std::uint8_t scan(Node* root) {
+    struct Frame {
+      Node* node;
+      std::size_t next;
+    };
+    std::vector<Frame> stack;
+    auto push = [&](Node* n) {
+      auto [it, fresh] = flags_.emplace(n, 0);
+      if (!fresh) return;
+      stack.push_back({n, 0});
+    };
+    push(root);
+    while (!stack.empty()) {
+      Frame& top = stack.back();
+      const auto& edges = top.node->next_edges();
+      if (top.next < edges.size()) {
+        Node* child = edges[top.next++].function.get();
+        if (child != nullptr) push(child);
+        continue;
+      }
+      std::uint8_t f = kVisited;
+      if (input_nodes_.count(top.node)) f |= kReachesInput;
+      if (param_nodes_.count(top.node)) f |= kReachesParam;
+      for (const Edge& e : edges) {
+        if (e.function) f |= flags_.at(e.function.get()) & (kReachesInput | kReachesParam);
+      }
+      flags_[top.node] = f;
+      stack.pop_back();
+    }
+    return flags_.at(root);
+  }
+
+  bool onInputPath(Node* n) const { return flags_.at(n) & kReachesInput; }
+  bool reachesParam(Node* n) const { return flags_.at(n) & kReachesParam; }
+
+  // Parameters reachable from `from` through weight-only nodes.
+  void collectParams(Node* from, std::vector<Node*>& out, std::unordered_set<Node*>& seen) const {
+    std::vector<Node*> todo{from};
+    while (!todo.empty()) {
+      Node* n = todo.back();
+      todo.pop_back();
+      if (!seen.insert(n).second) continue;
+      if (param_nodes_.count(n)) out.push_back(n);
+      for (const Edge& e : n->next_edges()) {
+        Node* c = e.function.get();
+        if (c != nullptr && !onInputPath(c) && reachesParam(c)) todo.push_back(c);
+      }
+    }
+  }
+
+ private:
+  const std::unordered_set<Node*>& input_nodes_;
+  const std::unordered_set<Node*>& param_nodes_;
+  std::unordered_map<Node*, std::uint8_t> flags_;
+};
+
+// One engine call of W: seeds and the parameter edges it may fill.
+struct WeightCall {
+  edge_list roots;
+  variable_list grads;
+  edge_list params;
+};
+
+class EngineWeightWork : public WeightGradWork {
+ public:
+  EngineWeightWork(std::vector<WeightCall> calls, std::vector<std::shared_ptr<Node>> keep_alive, bool fell_back)
+      : calls_(std::move(calls)), keep_alive_(std::move(keep_alive)), fell_back_(fell_back) {}
+
+  void run() override {
+    for (WeightCall& call : calls_) {
+      if (call.roots.empty() || call.params.empty()) continue;
+      Engine::get_default_engine().execute(call.roots, call.grads, /*keep_graph=*/false, /*create_graph=*/false,
+                                           /*accumulate_grad=*/true, call.params);
+    }
+    calls_.clear();
+    keep_alive_.clear();
+  }
+  bool fellBack() const override { return fell_back_; }
+
+ private:
+  std::vector<WeightCall> calls_;
+  std::vector<std::shared_ptr<Node>> keep_alive_;
+  bool fell_back_;
+};
+
+}  // namespace
+
+std::vector<at::Tensor> backwardFull(const std::vector<at::Tensor>& roots, const std::vector<at::Tensor>& root_grads,
+                                     const std::vector<at::Tensor>& inputs) {
+  Seeds seeds = rootSeeds(roots, root_grads);
+  if (seeds.edges.empty()) return undefinedGrads(inputs.size());
+  // As loss.backward(): every leaf below the roots accumulates, the stage's
+  // input leaves included; their .grad is the input gradient.
+  Engine::get_default_engine().execute(seeds.edges, seeds.grads, /*keep_graph=*/false, /*create_graph=*/false,
+                                       /*accumulate_grad=*/true);
+  std::vector<at::Tensor> grads;
+  grads.reserve(inputs.size());
+  for (const at::Tensor& in : inputs) grads.push_back(in.requires_grad() ? in.grad() : at::Tensor());
+  return grads;
+}
+
+InputGradResult backwardInput(const std::vector<at::Tensor>& roots, const std::vector<at::Tensor>& root_grads,
+                              const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& params) {
+  InputGradResult result;
+  result.input_grads = undefinedGrads(inputs.size());
+  Seeds seeds = rootSeeds(roots, root_grads);
+  if (seeds.edges.empty()) {
+    result.weight = std::make_unique<EngineWeightWork>(std::vector<WeightCall>{}, std::vector<std::shared_ptr<Node>>{},
+                                                       false);
+    return result;
+  }
+
+  std::unordered_set<Node*> input_nodes;
+  std::vector<int> input_slots;  // position in `inputs` of each requested input edge
+  edge_list input_edges;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].requires_grad()) continue;
+    Edge e = torch::autograd::impl::gradient_edge(inputs[i]);
+    input_nodes.insert(e.function.get());
+    input_edges.push_back(e);
+    input_slots.push_back(static_cast<int>(i));
+  }
+  std::unordered_set<Node*> param_nodes;
+  std::unordered_map<Node*, std::shared_ptr<Node>> param_owner;
+  for (const at::Tensor& p : params) {
+    if (!p.requires_grad()) continue;
+    if (auto acc = torch::autograd::impl::try_get_grad_accumulator(p)) {
+      param_nodes.insert(acc.get());
+      param_owner.emplace(acc.get(), acc);
+    }
+  }
+
+  GraphScan scan(input_nodes, param_nodes);
+  for (const Edge& e : seeds.edges) scan.scan(e.function.get());
+
+  // Boundary nodes: on the input path, with a weight-only child.
+  std::vector<std::shared_ptr<Node>> boundary;
+  {
+    std::unordered_set<Node*> seen;
+    std::vector<std::shared_ptr<Node>> todo;
+    for (const Edge& e : seeds.edges) {
+      if (scan.onInputPath(e.function.get())) todo.push_back(e.function);
+    }
+    while (!todo.empty()) {
+      std::shared_ptr<Node> n = todo.back();
+      todo.pop_back();
+      if (!seen.insert(n.get()).second) continue;
+      bool is_boundary = false;
+      for (const Edge& e : n->next_edges()) {
+        Node* c = e.function.get();
+        if (c == nullptr) continue;
+        if (scan.onInputPath(c)) {
+          todo.push_back(e.function);
+        } else if (scan.reachesParam(c)) {
+          is_boundary = true;
+        }
+      }
+      if (is_boundary) boundary.push_back(n);
+    }
+  }
+
+  // W's calls: one per boundary node, one for the roots off the input path.
+  std::vector<WeightCall> calls;
+  std::unordered_map<Node*, int> owners;  // parameter -> number of calls reaching it
+  bool fall_back = false;
+  auto claim = [&](WeightCall& call, const std::vector<Node*>& found) {
+    for (Node* p : found) {
+      if (++owners[p] > 1) fall_back = true;
+      call.params.emplace_back(param_owner.at(p), 0);
+    }
+  };
+  {
+    WeightCall off_path;
+    std::vector<Node*> found;
+    std::unordered_set<Node*> seen;
+    for (std::size_t i = 0; i < seeds.edges.size(); ++i) {
+      Node* n = seeds.edges[i].function.get();
+      if (scan.onInputPath(n) || !scan.reachesParam(n)) continue;
+      off_path.roots.push_back(seeds.edges[i]);
+      off_path.grads.push_back(seeds.grads[i]);
+      scan.collectParams(n, found, seen);
+    }
+    claim(off_path, found);
+    if (!off_path.roots.empty()) calls.push_back(std::move(off_path));
+  }
+  edge_list capture_edges;
+  std::vector<std::pair<int, int>> capture_at;  // (call, input_nr) of each capture
+  for (const auto& n : boundary) {
+    WeightCall call;
+    std::vector<Node*> found;
+    std::unordered_set<Node*> seen{n.get()};
+    for (const Edge& e : n->next_edges()) {
+      Node* c = e.function.get();
+      if (c != nullptr && !scan.onInputPath(c) && scan.reachesParam(c)) scan.collectParams(c, found, seen);
+    }
+    claim(call, found);
+    for (std::uint32_t k = 0; k < n->num_inputs(); ++k) {
+      capture_edges.emplace_back(n, k);
+      capture_at.emplace_back(static_cast<int>(calls.size()), static_cast<int>(k));
+    }
+    calls.push_back(std::move(call));
+  }
+
+  edge_list outputs = input_edges;
+  if (!fall_back) outputs.insert(outputs.end(), capture_edges.begin(), capture_edges.end());
+  // With no outputs the engine would run (and accumulate) everything.
+  variable_list got;
+  if (!outputs.empty()) {
+    got = Engine::get_default_engine().execute(seeds.edges, seeds.grads, /*keep_graph=*/true,
+                                               /*create_graph=*/false, /*accumulate_grad=*/false, outputs);
+  }
+  for (std::size_t i = 0; i < input_edges.size(); ++i) result.input_grads[input_slots[i]] = got[i];
+
+  std::vector<std::shared_ptr<Node>> keep_alive(boundary.begin(), boundary.end());
+  if (fall_back) {
+    WeightCall all;
+    all.roots = seeds.edges;
+    all.grads = seeds.grads;
+    for (auto& [node, acc] : param_owner) all.params.emplace_back(acc, 0);
+    for (const Edge& e : seeds.edges) keep_alive.push_back(e.function);
+    result.weight = std::make_unique<EngineWeightWork>(std::vector<WeightCall>{std::move(all)},
+                                                       std::move(keep_alive), true);
+    return result;
+  }
+  for (std::size_t j = 0; j < capture_edges.size(); ++j) {
+    const at::Tensor& g = got[input_edges.size() + j];
+    if (!g.defined()) continue;
+    WeightCall& call = calls[capture_at[j].first];
+    call.roots.push_back(capture_edges[j]);
+    call.grads.push_back(g);
+  }
+  result.weight = std::make_unique<EngineWeightWork>(std::move(calls), std::move(keep_alive), false);
+  return result;
+}
+
+}  // namespace pipeforge::runtime
