@@ -1,0 +1,163 @@
+// PipelineStage and split backward: I then W gives exactly B's gradients,
+// integer inputs get none, and W falls back only where it must.
+#include "runtime/pipeline_stage.h"
+
+#include <gtest/gtest.h>
+#include <torch/script.h>
+
+#include "runtime/comm_plan.h"
+#include "runtime/split_backward.h"
+#include "stage/manifest.h"
+#include "tests/runtime/grad_check.h"
+
+namespace pipeforge::runtime {
+namespace {
+
+// y = W2 relu(W1 x + b1): the smallest graph with two boundary nodes.
+struct TinyNet {
+  at::Tensor w1 = torch::randn({6, 4}).requires_grad_(), b1 = torch::randn({6}).requires_grad_();
+  at::Tensor w2 = torch::randn({3, 6}).requires_grad_();
+  std::vector<at::Tensor> params() const { return {w1, b1, w2}; }
+};
+
+std::vector<at::Tensor> grads(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : ts) out.push_back(t.grad().defined() ? t.grad().clone() : at::Tensor());
+  return out;
+}
+
+void zero(const std::vector<at::Tensor>& ts) {
+  for (auto t : ts) t.mutable_grad() = at::Tensor();
+}
+
+TEST(SplitBackwardTest, InputThenWeightEqualsFull) {
+  torch::manual_seed(0);
+  TinyNet net;
+  at::Tensor x = torch::randn({5, 4}).requires_grad_();
+  at::Tensor gy = torch::randn({5, 3});
+  auto fwd = [&] { return at::matmul(at::relu(at::linear(x, net.w1, net.b1)), net.w2.t()); };
+
+  at::Tensor y = fwd();
+  std::vector<at::Tensor> full = backwardFull({y}, {gy}, {x});
+  std::vector<at::Tensor> want = grads(net.params());
+  zero(net.params());
+
+  y = fwd();
+  InputGradResult r = backwardInput({y}, {gy}, {x}, net.params());
+  for (const auto& g : grads(net.params())) EXPECT_FALSE(g.defined()) << "I must not touch weight gradients";
+  ASSERT_TRUE(r.input_grads[0].defined());
+  EXPECT_TRUE(torch::allclose(r.input_grads[0], full[0]));
+  EXPECT_FALSE(r.weight->fellBack());
+  r.weight->run();
+  std::vector<at::Tensor> got = grads(net.params());
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::allclose(got[i], want[i])) << "param " << i;
+}
+
+TEST(SplitBackwardTest, WeightUsedTwiceFallsBackAndStaysCorrect) {
+  torch::manual_seed(1);
+  at::Tensor w = torch::randn({4, 4}).requires_grad_();
+  at::Tensor x = torch::randn({2, 4}).requires_grad_();
+  at::Tensor gy = torch::randn({2, 4});
+  auto fwd = [&] { return at::linear(at::tanh(at::linear(x, w)), w); };
+
+  backwardFull({fwd()}, {gy}, {x});
+  at::Tensor want = w.grad().clone();
+  w.mutable_grad() = at::Tensor();
+  InputGradResult r = backwardInput({fwd()}, {gy}, {x}, {w});
+  EXPECT_TRUE(r.weight->fellBack());
+  r.weight->run();
+  EXPECT_TRUE(torch::allclose(w.grad(), want));
+}
+
+TEST(SplitBackwardTest, RootsOffTheInputPathRunInW) {
+  torch::manual_seed(2);
+  at::Tensor emb = torch::randn({10, 3}).requires_grad_();
+  at::Tensor idx = torch::randint(0, 10, {4});
+  at::Tensor gy = torch::randn({4, 3});
+  InputGradResult r = backwardInput({at::embedding(emb, idx)}, {gy}, {idx}, {emb});
+  EXPECT_FALSE(r.input_grads[0].defined());
+  EXPECT_FALSE(emb.grad().defined());
+  r.weight->run();
+  ASSERT_TRUE(emb.grad().defined());
+  EXPECT_TRUE(torch::allclose(emb.grad(), at::embedding_dense_backward(gy, idx, 10, -1, false)));
+}
+
+// Runs every stage of a split in order on one microbatch, checking I+W == B.
+void checkSplit(const std::string& model, int stages) {
+  std::string dir = testing::splitsRoot() + "/" + model + "_" + std::to_string(stages);
+  stage::PipeManifest manifest = stage::readManifest(dir);
+  CommPlan plan = buildCommPlan(manifest);
+  torch::manual_seed(3);
+  std::vector<at::Tensor> roots;
+  if (model == "gpt") roots = {torch::randint(0, 64, {2, 16})};
+  if (model == "mlp") roots = {torch::randn({2, 8})};
+  if (model == "multi_io") roots = {torch::randn({2, 8}), torch::randn({2, 8}), torch::randint(0, 2, {2, 8})};
+
+  std::vector<std::vector<at::Tensor>> outputs(stages);
+  for (int s = 0; s < stages; ++s) {
+    SCOPED_TRACE(model + " stage " + std::to_string(s));
+    PipelineStage stage = PipelineStage::fromSplit(dir, manifest, plan, s, "cpu");
+    std::vector<at::Tensor> inputs;
+    for (const StageInput& in : plan.stages[s].inputs) {
+      if (in.kind == StageInput::Kind::kRoot) {
+        inputs.push_back(roots[in.root_index]);
+      } else {
+        const Edge& e = plan.edges[in.edge];
+        inputs.push_back(outputs[e.producer][e.producer_output]);
+      }
+    }
+    auto run = [&](bool split) {
+      std::vector<at::Tensor> outs = stage.forward(0, inputs, true);
+      std::vector<at::Tensor> gy;
+      torch::manual_seed(4);
+      for (const auto& o : outs) gy.push_back(torch::randn_like(o));
+      std::vector<at::Tensor> gx;
+      if (split) {
+        gx = stage.backwardInput(0, gy);
+        stage.backwardWeight(0);
+      } else {
+        gx = stage.backward(0, gy);
+      }
+      std::vector<at::Tensor> gp;
+      for (auto& [name, p] : stage.namedParameters()) gp.push_back(p.grad().clone());
+      stage.zeroGrad();
+      EXPECT_EQ(stage.liveMicrobatches(), 0);
+      return std::make_pair(gx, gp);
+    };
+    auto [bx, bp] = run(false);
+    auto [ix, ip] = run(true);
+    ASSERT_EQ(bx.size(), inputs.size());
+    for (std::size_t j = 0; j < inputs.size(); ++j) {
+      // Loss inputs (after the module's) reach only the loss, which this test does not compute.
+      bool wants = plan.stages[s].inputs[j].kind == StageInput::Kind::kEdge && inputs[j].is_floating_point() &&
+                   static_cast<int>(j) < plan.stages[s].num_module_inputs;
+      EXPECT_EQ(bx[j].defined(), wants) << "input " << j;
+      EXPECT_EQ(ix[j].defined(), wants) << "input " << j;
+      if (wants) EXPECT_TRUE(torch::allclose(bx[j], ix[j], 1e-6, 1e-7)) << "input " << j;
+    }
+    for (std::size_t k = 0; k < bp.size(); ++k) EXPECT_TRUE(torch::allclose(bp[k], ip[k], 1e-6, 1e-7)) << "param " << k;
+    torch::NoGradGuard no_grad;
+    outputs[s] = stage.forward(0, inputs, false);
+  }
+}
+
+TEST(PipelineStageTest, SplitBackwardMatchesFullOnEveryZooStage) {
+  checkSplit("mlp", 4);
+  checkSplit("gpt", 4);
+  checkSplit("gpt", 8);
+  checkSplit("multi_io", 8);
+}
+
+TEST(PipelineStageTest, ReportsAMissingStageFile) {
+  stage::PipeManifest manifest = stage::readManifest(testing::splitsRoot() + "/mlp_2");
+  CommPlan plan = buildCommPlan(manifest);
+  try {
+    PipelineStage::fromSplit("/nonexistent", manifest, plan, 0, "cpu");
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot load '/nonexistent/stage_0.pt'"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace pipeforge::runtime
