@@ -54,26 +54,22 @@ void externalInputs(const Node* n, std::vector<const Value*>& out) {
   }
 }
 
-// FQNs of the parameters/buffers a node reads: tensors reached by GetAttr
-// among its inputs, and every tensor of a module it calls.
-std::vector<std::string> parametersRead(const Node* n, const std::vector<const Value*>& inputs,
-                                        const torch::jit::Module& root) {
-  std::set<std::string> names;
-  std::unordered_set<std::string> tensor_names;
-  for (const auto& p : root.named_parameters(true)) tensor_names.insert(p.name);
-  for (const auto& b : root.named_buffers(true)) tensor_names.insert(b.name);
-  for (const Value* v : inputs) {
+// FQNs of the parameters/buffers a node reads, also from inside its blocks:
+// tensors reached by GetAttr, and every tensor of a module it calls.
+void parametersRead(const Node* n, const std::set<std::string>& tensor_names, std::set<std::string>& names) {
+  for (const Value* v : n->inputs()) {
     auto path = attributePath(v);
     if (!path) continue;
     if (tensor_names.count(*path)) names.insert(*path);
-    if (v->type()->cast<c10::ClassType>() && !path->empty()) {
-      for (const auto& name : tensor_names) {
-        if (name.compare(0, path->size() + 1, *path + ".") == 0) names.insert(name);
+    if (n->kind() != c10::prim::GetAttr && v->type()->cast<c10::ClassType>() && !path->empty()) {
+      for (auto it = tensor_names.lower_bound(*path + "."); it != tensor_names.end() && it->compare(0, path->size() + 1, *path + ".") == 0; ++it) {
+        names.insert(*it);
       }
     }
   }
-  (void)n;
-  return {names.begin(), names.end()};
+  for (const Block* b : n->blocks()) {
+    for (const Node* inner : b->nodes()) parametersRead(inner, tensor_names, names);
+  }
 }
 
 }  // namespace
@@ -83,6 +79,9 @@ ModelDag buildDag(const OpenedModel& model) {
   torch::jit::Graph& graph = model.graph();
   const torch::jit::Module& root = model.module();
 
+  std::set<std::string> tensor_names;
+  for (const auto& p : root.named_parameters(true)) tensor_names.insert(p.name);
+  for (const auto& b : root.named_buffers(true)) tensor_names.insert(b.name);
   for (const auto& p : root.named_parameters(true)) dag.tensor_bytes[p.name] = p.value.numel() * p.value.element_size();
   for (const auto& b : root.named_buffers(true)) dag.tensor_bytes[b.name] = b.value.numel() * b.value.element_size();
   {
@@ -145,7 +144,9 @@ ModelDag buildDag(const OpenedModel& model) {
     }
     d.source = sourceOf(n);
     d.node = n;
-    d.parameters = parametersRead(n, inputs, root);
+    std::set<std::string> read;
+    parametersRead(n, tensor_names, read);
+    d.parameters.assign(read.begin(), read.end());
     for (size_t i = 0; i < n->outputs().size(); ++i) {
       const Value* v = n->outputs()[i];
       d.outputs.push_back({v->debugName(), v->type()->repr_str(), v->type()->cast<c10::TensorType>() != nullptr, {}, ""});

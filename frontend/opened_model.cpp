@@ -22,11 +22,6 @@ bool startsWithPath(const std::string& fqn, const std::string& prefix) {
   return fqn.size() > prefix.size() && fqn.compare(0, prefix.size(), prefix) == 0 && fqn[prefix.size()] == '.';
 }
 
-int pathDepth(const std::string& fqn) {
-  if (fqn.empty()) return 0;
-  return 1 + static_cast<int>(std::count(fqn.begin(), fqn.end(), '.'));
-}
-
 GraphFunction* calleeOf(const Node* node) {
   if (node->kind() == c10::prim::CallMethod) {
     auto cls = node->input(0)->type()->cast<c10::ClassType>();
@@ -93,6 +88,8 @@ struct OpenedModel::Impl {
   torch::jit::Module module;
   std::shared_ptr<torch::jit::Graph> graph;
   std::unordered_map<const Node*, std::string> owner;
+  // How many opened calls a node sits inside (absent: 0, the root's own code).
+  std::unordered_map<const Node*, int> call_depth;
   bool deeper_calls = false;
   std::string root_owner;
 };
@@ -120,7 +117,8 @@ OpenedModel::OpenedModel(const torch::jit::Module& module, const OpenOptions& op
     }
     if (facts.reachesMarker(callee)) return fqn;
     if (facts.callsModules(callee)) {
-      if (pathDepth(*fqn) <= options.open_depth) return fqn;
+      auto depth = impl_->call_depth.find(n);
+      if ((depth == impl_->call_depth.end() ? 0 : depth->second) < options.open_depth) return fqn;
       impl_->deeper_calls = true;
     }
     return std::nullopt;
@@ -142,6 +140,8 @@ OpenedModel::OpenedModel(const torch::jit::Module& module, const OpenOptions& op
       }
     }
     if (!target) break;
+    auto depth_it = impl_->call_depth.find(target);
+    int inner_depth = (depth_it == impl_->call_depth.end() ? 0 : depth_it->second) + 1;
     Node* before = target->prev();
     Node* after = target->next();
     GraphFunction* callee = calleeOf(target);
@@ -152,7 +152,10 @@ OpenedModel::OpenedModel(const torch::jit::Module& module, const OpenOptions& op
     for (Node* n = before->next(); n != after; n = n->next()) {
       std::vector<Node*> inner{n};
       for (Block* b : n->blocks()) collectNodes(b, inner);
-      for (Node* m : inner) impl_->owner[m] = owner;
+      for (Node* m : inner) {
+        impl_->owner[m] = owner;
+        impl_->call_depth[m] = inner_depth;
+      }
     }
   }
 }

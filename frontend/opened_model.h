@@ -21,9 +21,9 @@ namespace pipeforge::frontend {
 struct OpenOptions {
   // Calls to every proper ancestor of these FQNs are opened.
   std::vector<std::string> split_fqns;
-  // Additionally open calls to modules that themselves call submodules, up
-  // to this FQN depth (1: children of the root). Used by automatic policies
-  // to find enough cut points.
+  // Additionally open calls to modules that themselves call submodules,
+  // this many levels of calls deep (1: the calls forward makes itself).
+  // Used by automatic policies to find enough cut points.
   int open_depth = 0;
 };
 

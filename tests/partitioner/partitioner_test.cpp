@@ -1,0 +1,99 @@
+// Spec parsing and cut placement, table-driven.
+#include <gtest/gtest.h>
+
+#include "frontend/load_model.h"
+#include "frontend/module_paths.h"
+#include "frontend/opened_model.h"
+#include "partitioner/partition.h"
+#include "partitioner/split_spec.h"
+#include "tests/support/zoo.h"
+
+namespace pipeforge::partitioner {
+namespace {
+
+TEST(SplitSpec, ParsesEveryKey) {
+  auto spec = parseSplitSpec(
+      "split_points:\n  layers.1: BEGINNING\n  lm: END\nnum_stages: 3\npolicy: cost\n"
+      "example_inputs:\n  - {shape: [8, 4], dtype: int64, high: 10}\n",
+      "t.yaml");
+  ASSERT_EQ(spec.split_points.size(), 2u);
+  EXPECT_EQ(spec.split_points[0].first, "layers.1");
+  EXPECT_EQ(spec.split_points[0].second, SplitPoint::kBeginning);
+  EXPECT_EQ(spec.split_points[1].second, SplitPoint::kEnd);
+  EXPECT_EQ(spec.num_stages, 3);
+  EXPECT_EQ(spec.policy, Policy::kCost);
+  ASSERT_EQ(spec.example_inputs.size(), 1u);
+  EXPECT_EQ(spec.example_inputs[0].shape, (std::vector<int64_t>{8, 4}));
+  EXPECT_EQ(spec.example_inputs[0].dtype, "int64");
+  EXPECT_EQ(spec.example_inputs[0].high, 10);
+}
+
+TEST(SplitSpec, ErrorsNameTheKeyAndLine) {
+  struct Case {
+    std::string yaml;
+    std::string fragment;
+  };
+  const std::vector<Case> cases = {
+      {"num_stages: two", "t.yaml:1: 'num_stages' must be an integer"},
+      {"num_stages: 0", "num_stages must be >= 1"},
+      {"policy: uniform", "policy 'uniform' needs num_stages"},
+      {"num_stages: 2\npolicy: cost", "needs example_inputs"},
+      {"example_inputs: [{dtype: int64}]", "needs a shape"},
+      {"example_inputs: [{shape: [2], dtype: complex}]", "dtype 'complex' is not supported"},
+      {"example_inputs: [{shape: [2], size: 3}]", "unknown key 'example_inputs[0].size'"},
+      {"split_points: [a, b]", "split_points must map FQNs"},
+      {"- just\n- a list", "a split spec is a YAML map"},
+  };
+  for (const auto& c : cases) {
+    try {
+      parseSplitSpec(c.yaml, "t.yaml");
+      ADD_FAILURE() << "accepted: " << c.yaml;
+    } catch (const SpecError& e) {
+      EXPECT_NE(std::string(e.what()).find(c.fragment), std::string::npos) << e.what();
+    }
+  }
+}
+
+std::vector<int> stageSizes(const Partition& p) {
+  std::vector<int> sizes(p.num_stages, 0);
+  for (size_t v = 1; v + 1 < p.stage_of_vertex.size(); ++v) ++sizes[p.stage_of_vertex[v]];
+  return sizes;
+}
+
+TEST(Partition, UniformPolicyBalancesCallsOnTheMlp) {
+  auto model = frontend::loadModel(testing::zooModelPath("mlp"));
+  frontend::OpenedModel opened(model, {});
+  auto dag = frontend::buildDag(opened);
+  auto spec = parseSplitSpec("num_stages: 4\npolicy: uniform", "t");
+  auto p = partitionDag(dag, spec, {});
+  EXPECT_EQ(p.num_stages, 4);
+  // 8 calls (inp, 6 blocks, out) in 4 stages of 2.
+  EXPECT_NE(p.balance.find("max/mean 1.000"), std::string::npos) << p.balance;
+  // Stages are contiguous and ordered.
+  for (size_t v = 1; v < p.stage_of_vertex.size(); ++v) EXPECT_GE(p.stage_of_vertex[v], p.stage_of_vertex[v - 1]);
+  EXPECT_EQ(stageSizes(p).size(), 4u);
+}
+
+TEST(Partition, PolicyKeepsExplicitCutsAsBoundaries) {
+  auto model = frontend::loadModel(testing::zooModelPath("mlp"));
+  frontend::OpenedModel opened(model, {{"blocks.0"}, 0});
+  auto dag = frontend::buildDag(opened);
+  auto spec = parseSplitSpec("split_points: {blocks.0: END}\nnum_stages: 3\npolicy: uniform", "t");
+  auto cuts = explicitCuts(dag, spec, frontend::submodulePaths(model), {});
+  ASSERT_EQ(cuts.size(), 1u);
+  auto p = partitionDag(dag, spec, cuts);
+  EXPECT_EQ(p.num_stages, 3);
+  EXPECT_NE(p.stage_of_vertex[cuts[0]], p.stage_of_vertex[cuts[0] - 1]) << "the explicit cut must stay a boundary";
+}
+
+TEST(Partition, TooManyExplicitStagesForNumStages) {
+  auto model = frontend::loadModel(testing::zooModelPath("seed_example"));
+  frontend::OpenedModel opened(model, {{"layers.1"}, 0});
+  auto dag = frontend::buildDag(opened);
+  auto spec = parseSplitSpec("split_points: {layers.1: BEGINNING}\nnum_stages: 3", "t");
+  auto cuts = explicitCuts(dag, spec, frontend::submodulePaths(model), {});
+  EXPECT_THROW(partitionDag(dag, spec, cuts), SpecError);
+}
+
+}  // namespace
+}  // namespace pipeforge::partitioner
