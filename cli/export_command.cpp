@@ -1,14 +1,35 @@
-// `pipeforge export`.
+// `pipeforge export CKPT --model ORIGINAL.pt --out trained.pt`.
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <iostream>
+#include <memory>
 
 #include "cli/commands.h"
-#include "cli/not_built.h"
+#include "cli/run_guarded.h"
+#include "train/export_model.h"
 
 namespace pipeforge::cli {
 
 void addExportCommand(CLI::App& app, int& exit_code) {
-  auto* sub = app.add_subcommand("export", "export (not built yet)");
-  markNotBuiltYet(*sub, "export", exit_code);
+  auto request = std::make_shared<train::ExportRequest>();
+  auto* sub = app.add_subcommand(
+      "export",
+      "Write the original TorchScript model with the trained weights of a checkpoint (loads with "
+      "torch.jit.load; tied parameters keep sharing one tensor).");
+  sub->add_option("checkpoint", request->checkpoint, "checkpoint folder (its `latest`) or one step_<N> folder")
+      ->required();
+  sub->add_option("--model", request->model_path, "the model the run was split from")->required();
+  sub->add_option("--out", request->out_path, "output .pt file")->required();
+  sub->add_flag("--force", request->force, "replace an existing output file");
+  sub->callback([request, &exit_code] {
+    exit_code = runGuarded("export", [&] {
+      auto s = train::exportTrainedModel(*request);
+      std::cout << fmt::format("exported step {} of {} ({} parameters, {} buffers, {} tied groups) -> {}\n", s.step,
+                               s.checkpoint_dir, s.parameters, s.buffers, s.tied_groups, request->out_path);
+      return kExitOk;
+    });
+  });
 }
 
 }  // namespace pipeforge::cli

@@ -1,14 +1,37 @@
-// `pipeforge train`.
+// `pipeforge train --config C.yaml [--nproc N]`.
 #include <CLI/CLI.hpp>
 
+#include <memory>
+
 #include "cli/commands.h"
-#include "cli/not_built.h"
+#include "cli/run_guarded.h"
+#include "train/launch.h"
 
 namespace pipeforge::cli {
 
 void addTrainCommand(CLI::App& app, int& exit_code) {
-  auto* sub = app.add_subcommand("train", "train (not built yet)");
-  markNotBuiltYet(*sub, "train", exit_code);
+  auto request = std::make_shared<train::TrainRequest>();
+  auto stop_after = std::make_shared<std::int64_t>(0);
+  auto port = std::make_shared<int>(0);
+  auto* sub = app.add_subcommand(
+      "train",
+      "Train a model split into pipeline stages, one process per rank (see configs/train_example.yaml).\n"
+      "With --nproc N: split the model once, then start N local ranks (Gloo over loopback). Without it: run as "
+      "one rank of a job started by `torchrun --no-python` or `srun` (RANK, WORLD_SIZE, MASTER_ADDR, ...), or "
+      "alone. Resumes from the checkpoint folder's `latest` when there is one.");
+  sub->add_option("--config", request->config_path, "training config YAML")->required();
+  sub->add_option("--nproc", request->nproc, "start this many local ranks (world = pipeline ranks x data_parallel)");
+  sub->add_option("--stop-after", *stop_after, "stop after this many steps, with a checkpoint, as if interrupted");
+  sub->add_option("--master-addr", request->master_addr, "with --nproc: the address ranks meet at (default 127.0.0.1)");
+  sub->add_option("--master-port", *port, "with --nproc: the rendezvous port (default: a free one)");
+  sub->add_option("--split-dir", request->split_dir, "(set by the launcher) the split to train")->group("");
+  sub->callback([request, stop_after, port, &exit_code] {
+    exit_code = runGuarded("train", [&] {
+      if (*stop_after != 0) request->stop_after = *stop_after;
+      if (*port != 0) request->master_port = *port;
+      return train::runTrainRequest(*request) == 0 ? kExitOk : kExitFailure;
+    });
+  });
 }
 
 }  // namespace pipeforge::cli

@@ -1,0 +1,266 @@
+#include "train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <torch/optim.h>
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace pipeforge::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string stageFile(int stage) { return fmt::format("stage_{}.pt", stage); }
+std::string optimizerFile(int stage) { return fmt::format("stage_{}.optim.pt", stage); }
+
+std::string readFile(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CheckpointError(fmt::format("checkpoint {} '{}' cannot be read", what, path));
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+c10::Dict<std::string, at::Tensor> toDict(const NamedTensors& tensors) {
+  c10::Dict<std::string, at::Tensor> dict;
+  // A copy on the CPU holding only its own elements (not a view's whole storage).
+  for (const auto& [name, t] : tensors) dict.insert(name, t.detach().to(at::kCPU).clone());
+  return dict;
+}
+
+NamedTensors fromDict(const c10::IValue& value, const std::string& what) {
+  if (!value.isGenericDict()) throw CheckpointError(fmt::format("{} is not a dict of tensors", what));
+  NamedTensors out;
+  for (const auto& kv : value.toGenericDict()) out.emplace_back(kv.key().toStringRef(), kv.value().toTensor());
+  return out;
+}
+
+// The step of a folder named step_<digits>, or -1.
+std::int64_t stepOfFolder(const std::string& name) {
+  if (name.rfind("step_", 0) != 0 || name.size() <= 5) return -1;
+  if (name.find_first_not_of("0123456789", 5) != std::string::npos) return -1;
+  return std::stoll(name.substr(5));
+}
+
+void pruneCheckpoints(const fs::path& root, int keep) {
+  if (keep <= 0) return;
+  std::vector<std::pair<std::int64_t, fs::path>> steps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    std::int64_t step = stepOfFolder(entry.path().filename().string());
+    if (step >= 0 && entry.is_directory()) steps.emplace_back(step, entry.path());
+  }
+  std::sort(steps.begin(), steps.end());
+  for (std::size_t k = 0; k + keep < steps.size(); ++k) fs::remove_all(steps[k].second, ec);
+}
+
+}  // namespace
+
+std::string checkpointDir(const std::string& root, std::int64_t step) {
+  return (fs::path(root) / fmt::format("step_{:08d}", step)).string();
+}
+
+std::string partialCheckpointDir(const std::string& root, std::int64_t step) {
+  return checkpointDir(root, step) + ".partial";
+}
+
+void writeFileAtomically(const std::string& path, const std::string& bytes) {
+  // Unique per process and host: several writers may share the folder.
+  const std::string temp = fmt::format("{}.tmp-{}-{}", path, ::getpid(), std::random_device{}());
+  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw CheckpointError(fmt::format("cannot create '{}': {}", temp, std::strerror(errno)));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = errno;
+      ::close(fd);
+      ::unlink(temp.c_str());
+      throw CheckpointError(fmt::format("cannot write '{}': {}", temp, std::strerror(err)));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  ::fsync(fd);
+  ::close(fd);
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(temp.c_str());
+    throw CheckpointError(fmt::format("cannot rename '{}' to '{}': {}", temp, path, std::strerror(err)));
+  }
+}
+
+void clearCheckpointStep(const std::string& root, std::int64_t step) {
+  std::error_code ec;
+  fs::remove_all(partialCheckpointDir(root, step), ec);
+  fs::remove_all(checkpointDir(root, step), ec);
+}
+
+void writeStageCheckpoint(const std::string& root, const StageCheckpoint& state, torch::optim::Optimizer& optimizer) {
+  const fs::path dir = partialCheckpointDir(root, state.step);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw CheckpointError(fmt::format("cannot create checkpoint folder '{}': {}", dir.string(), ec.message()));
+
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  dict.insert("format", std::string(kCheckpointFormat));
+  dict.insert("stage", static_cast<std::int64_t>(state.stage));
+  dict.insert("step", state.step);
+  dict.insert("data_position", state.data_position);
+  dict.insert("parameters", toDict(state.parameters));
+  dict.insert("buffers", toDict(state.buffers));
+  dict.insert("rng_state", state.rng_state.defined() ? state.rng_state.clone() : at::empty({0}, at::kByte));
+  std::vector<char> bytes = torch::pickle_save(dict);
+  writeFileAtomically((dir / stageFile(state.stage)).string(), std::string(bytes.begin(), bytes.end()));
+
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  writeFileAtomically((dir / optimizerFile(state.stage)).string(), out.str());
+}
+
+void commitCheckpoint(const std::string& root, const CheckpointMeta& meta, int keep) {
+  const std::string partial = partialCheckpointDir(root, meta.step);
+  const std::string final_dir = checkpointDir(root, meta.step);
+  nlohmann::json j;
+  j["format"] = kCheckpointFormat;
+  j["step"] = meta.step;
+  j["num_stages"] = meta.num_stages;
+  j["source"] = meta.source;
+  j["schedule"] = meta.schedule;
+  j["world_size"] = meta.world_size;
+  j["seed"] = meta.seed;
+  j["tied"] = meta.tied;
+  j["stages"] = nlohmann::json::array();
+  for (int s = 0; s < meta.num_stages; ++s) {
+    j["stages"].push_back({{"index", s}, {"file", stageFile(s)}, {"optimizer", optimizerFile(s)}});
+  }
+  // Several hosts sharing this folder may commit at once: whoever renames
+  // first wins, and the others find the final folder in place.
+  std::error_code ec;
+  if (fs::exists(partial, ec)) {
+    try {
+      writeFileAtomically((fs::path(partial) / "meta.json").string(), j.dump(2) + "\n");
+    } catch (const CheckpointError&) {
+      if (!fs::exists(fs::path(final_dir) / "meta.json", ec)) throw;
+    }
+    if (::rename(partial.c_str(), final_dir.c_str()) != 0 && !fs::exists(final_dir, ec)) {
+      throw CheckpointError(fmt::format("cannot rename '{}' to '{}': {}", partial, final_dir, std::strerror(errno)));
+    }
+  }
+  if (!fs::exists(fs::path(final_dir) / "meta.json", ec)) {
+    throw CheckpointError(fmt::format("checkpoint step {}: '{}' was never written", meta.step, final_dir));
+  }
+  for (int s = 0; s < meta.num_stages; ++s) {
+    if (!fs::exists(fs::path(final_dir) / stageFile(s), ec)) {
+      throw CheckpointError(fmt::format("checkpoint step {}: stage {} is missing from '{}' (a host without a shared "
+                                        "folder holds it?)",
+                                        meta.step, s, final_dir));
+    }
+  }
+  writeFileAtomically((fs::path(root) / "latest").string(), fs::path(final_dir).filename().string() + "\n");
+  pruneCheckpoints(root, keep);
+}
+
+std::optional<std::string> latestCheckpoint(const std::string& root) {
+  const fs::path pointer = fs::path(root) / "latest";
+  std::error_code ec;
+  if (!fs::exists(pointer, ec)) return std::nullopt;
+  std::string name = readFile(pointer.string(), "pointer");
+  while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+  const fs::path dir = fs::path(root) / name;
+  if (stepOfFolder(name) < 0 || !fs::exists(dir / "meta.json", ec)) {
+    throw CheckpointError(fmt::format("'{}' names '{}', which is not a complete checkpoint folder; remove the "
+                                      "pointer or point it at a step_<N> folder",
+                                      pointer.string(), name));
+  }
+  return dir.string();
+}
+
+std::string resolveCheckpoint(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw CheckpointError(fmt::format("checkpoint '{}' does not exist", path));
+  if (fs::exists(fs::path(path) / "meta.json", ec)) return path;
+  if (auto latest = latestCheckpoint(path)) return *latest;
+  throw CheckpointError(fmt::format("'{}' is neither a checkpoint folder (step_<N>/ with meta.json) nor a checkpoint "
+                                    "root with a `latest` pointer",
+                                    path));
+}
+
+CheckpointMeta readCheckpointMeta(const std::string& step_dir) {
+  const std::string path = (fs::path(step_dir) / "meta.json").string();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(readFile(path, "metadata"));
+    if (j.at("format").get<std::string>() != kCheckpointFormat) {
+      throw CheckpointError(fmt::format("'{}' has format '{}'; expected {}", path, j.at("format").get<std::string>(),
+                                        kCheckpointFormat));
+    }
+    CheckpointMeta meta;
+    meta.step = j.at("step").get<std::int64_t>();
+    meta.num_stages = j.at("num_stages").get<int>();
+    meta.source = j.at("source").get<std::string>();
+    meta.schedule = j.at("schedule").get<std::string>();
+    meta.world_size = j.at("world_size").get<int>();
+    meta.seed = j.at("seed").get<std::uint64_t>();
+    meta.tied = j.at("tied").get<std::vector<std::vector<std::string>>>();
+    return meta;
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(fmt::format("'{}' is malformed: {}", path, e.what()));
+  }
+}
+
+StageCheckpoint readStageCheckpoint(const std::string& step_dir, int stage) {
+  const std::string path = (fs::path(step_dir) / stageFile(stage)).string();
+  const std::string bytes = readFile(path, "stage file");
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  } catch (const c10::Error& e) {
+    throw CheckpointError(fmt::format("checkpoint stage file '{}' is corrupt: {}", path, e.what_without_backtrace()));
+  }
+  if (!value.isGenericDict()) throw CheckpointError(fmt::format("'{}' is not a checkpoint stage file", path));
+  auto dict = value.toGenericDict();
+  for (const char* key : {"format", "stage", "step", "data_position", "parameters", "buffers", "rng_state"}) {
+    if (!dict.contains(key)) throw CheckpointError(fmt::format("'{}' lacks '{}'; not a checkpoint stage file", path, key));
+  }
+  StageCheckpoint state;
+  state.stage = static_cast<int>(dict.at("stage").toInt());
+  state.step = dict.at("step").toInt();
+  state.data_position = dict.at("data_position").toInt();
+  state.parameters = fromDict(dict.at("parameters"), path + " parameters");
+  state.buffers = fromDict(dict.at("buffers"), path + " buffers");
+  state.rng_state = dict.at("rng_state").toTensor();
+  if (state.stage != stage) {
+    throw CheckpointError(fmt::format("'{}' holds stage {}, expected {}", path, state.stage, stage));
+  }
+  return state;
+}
+
+void loadOptimizerState(const std::string& step_dir, int stage, torch::optim::Optimizer& optimizer) {
+  const std::string path = (fs::path(step_dir) / optimizerFile(stage)).string();
+  std::istringstream in(readFile(path, "optimizer file"));
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    optimizer.load(archive);
+  } catch (const c10::Error& e) {
+    throw CheckpointError(fmt::format("optimizer state '{}' does not fit this optimizer (another optimizer.name, or "
+                                      "another split?): {}",
+                                      path, e.what_without_backtrace()));
+  }
+}
+
+}  // namespace pipeforge::train

@@ -1,0 +1,28 @@
+#include "train/dataset.h"
+
+#include <ATen/ATen.h>
+
+#include "train/tensor_dataset.h"
+#include "train/token_dataset.h"
+
+namespace pipeforge::train {
+
+std::unique_ptr<Dataset> openDataset(const DataConfig& config, std::uint64_t seed) {
+  switch (config.format) {
+    case DataFormat::kTokens:
+    case DataFormat::kText:
+      return std::make_unique<TokenDataset>(config, seed);
+    case DataFormat::kTensors:
+      return std::make_unique<TensorDataset>(config, seed);
+  }
+  throw ConfigError("data.format: unknown format");
+}
+
+Batch sliceBatch(const Batch& batch, std::int64_t begin, std::int64_t end) {
+  Batch out;
+  for (const auto& t : batch.inputs) out.inputs.push_back(t.slice(0, begin, end));
+  for (const auto& t : batch.targets) out.targets.push_back(t.slice(0, begin, end));
+  return out;
+}
+
+}  // namespace pipeforge::train

@@ -1,0 +1,32 @@
+// `pipeforge export`: the original TorchScript model with the trained
+// weights of a checkpoint, loadable with torch.jit.load.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace pipeforge::train {
+
+struct ExportRequest {
+  std::string checkpoint;  // CKPT (its `latest`) or CKPT/step_<N>
+  std::string model_path;  // the model the split came from
+  std::string out_path;
+  bool force = false;      // replace an existing out_path
+};
+
+struct ExportSummary {
+  std::string checkpoint_dir;  // the step folder used
+  std::int64_t step = 0;
+  int parameters = 0;  // names set (tied names count once per name)
+  int buffers = 0;
+  int tied_groups = 0;  // groups checked to hold one value
+};
+
+// Every parameter and buffer of the model must be in the checkpoint, with
+// the same shape and dtype; names in a tied group must hold the same values
+// in every stage, and keep sharing one tensor in the written model. Throws
+// CheckpointError or frontend::ModelError with the names at fault. The
+// output is written through a temporary file and a rename.
+ExportSummary exportTrainedModel(const ExportRequest& request);
+
+}  // namespace pipeforge::train

@@ -1,0 +1,101 @@
+#include "train/launch.h"
+
+#include <filesystem>
+#include <iostream>
+
+#include <fmt/format.h>
+
+#include "runtime/dist_env.h"
+#include "runtime/local_launcher.h"
+#include "stage/split_model.h"
+#include "train/checkpoint.h"
+#include "train/train_config.h"
+#include "train/trainer.h"
+
+namespace pipeforge::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Splits the configured model into `out_dir` (replacing it) and returns it.
+std::string splitFor(const TrainConfig& config, const std::string& out_dir) {
+  std::error_code ec;
+  fs::create_directories(fs::path(out_dir).parent_path(), ec);
+  stage::SplitRequest request;
+  request.model_path = config.model.path;
+  request.out_dir = out_dir;
+  request.force = true;
+  if (!config.model.split_spec.empty()) request.spec_path = config.model.split_spec;
+  if (!config.model.inline_spec.empty()) {
+    const std::string spec = out_dir + ".spec.yaml";
+    writeFileAtomically(spec, config.model.inline_spec);
+    request.spec_path = spec;
+  }
+  stage::splitModelToDirectory(request);
+  return out_dir;
+}
+
+int launch(const TrainRequest& request, const TrainConfig& config) {
+  std::string split_dir = config.model.split_dir;
+  if (split_dir.empty()) {
+    split_dir = fs::absolute(fs::path(config.output_dir) / "stages").string();
+    splitFor(config, split_dir);
+    std::cout << fmt::format("split {} into {}\n", config.model.path, split_dir) << std::flush;
+  }
+  const stage::PipeManifest manifest = stage::readManifest(split_dir);
+  checkLayout(config, request.nproc, manifest.num_stages);
+
+  runtime::LaunchOptions options;
+  options.executable = fs::read_symlink("/proc/self/exe").string();
+  options.args = {"train", "--config", request.config_path, "--split-dir", split_dir};
+  if (request.stop_after) {
+    options.args.push_back("--stop-after");
+    options.args.push_back(std::to_string(*request.stop_after));
+  }
+  options.num_ranks = request.nproc;
+  options.master_addr = request.master_addr;
+  options.master_port = request.master_port;
+  options.capture_output = false;  // rank 0 draws the progress bar on our terminal
+  // A failed rank makes the others fail within the timeout (they learn it
+  // sooner through the store); whoever still runs after that is killed.
+  options.grace = std::chrono::milliseconds(static_cast<std::int64_t>(config.timeout_s * 1000) + 5000);
+  options.timeout = std::chrono::hours(24 * 365);
+  runtime::LaunchResult result = runtime::launchLocal(options);
+  if (result.ok()) return 0;
+  std::cerr << "pipeforge train: the run failed:\n" << result.summary();
+  return 1;
+}
+
+}  // namespace
+
+int runTrainRequest(const TrainRequest& request) {
+  if (request.nproc < 0) throw ConfigError(fmt::format("--nproc {}: give a number of ranks >= 1", request.nproc));
+  const TrainConfig config = loadTrainConfig(request.config_path);
+  if (request.stop_after && *request.stop_after < 1) {
+    throw ConfigError(fmt::format("--stop-after {}: give a step >= 1", *request.stop_after));
+  }
+  if (request.nproc > 0) return launch(request, config);
+
+  const runtime::DistEnv env = runtime::resolveDistEnv({});
+  TrainerOptions options;
+  options.stop_after = request.stop_after;
+  options.split_dir = request.split_dir.empty() ? config.model.split_dir : request.split_dir;
+  if (options.split_dir.empty()) {
+    // A rank of a torchrun/srun job: no launcher split for it, so it splits
+    // privately (the split is deterministic, so every rank gets the same).
+    options.split_dir =
+        fs::absolute(fs::path(config.output_dir) / fmt::format("stages.rank{}", env.rank)).string();
+    splitFor(config, options.split_dir);
+  }
+  try {
+    trainRank(config, options);
+  } catch (const std::exception& e) {
+    // Name the rank: with several ranks on one terminal, the first line that
+    // says which one failed is the one to read.
+    if (env.world_size > 1) throw std::runtime_error(fmt::format("rank {}: {}", env.rank, e.what()));
+    throw;
+  }
+  return 0;
+}
+
+}  // namespace pipeforge::train

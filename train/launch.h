@@ -1,0 +1,30 @@
+// `pipeforge train` from the command line to running ranks.
+//
+// With --nproc N the process is a launcher: it reads the config, splits the
+// model once into <output.dir>/stages, checks the layout, and re-executes
+// itself (/proc/self/exe) N times as ranks 0..N-1 over loopback
+// (runtime/local_launcher.h). Without it the process is one rank of a job
+// started by torchrun --no-python or srun (runtime::resolveDistEnv), or a
+// single-process run.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace pipeforge::train {
+
+struct TrainRequest {
+  std::string config_path;
+  int nproc = 0;  // 0: this process is a rank
+  std::optional<std::int64_t> stop_after;
+  std::optional<int> master_port;      // launcher: default a free port
+  std::string master_addr = "127.0.0.1";
+  std::string split_dir;  // a rank started by the launcher: the split it made
+};
+
+// Returns the process exit code (0 on success). Throws ConfigError and the
+// other user errors for the CLI to report.
+int runTrainRequest(const TrainRequest& request);
+
+}  // namespace pipeforge::train

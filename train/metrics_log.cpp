@@ -1,0 +1,16 @@
+#include "train/metrics_log.h"
+
+#include <stdexcept>
+
+namespace pipeforge::train {
+
+MetricsLog::MetricsLog(const std::string& path) : path_(path), out_(path, std::ios::app) {
+  if (!out_) throw std::runtime_error("cannot open metrics file '" + path + "' for writing");
+}
+
+void MetricsLog::write(const nlohmann::json& record) {
+  out_ << record.dump() << '\n';
+  out_.flush();
+}
+
+}  // namespace pipeforge::train

@@ -1,0 +1,38 @@
+// Small messages between ranks (losses for rank 0's log, trace profiles)
+// through the job's rendezvous store: the TCPStore the runtime's rank 0
+// hosts at MASTER_ADDR:MASTER_PORT, under the prefix "pipeforge/train/".
+//
+// The runner's facade moves tensors between stages, not scalars to rank 0;
+// this keeps the training loop's bookkeeping off the pipeline's links.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "runtime/dist_env.h"
+
+namespace pipeforge::train {
+
+class RankChannel {
+ public:
+  // Connects to the store (a single-process job keeps messages in memory).
+  // Construct after the PipelineRunner, whose rank 0 starts the store.
+  RankChannel(const runtime::DistEnv& env, std::chrono::milliseconds timeout);
+  ~RankChannel();
+  RankChannel(const RankChannel&) = delete;
+  RankChannel& operator=(const RankChannel&) = delete;
+
+  void publish(const std::string& key, const std::string& value);
+  // Waits for `key` (bounded by the timeout), returns it and deletes it.
+  // Throws std::runtime_error naming the key when it does not come.
+  std::string take(const std::string& key);
+
+ private:
+  class Store;
+  std::unique_ptr<Store> store_;
+  std::map<std::string, std::string> local_;
+};
+
+}  // namespace pipeforge::train

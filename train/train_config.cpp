@@ -1,0 +1,497 @@
+#include "train/train_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "partitioner/split_spec.h"
+#include "schedules/generate.h"
+
+namespace pipeforge::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Reads one YAML map, dispatching each key to its handler; a key without a
+// handler is an error that lists the keys the section takes.
+class Section {
+ public:
+  Section(const std::string& origin, std::string prefix) : origin_(origin), prefix_(std::move(prefix)) {}
+
+  std::string where(const YAML::Node& node) const {
+    const auto mark = node.Mark();
+    if (mark.line < 0) return origin_;
+    return fmt::format("{}:{}", origin_, mark.line + 1);
+  }
+  std::string key(const std::string& name) const { return prefix_.empty() ? name : prefix_ + "." + name; }
+
+  [[noreturn]] void fail(const YAML::Node& node, const std::string& name, const std::string& expected) const {
+    std::string got = node.IsScalar() ? fmt::format("'{}'", node.Scalar())
+                      : node.IsSequence() ? std::string("a list")
+                      : node.IsMap()      ? std::string("a map")
+                                          : std::string("nothing");
+    throw ConfigError(fmt::format("{}: {} must be {}, got {}", where(node), key(name), expected, got));
+  }
+
+  template <typename T>
+  T scalar(const YAML::Node& node, const std::string& name, const std::string& expected) const {
+    if (!node.IsScalar()) fail(node, name, expected);
+    try {
+      return node.as<T>();
+    } catch (const YAML::Exception&) {
+      fail(node, name, expected);
+    }
+  }
+
+  std::int64_t integer(const YAML::Node& node, const std::string& name, std::int64_t min) const {
+    std::string expected = fmt::format("an integer >= {}", min);
+    auto v = scalar<std::int64_t>(node, name, expected);
+    if (v < min) fail(node, name, expected);
+    return v;
+  }
+
+  double number(const YAML::Node& node, const std::string& name, double min, bool inclusive) const {
+    std::string expected = fmt::format("a number {} {}", inclusive ? ">=" : ">", min);
+    auto v = scalar<double>(node, name, expected);
+    if (!std::isfinite(v) || v < min || (!inclusive && v == min)) fail(node, name, expected);
+    return v;
+  }
+
+  bool boolean(const YAML::Node& node, const std::string& name) const {
+    return scalar<bool>(node, name, "true or false");
+  }
+
+  std::string string(const YAML::Node& node, const std::string& name) const {
+    return scalar<std::string>(node, name, "a string");
+  }
+
+  template <typename E>
+  E choice(const YAML::Node& node, const std::string& name, const std::vector<std::pair<std::string, E>>& options) const {
+    std::vector<std::string> names;
+    for (const auto& [n, v] : options) names.push_back(n);
+    std::string expected = fmt::format("one of {}", fmt::join(names, ", "));
+    auto text = scalar<std::string>(node, name, expected);
+    for (const auto& [n, v] : options) {
+      if (n == text) return v;
+    }
+    fail(node, name, expected);
+  }
+
+  using Handler = std::function<void(const YAML::Node&)>;
+
+  void read(const YAML::Node& node, const std::string& self_name, const std::map<std::string, Handler>& handlers) const {
+    if (!node.IsMap()) {
+      std::vector<std::string> keys;
+      for (const auto& [k, h] : handlers) keys.push_back(k);
+      throw ConfigError(fmt::format("{}: {} must be a map with keys {}", where(node), self_name, fmt::join(keys, ", ")));
+    }
+    for (const auto& kv : node) {
+      auto name = kv.first.as<std::string>();
+      auto it = handlers.find(name);
+      if (it == handlers.end()) {
+        std::vector<std::string> keys;
+        for (const auto& [k, h] : handlers) keys.push_back(k);
+        throw ConfigError(fmt::format("{}: unknown key '{}'; {} takes {}", where(kv.first), key(name),
+                                      self_name, fmt::join(keys, ", ")));
+      }
+      it->second(kv.second);
+    }
+  }
+
+  const std::string& origin() const { return origin_; }
+
+ private:
+  std::string origin_;
+  std::string prefix_;
+};
+
+void requireFile(const std::string& origin, const std::string& key, const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    throw ConfigError(fmt::format("{}: {}: '{}' does not exist (relative paths start at the working directory {})",
+                                  origin, key, path, fs::current_path().string()));
+  }
+}
+
+void parseModel(const Section& top, const YAML::Node& node, TrainConfig& c) {
+  Section s(top.origin(), "model");
+  // The inline split keys, re-emitted as a split spec for the splitter.
+  YAML::Node inline_spec(YAML::NodeType::Map);
+  bool has_inline = false;
+  auto keep = [&](const std::string& name) {
+    return [&, name](const YAML::Node& v) {
+      inline_spec[name] = v;
+      has_inline = true;
+    };
+  };
+  s.read(node, "model",
+         {{"path", [&](const YAML::Node& v) { c.model.path = s.string(v, "path"); }},
+          {"split_spec", [&](const YAML::Node& v) { c.model.split_spec = s.string(v, "split_spec"); }},
+          {"split_dir", [&](const YAML::Node& v) { c.model.split_dir = s.string(v, "split_dir"); }},
+          {"split_points", keep("split_points")},
+          {"num_stages", keep("num_stages")},
+          {"policy", keep("policy")},
+          {"example_inputs", keep("example_inputs")}});
+  const std::string o = top.origin();
+  if (c.model.split_dir.empty() == c.model.path.empty()) {
+    throw ConfigError(fmt::format("{}: model needs exactly one of model.path (a TorchScript .pt to split) and "
+                                  "model.split_dir (a folder written by `pipeforge split`)",
+                                  s.where(node)));
+  }
+  if (!c.model.split_dir.empty()) {
+    if (!c.model.split_spec.empty() || has_inline) {
+      throw ConfigError(fmt::format("{}: model.split_dir is already split; drop model.split_spec and the inline "
+                                    "split keys, or use model.path instead",
+                                    s.where(node)));
+    }
+    requireFile(o, "model.split_dir", c.model.split_dir);
+    requireFile(o, "model.split_dir", (fs::path(c.model.split_dir) / "pipe.json").string());
+    return;
+  }
+  requireFile(o, "model.path", c.model.path);
+  if (!c.model.split_spec.empty() && has_inline) {
+    throw ConfigError(fmt::format("{}: give either model.split_spec or inline split keys (split_points, num_stages, "
+                                  "policy, example_inputs), not both",
+                                  s.where(node)));
+  }
+  if (!c.model.split_spec.empty()) {
+    requireFile(o, "model.split_spec", c.model.split_spec);
+    try {
+      partitioner::loadSplitSpec(c.model.split_spec);
+    } catch (const partitioner::SpecError& e) {
+      throw ConfigError(fmt::format("{}: model.split_spec: {}", o, e.what()));
+    }
+  }
+  if (has_inline) {
+    YAML::Emitter out;
+    out << inline_spec;
+    c.model.inline_spec = std::string(out.c_str()) + "\n";
+    try {
+      partitioner::parseSplitSpec(c.model.inline_spec, o + " (model)");
+    } catch (const partitioner::SpecError& e) {
+      throw ConfigError(fmt::format("{}: model: {}", o, e.what()));
+    }
+  }
+}
+
+void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
+  Section s(top.origin(), "pipeline");
+  s.read(node, "pipeline",
+         {{"schedule",
+           [&](const YAML::Node& v) {
+             std::string name = s.string(v, "schedule");
+             auto names = schedules::scheduleNames();
+             for (const auto& known : names) {
+               if (known.size() == name.size() &&
+                   std::equal(known.begin(), known.end(), name.begin(),
+                              [](char a, char b) { return std::tolower(a) == std::tolower(b); })) {
+                 c.pipeline.schedule = known;
+                 return;
+               }
+             }
+             throw ConfigError(fmt::format("{}: pipeline.schedule '{}' is not a schedule; use one of {}", s.where(v),
+                                           name, fmt::join(names, ", ")));
+           }},
+          {"microbatches", [&](const YAML::Node& v) { c.pipeline.microbatches = s.integer(v, "microbatches", 1); }},
+          {"stages_per_rank",
+           [&](const YAML::Node& v) { c.pipeline.stages_per_rank = s.integer(v, "stages_per_rank", 1); }},
+          {"data_parallel", [&](const YAML::Node& v) { c.pipeline.data_parallel = s.integer(v, "data_parallel", 1); }}});
+}
+
+void parseOptimizer(const Section& top, const YAML::Node& node, TrainConfig& c) {
+  Section s(top.origin(), "optimizer");
+  auto& o = c.optimizer;
+  s.read(node, "optimizer",
+         {{"name",
+           [&](const YAML::Node& v) {
+             o.name = s.choice<OptimizerName>(
+                 v, "name", {{"sgd", OptimizerName::kSgd}, {"adam", OptimizerName::kAdam}, {"adamw", OptimizerName::kAdamW}});
+           }},
+          {"lr", [&](const YAML::Node& v) { o.lr = s.number(v, "lr", 0.0, false); }},
+          {"weight_decay", [&](const YAML::Node& v) { o.weight_decay = s.number(v, "weight_decay", 0.0, true); }},
+          {"eps", [&](const YAML::Node& v) { o.eps = s.number(v, "eps", 0.0, false); }},
+          {"momentum", [&](const YAML::Node& v) { o.momentum = s.number(v, "momentum", 0.0, true); }},
+          {"nesterov", [&](const YAML::Node& v) { o.nesterov = s.boolean(v, "nesterov"); }},
+          {"betas", [&](const YAML::Node& v) {
+             const char* expected = "a list of two numbers in [0, 1), e.g. [0.9, 0.95]";
+             if (!v.IsSequence() || v.size() != 2) s.fail(v, "betas", expected);
+             for (int k = 0; k < 2; ++k) {
+               o.betas[k] = s.scalar<double>(v[k], "betas", expected);
+               if (!(o.betas[k] >= 0.0 && o.betas[k] < 1.0)) s.fail(v, "betas", expected);
+             }
+           }}});
+  if (o.nesterov && (o.name != OptimizerName::kSgd || o.momentum <= 0.0)) {
+    throw ConfigError(fmt::format("{}: optimizer.nesterov needs optimizer.name: sgd and optimizer.momentum > 0",
+                                  s.where(node)));
+  }
+}
+
+void parseLrSchedule(const Section& top, const YAML::Node& node, TrainConfig& c) {
+  Section s(top.origin(), "lr_schedule");
+  auto& l = c.lr_schedule;
+  s.read(node, "lr_schedule",
+         {{"decay",
+           [&](const YAML::Node& v) {
+             l.decay = s.choice<LrDecay>(v, "decay", {{"cosine", LrDecay::kCosine}, {"constant", LrDecay::kConstant}});
+           }},
+          {"warmup_steps", [&](const YAML::Node& v) { l.warmup_steps = s.integer(v, "warmup_steps", 0); }},
+          {"decay_steps", [&](const YAML::Node& v) { l.decay_steps = s.integer(v, "decay_steps", 1); }},
+          {"min_lr", [&](const YAML::Node& v) { l.min_lr = s.number(v, "min_lr", 0.0, true); }}});
+}
+
+void parseData(const Section& top, const YAML::Node& node, TrainConfig& c) {
+  Section s(top.origin(), "data");
+  auto& d = c.data;
+  bool has_dtype = false;
+  bool has_format = false;
+  s.read(node, "data",
+         {{"format",
+           [&](const YAML::Node& v) {
+             has_format = true;
+             d.format = s.choice<DataFormat>(
+                 v, "format", {{"tokens", DataFormat::kTokens}, {"text", DataFormat::kText}, {"tensors", DataFormat::kTensors}});
+           }},
+          {"path", [&](const YAML::Node& v) { d.path = s.string(v, "path"); }},
+          {"val_path", [&](const YAML::Node& v) { d.val_path = s.string(v, "val_path"); }},
+          {"val_fraction",
+           [&](const YAML::Node& v) {
+             d.val_fraction = s.number(v, "val_fraction", 0.0, true);
+             if (d.val_fraction >= 1.0) s.fail(v, "val_fraction", "a number in [0, 1)");
+           }},
+          {"dtype",
+           [&](const YAML::Node& v) {
+             has_dtype = true;
+             d.dtype = s.choice<TokenDtype>(v, "dtype", {{"uint16", TokenDtype::kUint16}, {"uint32", TokenDtype::kUint32}});
+           }},
+          {"block_size", [&](const YAML::Node& v) { d.block_size = s.integer(v, "block_size", 1); }}});
+  const std::string o = top.origin();
+  if (!has_format) throw ConfigError(fmt::format("{}: data.format is missing; use tokens, text or tensors", s.where(node)));
+  if (d.path.empty()) throw ConfigError(fmt::format("{}: data.path is missing", s.where(node)));
+  requireFile(o, "data.path", d.path);
+  if (!d.val_path.empty()) requireFile(o, "data.val_path", d.val_path);
+  switch (d.format) {
+    case DataFormat::kText:
+      if (has_dtype) throw ConfigError(fmt::format("{}: data.dtype does not apply to format text (one byte per token)", s.where(node)));
+      d.dtype = TokenDtype::kUint8;
+      [[fallthrough]];
+    case DataFormat::kTokens:
+      if (d.block_size == 0) {
+        throw ConfigError(fmt::format("{}: data.block_size is missing; token data needs the sequence length, e.g. 64",
+                                      s.where(node)));
+      }
+      return;
+    case DataFormat::kTensors:
+      if (d.block_size != 0 || has_dtype) {
+        throw ConfigError(fmt::format("{}: data.block_size and data.dtype apply to token data only", s.where(node)));
+      }
+      return;
+  }
+}
+
+void parseTraining(const Section& top, const YAML::Node& node, TrainConfig& c) {
+  Section s(top.origin(), "training");
+  bool has_steps = false, has_batch = false;
+  s.read(node, "training",
+         {{"steps",
+           [&](const YAML::Node& v) {
+             c.steps = s.integer(v, "steps", 1);
+             has_steps = true;
+           }},
+          {"global_batch_size",
+           [&](const YAML::Node& v) {
+             c.global_batch_size = s.integer(v, "global_batch_size", 1);
+             has_batch = true;
+           }},
+          {"seed", [&](const YAML::Node& v) { c.seed = static_cast<std::uint64_t>(s.integer(v, "seed", 0)); }},
+          {"eval_every", [&](const YAML::Node& v) { c.eval_every = s.integer(v, "eval_every", 0); }},
+          {"eval_batches", [&](const YAML::Node& v) { c.eval_batches = s.integer(v, "eval_batches", 1); }}});
+  if (!has_steps) throw ConfigError(fmt::format("{}: training.steps is missing", s.where(node)));
+  if (!has_batch) throw ConfigError(fmt::format("{}: training.global_batch_size is missing", s.where(node)));
+}
+
+void parseCheckpoint(const Section& top, const YAML::Node& node, TrainConfig& c) {
+  Section s(top.origin(), "checkpoint");
+  s.read(node, "checkpoint",
+         {{"dir", [&](const YAML::Node& v) { c.checkpoint.dir = s.string(v, "dir"); }},
+          {"every", [&](const YAML::Node& v) { c.checkpoint.every = s.integer(v, "every", 0); }},
+          {"keep", [&](const YAML::Node& v) { c.checkpoint.keep = static_cast<int>(s.integer(v, "keep", 0)); }},
+          {"resume", [&](const YAML::Node& v) { c.checkpoint.resume = s.boolean(v, "resume"); }}});
+}
+
+void parseDistributed(const Section& top, const YAML::Node& node, TrainConfig& c) {
+  Section s(top.origin(), "distributed");
+  s.read(node, "distributed",
+         {{"device",
+           [&](const YAML::Node& v) {
+             c.device = s.string(v, "device");
+             bool ok = c.device == "cpu" || c.device == "cuda";
+             if (!ok && c.device.rfind("cuda:", 0) == 0 && c.device.size() > 5) {
+               ok = c.device.find_first_not_of("0123456789", 5) == std::string::npos;
+             }
+             if (!ok) s.fail(v, "device", "cpu, cuda (one GPU per local rank) or cuda:N");
+           }},
+          {"backend",
+           [&](const YAML::Node& v) {
+             c.backend = s.choice<std::string>(v, "backend", {{"auto", "auto"}, {"gloo", "gloo"}, {"nccl", "nccl"}});
+           }},
+          {"timeout_s", [&](const YAML::Node& v) { c.timeout_s = s.number(v, "timeout_s", 0.0, false); }}});
+  if (c.backend == "nccl" && c.device == "cpu") {
+    throw ConfigError(fmt::format("{}: distributed.backend nccl needs distributed.device cuda; use gloo on cpu",
+                                  s.where(node)));
+  }
+}
+
+void parseOutput(const Section& top, const YAML::Node& node, TrainConfig& c) {
+  Section s(top.origin(), "output");
+  s.read(node, "output",
+         {{"dir", [&](const YAML::Node& v) { c.output_dir = s.string(v, "dir"); }},
+          {"log_every", [&](const YAML::Node& v) { c.log_every = s.integer(v, "log_every", 1); }},
+          {"trace", [&](const YAML::Node& v) { c.trace = s.boolean(v, "trace"); }},
+          {"trace_steps", [&](const YAML::Node& v) { c.trace_steps = s.integer(v, "trace_steps", 1); }}});
+}
+
+void checkCrossKeys(const TrainConfig& c) {
+  const std::string& o = c.origin;
+  const auto& p = c.pipeline;
+  if (c.global_batch_size % p.data_parallel != 0) {
+    throw ConfigError(fmt::format("{}: training.global_batch_size {} is not divisible by pipeline.data_parallel {}; "
+                                  "each replica needs the same number of rows",
+                                  o, c.global_batch_size, p.data_parallel));
+  }
+  const std::int64_t per_replica = c.global_batch_size / p.data_parallel;
+  if (per_replica % p.microbatches != 0) {
+    throw ConfigError(fmt::format("{}: training.global_batch_size {} gives {} rows per replica, which "
+                                  "pipeline.microbatches {} does not divide; use a batch size that is a multiple of {}",
+                                  o, c.global_batch_size, per_replica, p.microbatches,
+                                  static_cast<std::int64_t>(p.microbatches) * p.data_parallel));
+  }
+  if (c.lr_schedule.min_lr > c.optimizer.lr) {
+    throw ConfigError(fmt::format("{}: lr_schedule.min_lr {} is above optimizer.lr {}", o, c.lr_schedule.min_lr,
+                                  c.optimizer.lr));
+  }
+  if (c.output_dir.empty()) throw ConfigError(fmt::format("{}: output.dir is missing (metrics, trace and the split go there)", o));
+  if (c.loss == LossName::kMse && c.data.format != DataFormat::kTensors) {
+    throw ConfigError(fmt::format("{}: loss mse needs float targets; token data (data.format {}) has integer targets, "
+                                  "use loss: cross_entropy",
+                                  o, c.data.format == DataFormat::kText ? "text" : "tokens"));
+  }
+}
+
+}  // namespace
+
+TrainConfig parseTrainConfig(const std::string& yaml_text, const std::string& origin) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fmt::format("{}:{}: malformed YAML: {}", origin, e.mark.line + 1, e.msg));
+  }
+  TrainConfig c;
+  c.origin = origin;
+  Section top(origin, "");
+  bool seen_model = false, seen_data = false, seen_training = false, seen_output = false;
+  top.read(root, "a training config",
+           {{"model",
+             [&](const YAML::Node& v) {
+               parseModel(top, v, c);
+               seen_model = true;
+             }},
+            {"pipeline", [&](const YAML::Node& v) { parsePipeline(top, v, c); }},
+            {"loss",
+             [&](const YAML::Node& v) {
+               c.loss = top.choice<LossName>(v, "loss", {{"cross_entropy", LossName::kCrossEntropy}, {"mse", LossName::kMse}});
+             }},
+            {"optimizer", [&](const YAML::Node& v) { parseOptimizer(top, v, c); }},
+            {"lr_schedule", [&](const YAML::Node& v) { parseLrSchedule(top, v, c); }},
+            {"data",
+             [&](const YAML::Node& v) {
+               parseData(top, v, c);
+               seen_data = true;
+             }},
+            {"training",
+             [&](const YAML::Node& v) {
+               parseTraining(top, v, c);
+               seen_training = true;
+             }},
+            {"checkpoint", [&](const YAML::Node& v) { parseCheckpoint(top, v, c); }},
+            {"distributed", [&](const YAML::Node& v) { parseDistributed(top, v, c); }},
+            {"output",
+             [&](const YAML::Node& v) {
+               parseOutput(top, v, c);
+               seen_output = true;
+             }}});
+  for (auto [seen, name] : {std::pair{seen_model, "model"}, {seen_data, "data"}, {seen_training, "training"},
+                            {seen_output, "output"}}) {
+    if (!seen) throw ConfigError(fmt::format("{}: section '{}' is missing; see configs/train_example.yaml", origin, name));
+  }
+  checkCrossKeys(c);
+  return c;
+}
+
+TrainConfig loadTrainConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(fmt::format("training config '{}' cannot be read; check the path", path));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return parseTrainConfig(buffer.str(), path);
+}
+
+void checkLayout(const TrainConfig& c, int world_size, int num_stages) {
+  const auto& p = c.pipeline;
+  if (world_size < 1 || world_size % p.data_parallel != 0) {
+    throw ConfigError(fmt::format("{}: {} ranks cannot hold pipeline.data_parallel {} replicas; the world size must be "
+                                  "a multiple of it",
+                                  c.origin, world_size, p.data_parallel));
+  }
+  const int pp = world_size / p.data_parallel;
+  if (num_stages != pp * p.stages_per_rank) {
+    throw ConfigError(fmt::format("{}: the split has {} stages but {} ranks / pipeline.data_parallel {} = {} pipeline "
+                                  "ranks x pipeline.stages_per_rank {} = {}; split into {} stages (model.num_stages) "
+                                  "or change the ranks",
+                                  c.origin, num_stages, world_size, p.data_parallel, pp, p.stages_per_rank,
+                                  pp * p.stages_per_rank, pp * p.stages_per_rank));
+  }
+  schedules::ScheduleConfig sc;
+  sc.num_ranks = pp;
+  sc.stages_per_rank = p.stages_per_rank;
+  sc.num_microbatches = p.microbatches;
+  try {
+    schedules::generateSchedule(p.schedule, sc);
+  } catch (const schedules::ScheduleError& e) {
+    throw ConfigError(fmt::format("{}: pipeline.schedule {} with {} pipeline ranks, stages_per_rank {} and "
+                                  "microbatches {}: {}",
+                                  c.origin, p.schedule, pp, p.stages_per_rank, p.microbatches, e.what()));
+  }
+}
+
+std::int64_t replicaBatchSize(const TrainConfig& config) {
+  return config.global_batch_size / config.pipeline.data_parallel;
+}
+
+const char* lossName(LossName loss) {
+  switch (loss) {
+    case LossName::kCrossEntropy: return "cross_entropy";
+    case LossName::kMse: return "mse";
+  }
+  return "?";
+}
+
+const char* optimizerName(OptimizerName name) {
+  switch (name) {
+    case OptimizerName::kSgd: return "sgd";
+    case OptimizerName::kAdam: return "adam";
+    case OptimizerName::kAdamW: return "adamw";
+  }
+  return "?";
+}
+
+}  // namespace pipeforge::train

@@ -1,0 +1,126 @@
+// The training configuration: one YAML file, parsed once into plain values.
+//
+// Every key is documented in configs/train_example.yaml. Unknown keys, wrong
+// types and values that cannot work (a batch that the microbatches do not
+// divide, a missing data file) are ConfigErrors naming the file, the line and
+// the dotted key: `train.yaml:14: optimizer.lr must be a number > 0, got 'fast'`.
+// Relative paths are taken from the current working directory.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace pipeforge::train {
+
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ModelConfig {
+  // A TorchScript model to split before training ...
+  std::string path;
+  std::string split_spec;  // ... with a split spec file,
+  std::string inline_spec;  // ... or with split keys inline (as YAML text),
+  // ... or an existing split folder (pipe.json + stage_<i>.pt) instead of `path`.
+  std::string split_dir;
+};
+
+struct PipelineConfig {
+  std::string schedule = "1F1B";  // a name from schedules::scheduleNames()
+  int microbatches = 1;
+  int stages_per_rank = 1;
+  int data_parallel = 1;  // world = pipeline ranks x data_parallel
+};
+
+enum class LossName { kCrossEntropy, kMse };
+enum class OptimizerName { kSgd, kAdam, kAdamW };
+enum class LrDecay { kCosine, kConstant };
+
+struct LrScheduleConfig {
+  LrDecay decay = LrDecay::kCosine;
+  std::int64_t warmup_steps = 0;
+  std::optional<std::int64_t> decay_steps;  // unset: training.steps
+  double min_lr = 0.0;
+};
+
+struct OptimizerConfig {
+  OptimizerName name = OptimizerName::kAdamW;
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  std::array<double, 2> betas{0.9, 0.999};
+  double eps = 1e-8;
+  double momentum = 0.0;  // SGD only
+  bool nesterov = false;  // SGD only
+};
+
+enum class DataFormat {
+  kTokens,   // a nanoGPT .bin file of uint16 or uint32 tokens
+  kText,     // any file, one token per byte (vocabulary 256)
+  kTensors,  // torch.save'd {"inputs": ..., "targets": ...} or a TorchScript holder
+};
+enum class TokenDtype { kUint8, kUint16, kUint32 };
+
+struct DataConfig {
+  DataFormat format = DataFormat::kTokens;
+  std::string path;
+  std::string val_path;        // held-out data; empty: the tail of `path`
+  double val_fraction = 0.1;   // share of `path` held out when val_path is empty
+  TokenDtype dtype = TokenDtype::kUint16;  // kTokens only (kText is always uint8)
+  std::int64_t block_size = 0;             // kTokens and kText
+};
+
+struct CheckpointConfig {
+  std::string dir;          // empty: no checkpoints
+  std::int64_t every = 0;   // steps between checkpoints; 0: only at the end
+  int keep = 0;             // newest checkpoints kept; 0: all
+  bool resume = true;       // continue from dir/latest when it exists
+};
+
+struct TrainConfig {
+  std::string origin;  // the file it came from, for messages
+
+  ModelConfig model;
+  PipelineConfig pipeline;
+  LossName loss = LossName::kCrossEntropy;
+  OptimizerConfig optimizer;
+  LrScheduleConfig lr_schedule;
+  DataConfig data;
+
+  std::int64_t steps = 0;
+  std::int64_t global_batch_size = 0;
+  std::uint64_t seed = 1337;
+  std::int64_t eval_every = 0;    // 0: no evaluation
+  std::int64_t eval_batches = 1;  // held-out batches per evaluation
+
+  CheckpointConfig checkpoint;
+
+  std::string device = "cpu";    // cpu | cuda | cuda:N
+  std::string backend = "auto";  // auto | gloo | nccl
+  double timeout_s = 120.0;
+
+  std::string output_dir;        // metrics.jsonl, trace.json, stages/
+  std::int64_t log_every = 1;
+  bool trace = false;
+  std::int64_t trace_steps = 2;  // steps recorded in the trace (the last ones)
+};
+
+// Parses YAML text; `origin` names it in messages. Checks what the text alone
+// decides (types, ranges, divisibility, files that must exist).
+TrainConfig parseTrainConfig(const std::string& yaml_text, const std::string& origin);
+TrainConfig loadTrainConfig(const std::string& path);
+
+// Checks the layout against the job: `world_size` ranks, and a split with
+// `num_stages` stages. Throws ConfigError naming the keys to change.
+void checkLayout(const TrainConfig& config, int world_size, int num_stages);
+
+// Rows of the global batch each data-parallel replica trains on.
+std::int64_t replicaBatchSize(const TrainConfig& config);
+
+const char* lossName(LossName loss);
+const char* optimizerName(OptimizerName name);
+
+}  // namespace pipeforge::train

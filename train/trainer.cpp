@@ -1,0 +1,353 @@
+#include "train/trainer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/optim.h>
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "runtime/pipeline_runner.h"
+#include "stage/manifest.h"
+#include "train/checkpoint.h"
+#include "train/dataset.h"
+#include "train/lr_schedule.h"
+#include "train/metrics_log.h"
+#include "train/optimizer_factory.h"
+#include "train/progress_bar.h"
+#include "train/rank_channel.h"
+#include "train/run_trace.h"
+
+namespace pipeforge::train {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+runtime::LossKind lossKind(LossName loss) {
+  switch (loss) {
+    case LossName::kCrossEntropy: return runtime::LossKind::kCrossEntropy;
+    case LossName::kMse: return runtime::LossKind::kMse;
+  }
+  return runtime::LossKind::kCrossEntropy;
+}
+
+runtime::Backend backendOf(const std::string& name) {
+  if (name == "gloo") return runtime::Backend::kGloo;
+  if (name == "nccl") return runtime::Backend::kNccl;
+  return runtime::Backend::kAuto;
+}
+
+at::Tensor cpuRngState() { return at::detail::getDefaultCPUGenerator().get_state(); }
+void setCpuRngState(const at::Tensor& state) {
+  if (state.numel() == 0) return;
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+class RankTrainer {
+ public:
+  RankTrainer(const TrainConfig& config, const TrainerOptions& options)
+      : config_(config), options_(options), out_(options.out != nullptr ? *options.out : std::cout) {
+    env_ = runtime::resolveDistEnv({});
+    manifest_ = stage::readManifest(options.split_dir);
+    checkLayout(config_, env_.world_size, manifest_.num_stages);
+    timeout_ = std::chrono::milliseconds(static_cast<std::int64_t>(options.timeout_s.value_or(config.timeout_s) * 1000));
+
+    runtime::RunnerOptions ro;
+    ro.split_dir = options.split_dir;
+    ro.schedule = config.pipeline.schedule;
+    ro.num_microbatches = config.pipeline.microbatches;
+    ro.stages_per_rank = config.pipeline.stages_per_rank;
+    ro.loss = lossKind(config.loss);
+    ro.dp_degree = config.pipeline.data_parallel;
+    ro.device = config.device;
+    ro.backend = backendOf(config.backend);
+    ro.timeout = timeout_;
+    ro.profile = config.trace;
+    runner_ = std::make_unique<runtime::PipelineRunner>(ro);
+    channel_ = std::make_unique<RankChannel>(env_, timeout_);
+    dataset_ = openDataset(config.data, config.seed);
+
+    // One optimizer per stage, so each stage's checkpoint stands alone.
+    std::map<int, std::vector<at::Tensor>> by_stage;
+    for (const auto& p : runner_->parameters()) by_stage[p.stage].push_back(p.tensor);
+    for (int s : runner_->localStages()) optimizers_[s] = makeOptimizer(config.optimizer, by_stage[s]);
+  }
+
+  TrainSummary run() {
+    const auto started = Clock::now();
+    TrainSummary summary;
+    std::int64_t step = resume();
+    summary.first_step = step;
+    const std::int64_t end = std::min(config_.steps, options_.stop_after.value_or(config_.steps));
+    if (rank() == 0) openReporting(step);
+    runner_->zeroGrad();
+
+    double window_s = 0.0;  // since the last log line
+    std::int64_t window_steps = 0;
+    const auto loop_start = Clock::now();
+    for (; step < end; ++step) {
+      const double lr = learningRate(config_.lr_schedule, config_.optimizer.lr, step, config_.steps);
+      for (auto& [s, opt] : optimizers_) setLearningRate(*opt, lr);
+
+      const auto t0 = Clock::now();
+      const double begin_unix = unixSeconds();
+      Batch batch = myShare(dataset_->batch(DataSplit::kTrain, step, config_.global_batch_size));
+      runtime::StepResult result = runner_->trainStep(batch.inputs, batch.targets);
+      for (auto& [s, opt] : optimizers_) opt->step();
+      runner_->zeroGrad();
+      const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+      window_s += step_s;
+      ++window_steps;
+      if (config_.trace && step >= end - config_.trace_steps) {
+        traced_.push_back(RankStepProfile{rank(), step + 1, begin_unix, runner_->lastProfile()});
+      }
+
+      const std::int64_t done = step + 1;
+      if (done % config_.log_every == 0 || done == end) {
+        std::optional<double> loss = gatherLoss(fmt::format("loss/{}", done), result);
+        if (loss) {
+          const double elapsed = std::chrono::duration<double>(Clock::now() - loop_start).count();
+          report(done, *loss, lr, window_s / window_steps, elapsed / (done - summary.first_step) * (end - done));
+          if (!summary.first_loss) summary.first_loss = loss;
+          summary.last_loss = loss;
+        }
+        window_s = 0.0;
+        window_steps = 0;
+      }
+      if (config_.eval_every > 0 && (done % config_.eval_every == 0 || done == config_.steps)) {
+        auto eval = evaluate(done);
+        if (eval) summary.last_eval_loss = eval;
+      }
+      if (!config_.checkpoint.dir.empty() &&
+          ((config_.checkpoint.every > 0 && done % config_.checkpoint.every == 0) || done == end)) {
+        summary.checkpoint = saveCheckpoint(done);
+      }
+    }
+    summary.last_step = step;
+    if (config_.trace) writeTrace();
+    runner_->barrier();
+    summary.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    if (rank() == 0) printSummary(summary);
+    return summary;
+  }
+
+ private:
+  int rank() const { return runner_->rank(); }
+
+  // This replica's rows of the global batch.
+  Batch myShare(const Batch& global) const {
+    const int dp = config_.pipeline.data_parallel;
+    if (dp == 1) return global;
+    const std::int64_t rows = replicaBatchSize(config_);
+    const std::int64_t d = runner_->dpRank();
+    return sliceBatch(global, d * rows, (d + 1) * rows);
+  }
+
+  // The batch's loss averaged over replicas, on rank 0; nullopt elsewhere.
+  std::optional<double> gatherLoss(const std::string& key, const runtime::StepResult& result) {
+    if (result.has_loss) channel_->publish(fmt::format("{}/{}", key, runner_->dpRank()), fmt::format("{:.17g}", result.loss));
+    if (rank() != 0) return std::nullopt;
+    double sum = 0.0;
+    for (int d = 0; d < config_.pipeline.data_parallel; ++d) {
+      sum += std::stod(channel_->take(fmt::format("{}/{}", key, d)));
+    }
+    return sum / config_.pipeline.data_parallel;
+  }
+
+  std::optional<double> evaluate(std::int64_t done) {
+    double sum = 0.0;
+    for (std::int64_t k = 0; k < config_.eval_batches; ++k) {
+      Batch batch = myShare(dataset_->batch(DataSplit::kHeldOut, k, config_.global_batch_size));
+      runtime::EvalResult r = runner_->evalStep(batch.inputs, batch.targets);
+      auto loss = gatherLoss(fmt::format("eval/{}/{}", done, k), r.loss);
+      if (loss) sum += *loss;
+    }
+    if (rank() != 0) return std::nullopt;
+    const double loss = sum / config_.eval_batches;
+    metrics_->write({{"event", "eval"}, {"step", done}, {"loss", loss}});
+    progress_->note(fmt::format("step {}: held-out loss {:.4f} ({} batches)", done, loss, config_.eval_batches));
+    return loss;
+  }
+
+  // Note [Checkpoint commit] in train/checkpoint.h.
+  std::string saveCheckpoint(std::int64_t done) {
+    const std::string& root = config_.checkpoint.dir;
+    const bool host_leader = env_.local_rank == 0;
+    runner_->barrier();
+    if (host_leader) {
+      std::error_code ec;
+      fs::create_directories(root, ec);
+      clearCheckpointStep(root, done);
+    }
+    runner_->barrier();
+    const at::Tensor rng = cpuRngState();
+    for (auto& [s, opt] : optimizers_) {
+      StageCheckpoint state;
+      state.stage = s;
+      state.step = done;
+      state.data_position = done;
+      state.rng_state = rng;
+      for (const auto& p : runner_->parameters()) {
+        if (p.stage == s) state.parameters.emplace_back(p.name, p.tensor);
+      }
+      for (const auto& b : runner_->buffers()) {
+        if (b.stage == s) state.buffers.emplace_back(b.name, b.tensor);
+      }
+      writeStageCheckpoint(root, state, *opt);
+    }
+    runner_->barrier();
+    if (host_leader) {
+      CheckpointMeta meta;
+      meta.step = done;
+      meta.num_stages = manifest_.num_stages;
+      meta.source = manifest_.source;
+      meta.schedule = config_.pipeline.schedule;
+      meta.world_size = env_.world_size;
+      meta.seed = config_.seed;
+      meta.tied = manifest_.tied;
+      commitCheckpoint(root, meta, config_.checkpoint.keep);
+    }
+    runner_->barrier();
+    const std::string dir = checkpointDir(root, done);
+    if (rank() == 0) {
+      metrics_->write({{"event", "checkpoint"}, {"step", done}, {"dir", dir}});
+      progress_->note(fmt::format("step {}: checkpoint {}", done, dir));
+    }
+    return dir;
+  }
+
+  // Restores the newest checkpoint when asked; returns the step to start from.
+  std::int64_t resume() {
+    // Each rank draws its own dropout masks; a resume restores them below.
+    at::manual_seed(config_.seed + 0x9E3779B9ull * static_cast<std::uint64_t>(rank() + 1));
+    if (config_.checkpoint.dir.empty() || !config_.checkpoint.resume) return 0;
+    std::optional<std::string> dir = latestCheckpoint(config_.checkpoint.dir);
+    if (!dir) return 0;
+    CheckpointMeta meta = readCheckpointMeta(*dir);
+    if (meta.num_stages != manifest_.num_stages) {
+      throw CheckpointError(fmt::format("checkpoint '{}' has {} stages but the split has {}; resume with the same "
+                                        "split, or set checkpoint.resume: false (or another checkpoint.dir)",
+                                        *dir, meta.num_stages, manifest_.num_stages));
+    }
+    at::Tensor rng;
+    for (auto& [s, opt] : optimizers_) {
+      StageCheckpoint state = readStageCheckpoint(*dir, s);
+      std::map<std::string, at::Tensor> saved(state.parameters.begin(), state.parameters.end());
+      for (const auto& b : state.buffers) saved.emplace(b.first, b.second);
+      at::NoGradGuard no_grad;
+      auto restore = [&](const runtime::NamedTensor& t) {
+        if (t.stage != s) return;
+        auto it = saved.find(t.name);
+        if (it == saved.end()) {
+          throw CheckpointError(fmt::format("checkpoint '{}' stage {} lacks '{}'", *dir, s, t.name));
+        }
+        at::Tensor target = t.tensor;
+        target.copy_(it->second);
+      };
+      for (const auto& p : runner_->parameters()) restore(p);
+      for (const auto& b : runner_->buffers()) restore(b);
+      loadOptimizerState(*dir, s, *opt);
+      rng = state.rng_state;
+    }
+    if (rng.defined()) setCpuRngState(rng);
+    if (rank() == 0) resumed_from_ = *dir;
+    return meta.step;
+  }
+
+  void openReporting(std::int64_t first_step) {
+    std::error_code ec;
+    fs::create_directories(config_.output_dir, ec);
+    metrics_path_ = (fs::path(config_.output_dir) / "metrics.jsonl").string();
+    metrics_ = std::make_unique<MetricsLog>(metrics_path_);
+    const auto& p = config_.pipeline;
+    out_ << fmt::format("pipeforge train: {} ranks = {} pipeline x {} data-parallel, {} stages, schedule {}, {} "
+                        "microbatches, {} steps of {} rows\n",
+                        env_.world_size, env_.world_size / p.data_parallel, p.data_parallel, manifest_.num_stages,
+                        p.schedule, p.microbatches, config_.steps, config_.global_batch_size);
+    out_ << "  data: " << dataset_->describe() << "\n";
+    if (!resumed_from_.empty()) out_ << fmt::format("  resumed from {} at step {}\n", resumed_from_, first_step);
+    out_ << std::flush;
+    metrics_->write({{"event", "start"},
+                     {"step", first_step},
+                     {"world_size", env_.world_size},
+                     {"schedule", p.schedule},
+                     {"resumed_from", resumed_from_}});
+    progress_ = std::make_unique<ProgressBar>(out_, config_.steps, options_.out == nullptr && stdoutIsTerminal());
+  }
+
+  void report(std::int64_t done, double loss, double lr, double step_s, double eta_s) {
+    const double rows_per_s = static_cast<double>(config_.global_batch_size) / step_s;
+    const double tokens_per_s = config_.data.format == DataFormat::kTensors ? rows_per_s
+                                                                          : rows_per_s * config_.data.block_size;
+    metrics_->write({{"event", "train"},
+                     {"step", done},
+                     {"loss", loss},
+                     {"lr", lr},
+                     {"tokens_per_s", tokens_per_s},
+                     {"step_s", step_s}});
+    progress_->update(StepReport{done, loss, lr, tokens_per_s, eta_s});
+  }
+
+  void writeTrace() {
+    nlohmann::json mine = nlohmann::json::array();
+    for (const auto& p : traced_) mine.push_back(profileToJson(p));
+    channel_->publish(fmt::format("trace/{}", rank()), mine.dump());
+    if (rank() != 0) return;
+    std::vector<RankStepProfile> all;
+    for (int r = 0; r < env_.world_size; ++r) {
+      for (const auto& p : nlohmann::json::parse(channel_->take(fmt::format("trace/{}", r)))) {
+        all.push_back(profileFromJson(p));
+      }
+    }
+    trace_path_ = (fs::path(config_.output_dir) / "trace.json").string();
+    writeFileAtomically(trace_path_, measuredTraceText(all, env_.world_size));
+  }
+
+  void printSummary(const TrainSummary& s) {
+    progress_->finish();
+    if (s.first_loss && s.last_loss) {
+      out_ << fmt::format("trained steps {}..{} in {:.1f} s: loss {:.4f} -> {:.4f}", s.first_step, s.last_step,
+                          s.seconds, *s.first_loss, *s.last_loss);
+      if (s.last_eval_loss) out_ << fmt::format(", held-out loss {:.4f}", *s.last_eval_loss);
+      out_ << "\n";
+    }
+    if (!s.checkpoint.empty()) out_ << "  checkpoint: " << s.checkpoint << "\n";
+    out_ << "  metrics:    " << metrics_path_ << "\n";
+    if (!trace_path_.empty()) out_ << "  trace:      " << trace_path_ << "  (open in https://ui.perfetto.dev)\n";
+    out_ << std::flush;
+  }
+
+  const TrainConfig& config_;
+  const TrainerOptions& options_;
+  std::ostream& out_;
+  runtime::DistEnv env_;
+  stage::PipeManifest manifest_;
+  std::chrono::milliseconds timeout_{0};
+  std::unique_ptr<runtime::PipelineRunner> runner_;
+  std::unique_ptr<RankChannel> channel_;  // after runner_: destroyed first (Note [Orderly exit])
+  std::unique_ptr<Dataset> dataset_;
+  std::map<int, std::unique_ptr<torch::optim::Optimizer>> optimizers_;
+  std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<ProgressBar> progress_;
+  std::vector<RankStepProfile> traced_;
+  std::string metrics_path_;
+  std::string trace_path_;
+  std::string resumed_from_;
+};
+
+}  // namespace
+
+TrainSummary trainRank(const TrainConfig& config, const TrainerOptions& options) {
+  RankTrainer trainer(config, options);
+  return trainer.run();
+}
+
+}  // namespace pipeforge::train

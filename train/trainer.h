@@ -1,0 +1,42 @@
+// One rank's training loop: data -> PipelineRunner::trainStep -> optimizer,
+// with evaluation, checkpoints, metrics and the trace around it.
+//
+// Every rank runs the same loop over the same global batches (Note
+// [Stateless sampling] in train/sampling.h) and takes the same decisions
+// from the same config, so ranks never negotiate what to do next.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+
+#include "train/train_config.h"
+
+namespace pipeforge::train {
+
+struct TrainerOptions {
+  std::string split_dir;  // the split to train (pipe.json + stage_<i>.pt)
+  // Stop after this many steps (with a checkpoint there), as if interrupted;
+  // the LR schedule still follows training.steps.
+  std::optional<std::int64_t> stop_after;
+  std::ostream* out = nullptr;  // rank 0's progress and summary; nullptr: std::cout
+  // Wall-clock bound on each wait for a peer; unset: distributed.timeout_s.
+  std::optional<double> timeout_s;
+};
+
+struct TrainSummary {
+  std::int64_t first_step = 0;  // the step training started from (after a resume)
+  std::int64_t last_step = 0;   // steps done at the end
+  std::optional<double> first_loss;  // rank 0 only: the first and last logged loss
+  std::optional<double> last_loss;
+  std::optional<double> last_eval_loss;
+  std::string checkpoint;  // the newest checkpoint folder, if any
+  double seconds = 0.0;
+};
+
+// Runs this process's rank (from the environment: runtime::resolveDistEnv).
+// Throws runtime::RuntimeError, ConfigError or CheckpointError on failure.
+TrainSummary trainRank(const TrainConfig& config, const TrainerOptions& options);
+
+}  // namespace pipeforge::train
