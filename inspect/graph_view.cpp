@@ -1,7 +1,9 @@
 #include "inspect/graph_view.h"
 
 #include <fmt/format.h>
+#ifdef PIPEFORGE_WITH_GRAPHVIZ
 #include <graphviz/gvc.h>
+#endif
 #include <nlohmann/json.hpp>
 
 #include <memory>
@@ -149,6 +151,11 @@ std::string pipeDot(const PipeView& view, std::optional<int> only_stage) {
 }
 
 std::string renderSvg(const std::string& dot) {
+#ifndef PIPEFORGE_WITH_GRAPHVIZ
+  (void)dot;
+  throw std::runtime_error("this pipeforge was built without Graphviz (PIPEFORGE_WITH_GRAPHVIZ=OFF); use --format dot "
+                           "and render it with `dot -Tsvg`");
+#else
   std::unique_ptr<GVC_t, int (*)(GVC_t*)> gvc(gvContext(), gvFreeContext);
   Agraph_t* graph = agmemread(dot.c_str());
   if (!graph) throw std::runtime_error("graphviz could not parse the generated DOT");
@@ -162,6 +169,7 @@ std::string renderSvg(const std::string& dot) {
   gvFreeLayout(gvc.get(), graph);
   if (svg.empty()) throw std::runtime_error("graphviz could not render SVG");
   return svg;
+#endif
 }
 
 }  // namespace pipeforge::inspect
