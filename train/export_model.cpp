@@ -74,6 +74,27 @@ ExportSummary exportTrainedModel(const ExportRequest& request) {
   auto params = collect(summary.checkpoint_dir, meta.num_stages, true);
   auto buffers = collect(summary.checkpoint_dir, meta.num_stages, false);
 
+  // Names of one tied group are one tensor in the model: their stage copies
+  // must agree, or copying them in turn would keep whichever came last.
+  for (const auto& group : meta.tied) {
+    const Found* first = nullptr;
+    for (const auto& name : group) {
+      auto it = params.find(name);
+      if (it == params.end()) continue;
+      if (first == nullptr) {
+        first = &it->second;
+        continue;
+      }
+      if (!first->tensor.equal(it->second.tensor)) {
+        throw CheckpointError(fmt::format("tied parameters '{}' (stage {}) and '{}' (stage {}) differ in '{}'; tied "
+                                          "copies must stay equal (a bug in the run that wrote it)",
+                                          group.front(), first->stage, name, it->second.stage,
+                                          summary.checkpoint_dir));
+      }
+    }
+    ++summary.tied_groups;
+  }
+
   torch::jit::Module model = frontend::loadModel(request.model_path);
   std::map<std::string, bool> used;
   {
@@ -100,7 +121,6 @@ ExportSummary exportTrainedModel(const ExportRequest& request) {
       }
     }
   }
-  summary.tied_groups = static_cast<int>(meta.tied.size());
 
   const std::string temp = fmt::format("{}.tmp-{}", request.out_path, ::getpid());
   try {
