@@ -5,6 +5,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
 #include "runtime/comm_plan.h"
@@ -121,6 +122,11 @@ std::vector<at::Tensor> PipelineStage::forward(int mb, std::vector<at::Tensor> i
   {
     std::optional<torch::NoGradGuard> no_grad;
     if (!keep_for_backward) no_grad.emplace();
+    // Note [Plain autograd graphs]: optimized, the graph executor merges ops
+    // into DifferentiableGraph nodes whose backward computes every gradient
+    // at once, so I would pay for W's products and W again. Unoptimized,
+    // every op records its own backward node and split backward works.
+    torch::jit::GraphOptimizerEnabledGuard plain_graph(false);
     try {
       result = s.module_.forward(std::move(args));
     } catch (const c10::Error& e) {
