@@ -99,33 +99,43 @@ class GraphScan {
   std::unordered_map<Node*, std::uint8_t> flags_;
 };
 
-// One engine call of W: seeds and the parameter edges it may fill.
+// One engine call of W: seeds, the parameter edges it may fill, and the
+// edges of its boundary node that lead back to the input path.
 struct WeightCall {
   edge_list roots;
   variable_list grads;
   edge_list params;
+  std::shared_ptr<Node> boundary;       // null for the roots off the input path
+  std::vector<std::size_t> input_path;  // indices into boundary->next_edges()
 };
 
 class EngineWeightWork : public WeightGradWork {
  public:
-  EngineWeightWork(std::vector<WeightCall> calls, std::vector<std::shared_ptr<Node>> keep_alive, bool fell_back)
-      : calls_(std::move(calls)), keep_alive_(std::move(keep_alive)), fell_back_(fell_back) {}
+  explicit EngineWeightWork(std::vector<WeightCall> calls) : calls_(std::move(calls)) {}
 
   void run() override {
     for (WeightCall& call : calls_) {
       if (call.roots.empty() || call.params.empty()) continue;
-      Engine::get_default_engine().execute(call.roots, call.grads, /*keep_graph=*/false, /*create_graph=*/false,
+      if (call.boundary) {
+        // Note [Cutting the input path]: the engine walks everything below
+        // its roots to count dependencies, and would walk the whole input
+        // path below each boundary node (and, for a weight shared with a
+        // lower boundary node, run it). I is done with those edges, so W
+        // drops them: each call then sees only its own weight subgraph.
+        auto& edges = const_cast<edge_list&>(call.boundary->next_edges());
+        for (std::size_t k : call.input_path) edges[k] = Edge();
+      }
+      // The graph is kept: a weight-only node shared by two boundary nodes
+      // (W.t() used twice) runs once per call. It goes when the stage drops
+      // the microbatch.
+      Engine::get_default_engine().execute(call.roots, call.grads, /*keep_graph=*/true, /*create_graph=*/false,
                                            /*accumulate_grad=*/true, call.params);
     }
     calls_.clear();
-    keep_alive_.clear();
   }
-  bool fellBack() const override { return fell_back_; }
 
  private:
   std::vector<WeightCall> calls_;
-  std::vector<std::shared_ptr<Node>> keep_alive_;
-  bool fell_back_;
 };
 
 }  // namespace
@@ -150,8 +160,7 @@ InputGradResult backwardInput(const std::vector<at::Tensor>& roots, const std::v
   result.input_grads = undefinedGrads(inputs.size());
   Seeds seeds = rootSeeds(roots, root_grads);
   if (seeds.edges.empty()) {
-    result.weight = std::make_unique<EngineWeightWork>(std::vector<WeightCall>{}, std::vector<std::shared_ptr<Node>>{},
-                                                       false);
+    result.weight = std::make_unique<EngineWeightWork>(std::vector<WeightCall>{});
     return result;
   }
 
@@ -204,16 +213,8 @@ InputGradResult backwardInput(const std::vector<at::Tensor>& roots, const std::v
     }
   }
 
-  // W's calls: one per boundary node, one for the roots off the input path.
+  // W's calls: one for the roots off the input path, one per boundary node.
   std::vector<WeightCall> calls;
-  std::unordered_map<Node*, int> owners;  // parameter -> number of calls reaching it
-  bool fall_back = false;
-  auto claim = [&](WeightCall& call, const std::vector<Node*>& found) {
-    for (Node* p : found) {
-      if (++owners[p] > 1) fall_back = true;
-      call.params.emplace_back(param_owner.at(p), 0);
-    }
-  };
   {
     WeightCall off_path;
     std::vector<Node*> found;
@@ -225,20 +226,27 @@ InputGradResult backwardInput(const std::vector<at::Tensor>& roots, const std::v
       off_path.grads.push_back(seeds.grads[i]);
       scan.collectParams(n, found, seen);
     }
-    claim(off_path, found);
+    for (Node* p : found) off_path.params.emplace_back(param_owner.at(p), 0);
     if (!off_path.roots.empty()) calls.push_back(std::move(off_path));
   }
   edge_list capture_edges;
   std::vector<std::pair<int, int>> capture_at;  // (call, input_nr) of each capture
   for (const auto& n : boundary) {
     WeightCall call;
+    call.boundary = n;
     std::vector<Node*> found;
     std::unordered_set<Node*> seen{n.get()};
-    for (const Edge& e : n->next_edges()) {
-      Node* c = e.function.get();
-      if (c != nullptr && !scan.onInputPath(c) && scan.reachesParam(c)) scan.collectParams(c, found, seen);
+    const edge_list& edges = n->next_edges();
+    for (std::size_t k = 0; k < edges.size(); ++k) {
+      Node* c = edges[k].function.get();
+      if (c == nullptr) continue;
+      if (scan.onInputPath(c)) {
+        call.input_path.push_back(k);
+      } else if (scan.reachesParam(c)) {
+        scan.collectParams(c, found, seen);
+      }
     }
-    claim(call, found);
+    for (Node* p : found) call.params.emplace_back(param_owner.at(p), 0);
     for (std::uint32_t k = 0; k < n->num_inputs(); ++k) {
       capture_edges.emplace_back(n, k);
       capture_at.emplace_back(static_cast<int>(calls.size()), static_cast<int>(k));
@@ -246,27 +254,15 @@ InputGradResult backwardInput(const std::vector<at::Tensor>& roots, const std::v
     calls.push_back(std::move(call));
   }
 
-  edge_list outputs = input_edges;
-  if (!fall_back) outputs.insert(outputs.end(), capture_edges.begin(), capture_edges.end());
   // With no outputs the engine would run (and accumulate) everything.
+  edge_list outputs = input_edges;
+  outputs.insert(outputs.end(), capture_edges.begin(), capture_edges.end());
   variable_list got;
   if (!outputs.empty()) {
     got = Engine::get_default_engine().execute(seeds.edges, seeds.grads, /*keep_graph=*/true,
                                                /*create_graph=*/false, /*accumulate_grad=*/false, outputs);
   }
   for (std::size_t i = 0; i < input_edges.size(); ++i) result.input_grads[input_slots[i]] = got[i];
-
-  std::vector<std::shared_ptr<Node>> keep_alive(boundary.begin(), boundary.end());
-  if (fall_back) {
-    WeightCall all;
-    all.roots = seeds.edges;
-    all.grads = seeds.grads;
-    for (auto& [node, acc] : param_owner) all.params.emplace_back(acc, 0);
-    for (const Edge& e : seeds.edges) keep_alive.push_back(e.function);
-    result.weight = std::make_unique<EngineWeightWork>(std::vector<WeightCall>{std::move(all)},
-                                                       std::move(keep_alive), true);
-    return result;
-  }
   for (std::size_t j = 0; j < capture_edges.size(); ++j) {
     const at::Tensor& g = got[input_edges.size() + j];
     if (!g.defined()) continue;
@@ -274,7 +270,7 @@ InputGradResult backwardInput(const std::vector<at::Tensor>& roots, const std::v
     call.roots.push_back(capture_edges[j]);
     call.grads.push_back(g);
   }
-  result.weight = std::make_unique<EngineWeightWork>(std::move(calls), std::move(keep_alive), false);
+  result.weight = std::make_unique<EngineWeightWork>(std::move(calls));
   return result;
 }
 

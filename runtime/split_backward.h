@@ -15,10 +15,10 @@
 // not lead to any input (a first stage fed integer tokens) run as one more such
 // call with their own gradients.
 // One call with all boundary nodes as roots would be wrong: a node above
-// another flows into it, counting its gradient twice. When a parameter is
-// reachable from two boundary nodes (a weight used twice in the stage), W
-// falls back to one backward from the roots for all parameters: correct, and
-// as slow as B.
+// another flows into it, counting its gradient twice. Separate calls are
+// right because backward is linear in its seeds: a weight used by two
+// boundary nodes gets both contributions, one per call (Note [Cutting the
+// input path] keeps each call inside its own weight subgraph).
 #pragma once
 
 #include <memory>
@@ -32,10 +32,9 @@ namespace pipeforge::runtime {
 class WeightGradWork {
  public:
   virtual ~WeightGradWork() = default;
-  // Accumulates the parameters' gradients into their .grad and releases the graph.
+  // Accumulates the parameters' gradients into their .grad. Runs once: it
+  // cuts the graph's input path (the caller then drops the graph).
   virtual void run() = 0;
-  // True when W had to fall back to a whole backward (see Note [Split backward]).
-  virtual bool fellBack() const = 0;
 };
 
 struct InputGradResult {
