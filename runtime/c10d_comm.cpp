@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -70,6 +71,22 @@ struct Shared {
     return report;
   }
 
+  // Asks the store now (not at the watchdog's next poll). Used when a peer's
+  // connection closed: a peer that failed publishes before it exits, and its
+  // report, not "rank N closed its connection", must reach everyone.
+  std::function<std::optional<std::string>()> read_store;
+  std::optional<std::string> published() {
+    if (auto r = currentReport()) return r;
+    std::optional<std::string> found;
+    try {
+      found = read_store();
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+    if (found) fail(*found);
+    return found;
+  }
+
   // False when a failure is already known: the caller must not wait then.
   bool track(const WorkPtr& work) {
     std::lock_guard<std::mutex> lock(mu);
@@ -122,7 +139,7 @@ class RecvOp : public PendingOp {
       completed = work_->wait(timeout_);
     } catch (const std::exception& e) {
       shared_->untrack(work_);
-      if (auto r = shared_->currentReport()) throw abortedError(what_, *r);
+      if (auto r = shared_->published()) throw abortedError(what_, *r);
       throw classify(what_, e, timeout_, peer_);
     }
     shared_->untrack(work_);
@@ -171,7 +188,8 @@ class SendOp : public PendingOp {
       shared_->cv.wait_for(lock, kPoll);
     }
     if (state_->error) {
-      if (shared_->report) throw abortedError(state_->what, *shared_->report);
+      lock.unlock();
+      if (auto r = shared_->published()) throw abortedError(state_->what, *r);
       throw classify(state_->what, std::runtime_error(*state_->error), timeout_, state_->peer);
     }
   }
@@ -197,6 +215,10 @@ class C10dComm : public Communicator {
       if (std::find(ranks.begin(), ranks.end(), env.rank) == ranks.end() || groups_.count(ranks)) continue;
       groups_.emplace(ranks, joinGroup(ranks));
     }
+    shared_->read_store = [this]() -> std::optional<std::string> {
+      if (!store_->check({kAbortKey})) return std::nullopt;
+      return fromBytes(store_->get(kAbortKey));
+    };
     watch_store_ = connectStore(false);
     watchdog_ = std::thread([this] { watch(); });
     reaper_ = std::thread([this] { reap(); });
@@ -288,7 +310,7 @@ class C10dComm : public Communicator {
     try {
       return fn();
     } catch (const std::exception& e) {
-      if (auto r = shared_->currentReport()) throw abortedError(what, *r);
+      if (auto r = shared_->published()) throw abortedError(what, *r);
       throw classify(what, e, options_.timeout, peer);
     }
   }
@@ -377,7 +399,10 @@ class C10dComm : public Communicator {
         work->wait(std::chrono::duration_cast<milliseconds>(std::chrono::milliseconds(20)));
         return;
       } catch (const std::exception& e) {
-        if (work->isCompleted()) throw classify(what, e, options_.timeout);
+        if (work->isCompleted()) {
+          if (auto r = shared_->published()) throw abortedError(what, *r);
+          throw classify(what, e, options_.timeout);
+        }
       }
       if (Clock::now() > deadline) {
         throw CommError(CommError::Kind::kTimeout,
