@@ -1,6 +1,7 @@
 #include "tests/runtime/grad_check.h"
 
 #include <map>
+#include <mutex>
 
 #include <fmt/format.h>
 #include <torch/script.h>
@@ -20,6 +21,9 @@ struct Batch {
 };
 
 Batch makeBatch(const std::string& model) {
+  // Ranks may be threads of one process: the global generator is shared.
+  static std::mutex rng;
+  std::lock_guard<std::mutex> lock(rng);
   torch::manual_seed(42);
   Batch b;
   constexpr int64_t kBatch = 8;
@@ -101,6 +105,9 @@ CaseReport runGradCase(const GradCase& c, const std::string& splits_root,
   opts.loss = batch.loss;
   opts.timeout = std::chrono::seconds(60);
   runtime::PipelineRunner runner(opts, comm);
+  // Two steps: the first learns the shapes it receives, the second reuses them.
+  runner.trainStep(batch.inputs, batch.targets);
+  runner.zeroGrad();
   runtime::StepResult step = runner.trainStep(batch.inputs, batch.targets);
   ReferenceRun ref = reference(c.model, batch);
 

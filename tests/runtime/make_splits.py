@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """Writes split directories (stage_<i>.pt + pipe.json) for zoo models, by hand.
 
-A stand-in for `pipeforge split` until stage/ lands, so the runtime can be
-tested on the zoo: each model is written as a list of *atoms* (one line of its
-forward, with the submodules it calls), and a split into S stages groups the
-atoms into S contiguous runs. Every stage module keeps its submodules under
+For splits the real splitter cannot make: it cuts at submodule calls, and
+multi_io has six submodules, but four ranks with two stages each need eight
+stages. Each model is written as a list of *atoms* (one line of its forward,
+with the submodules it calls), and a split into S stages groups the atoms into
+S contiguous runs (multi_io's eight atoms include two without parameters). Every stage module keeps its submodules under
 their original FQNs, takes its inputs in pipe.json order and returns a tuple.
 
 A value produced by stage j and read by stage k > j + 1 (multi_io's `s`) gets

@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 #include <torch/script.h>
 
+#include <map>
 #include <thread>
 
 #include "runtime/fake_comm.h"
@@ -54,6 +55,8 @@ INSTANTIATE_TEST_SUITE_P(Ranks, AcceptanceOnThreads, ::testing::Values(2, 4));
 
 TEST(ScheduleExecutorTest, AFailingRankStopsEveryRankWithItsReport) {
   at::set_num_threads(1);
+  torch::manual_seed(0);
+  at::Tensor x = torch::randn({8, 8}), good = torch::randn({8, 4}), bad = torch::randn({8, 5});
   auto errors = onThreads(2, [&](int rank, std::shared_ptr<Communicator> comm) -> std::string {
     RunnerOptions o;
     o.split_dir = testing::splitsRoot() + "/mlp_2";
@@ -62,10 +65,8 @@ TEST(ScheduleExecutorTest, AFailingRankStopsEveryRankWithItsReport) {
     o.loss = LossKind::kMse;
     try {
       PipelineRunner runner(o, comm);
-      torch::manual_seed(0);
       // Rank 1 gets targets of the wrong shape: its loss throws mid-step.
-      at::Tensor targets = rank == 1 ? torch::randn({8, 5}) : torch::randn({8, 4});
-      runner.trainStep({torch::randn({8, 8})}, {targets});
+      runner.trainStep({x}, {rank == 1 ? bad : good});
       return "";
     } catch (const RuntimeError& e) {
       return e.what();
@@ -96,6 +97,126 @@ TEST(ScheduleExecutorTest, EvalMergesOutputsOnTheLastRank) {
   EXPECT_TRUE(outs[0].empty());
   ASSERT_EQ(outs[1].size(), 1u);
   EXPECT_TRUE(torch::allclose(outs[1][0], want, 1e-5, 1e-6));
+}
+
+}  // namespace
+}  // namespace pipeforge::runtime
+
+namespace pipeforge::runtime {
+namespace {
+
+RunnerOptions mlpOptions(const std::string& schedule, int microbatches) {
+  RunnerOptions o;
+  o.split_dir = testing::splitsRoot() + "/mlp_2";
+  o.schedule = schedule;
+  o.num_microbatches = microbatches;
+  o.loss = LossKind::kMse;
+  return o;
+}
+
+// Gradients of the unsplit mlp on a batch, by FQN.
+std::map<std::string, at::Tensor> mlpReference(const at::Tensor& x, const at::Tensor& y, double* loss) {
+  torch::jit::Module full = torch::jit::load(std::string(PIPEFORGE_ZOO_DIR) + "/mlp.pt");
+  at::Tensor l = at::mse_loss(full.forward({x}).toTensor(), y);
+  l.backward();
+  *loss = l.item<double>();
+  std::map<std::string, at::Tensor> grads;
+  for (const auto& p : full.named_parameters(true)) grads[p.name] = p.value.grad();
+  return grads;
+}
+
+TEST(ScheduleExecutorTest, DataParallelReplicasAverageTheirGradients) {
+  at::set_num_threads(1);
+  torch::manual_seed(5);
+  at::Tensor x = torch::randn({16, 8}), y = torch::randn({16, 4});
+  double ref_loss = 0;
+  auto ref = mlpReference(x, y, &ref_loss);
+  auto results = onThreads(4, [&](int rank, std::shared_ptr<Communicator> comm) {
+    RunnerOptions o = mlpOptions("1F1B", 4);
+    o.dp_degree = 2;
+    PipelineRunner runner(o, comm);
+    int d = runner.dpRank();
+    StepResult r = runner.trainStep({x.narrow(0, 8 * d, 8)}, {y.narrow(0, 8 * d, 8)});
+    std::vector<std::pair<std::string, at::Tensor>> grads;
+    for (const auto& p : runner.parameters()) grads.emplace_back(p.name, p.tensor.grad());
+    return std::make_pair(r, grads);
+  });
+  double loss_sum = 0;
+  for (int rank = 0; rank < 4; ++rank) {
+    const auto& [step, grads] = results[rank];
+    EXPECT_EQ(step.has_loss, rank % 2 == 1);
+    loss_sum += step.loss;
+    for (const auto& [name, g] : grads) EXPECT_TRUE(torch::allclose(g, ref.at(name), 1e-5, 4e-5)) << name;
+  }
+  EXPECT_NEAR(loss_sum / 2, ref_loss, 1e-5);  // mean over the two replicas
+}
+
+// Losses of two steps whose batch shapes differ, under each shape mode.
+std::vector<double> twoShapes(ShapeMode mode) {
+  torch::manual_seed(6);  // outside the rank threads: they share the generator
+  std::vector<std::pair<at::Tensor, at::Tensor>> batches;
+  for (int64_t rows : {8, 12, 8}) batches.emplace_back(torch::randn({rows, 8}), torch::randn({rows, 4}));
+  auto results = onThreads(2, [&](int, std::shared_ptr<Communicator> comm) {
+    RunnerOptions o = mlpOptions("1F1B", 4);
+    o.shapes = mode;
+    PipelineRunner runner(o, comm);
+    std::vector<double> losses;
+    for (const auto& [x, y] : batches) losses.push_back(runner.trainStep({x}, {y}).loss);
+    return losses;
+  });
+  return results[1];
+}
+
+TEST(ScheduleExecutorTest, ShapesAreRelearntWhenTheBatchChanges) {
+  at::set_num_threads(1);
+  std::vector<double> once = twoShapes(ShapeMode::kInferOnce);
+  std::vector<double> every = twoShapes(ShapeMode::kPerStep);
+  ASSERT_EQ(once.size(), 3u);
+  for (int k = 0; k < 3; ++k) EXPECT_DOUBLE_EQ(once[k], every[k]);
+}
+
+TEST(ScheduleExecutorTest, StaticShapesNeedNoDescription) {
+  at::set_num_threads(1);
+  torch::manual_seed(7);
+  at::Tensor x = torch::randn({8, 8}), y = torch::randn({8, 4});
+  auto results = onThreads(2, [&](int, std::shared_ptr<Communicator> comm) {
+    RunnerOptions o = mlpOptions("GPipe", 4);
+    o.shapes = ShapeMode::kStatic;
+    o.static_shapes = {{}, {TensorMeta{{2, 16}, at::kFloat}}};
+    PipelineRunner runner(o, comm);
+    return runner.trainStep({x}, {y}).loss;
+  });
+  double ref_loss = 0;
+  mlpReference(x, y, &ref_loss);
+  EXPECT_NEAR(results[1], ref_loss, 1e-6);
+}
+
+TEST(ScheduleExecutorTest, UnevenMicrobatchesMergeBack) {
+  at::set_num_threads(1);
+  torch::manual_seed(8);
+  at::Tensor x = torch::randn({7, 8});
+  torch::jit::Module full = torch::jit::load(std::string(PIPEFORGE_ZOO_DIR) + "/mlp.pt");
+  at::Tensor want = full.forward({x}).toTensor();
+  auto outs = onThreads(2, [&](int, std::shared_ptr<Communicator> comm) {
+    PipelineRunner runner(mlpOptions("1F1B", 4), comm);
+    return runner.evalStep({x}).outputs;
+  });
+  ASSERT_EQ(outs[1].size(), 1u);
+  EXPECT_TRUE(torch::allclose(outs[1][0], want, 1e-5, 1e-6));
+}
+
+TEST(ScheduleExecutorTest, RejectsASplitThatDoesNotFitTheSchedule) {
+  RunnerOptions o = mlpOptions("Interleaved1F1B", 4);
+  o.stages_per_rank = 3;
+  o.dist.rank = 0;
+  o.dist.world_size = 1;
+  try {
+    PipelineRunner runner(o);
+    FAIL() << "no error";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("has 2 stages but 1 pipeline ranks x 3 stages per rank"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
