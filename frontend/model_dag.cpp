@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "frontend/graph_reads.h"
 #include "frontend/module_paths.h"
 #include "frontend/opened_model.h"
 
@@ -15,10 +16,6 @@ namespace {
 using torch::jit::Block;
 using torch::jit::Node;
 using torch::jit::Value;
-
-bool isFreeNode(const Node* n) {
-  return n->kind() == c10::prim::Constant || n->kind() == c10::prim::GetAttr;
-}
 
 DagNodeKind kindOf(const Node* n) {
   if (isPipeSplitMarker(n)) return DagNodeKind::kMarker;
@@ -33,25 +30,6 @@ std::string sourceOf(const Node* n) {
   if (!src || !src->filename()) return "";
   auto line = src->starting_line_no() + src->lineno_for_offset(range.start());
   return *src->filename() + ":" + std::to_string(line);
-}
-
-// Every value a node reads, including those its sub-blocks read from outside.
-void externalInputs(const Node* n, std::vector<const Value*>& out) {
-  for (const Value* v : n->inputs()) out.push_back(v);
-  for (const Block* b : n->blocks()) {
-    for (const Node* inner : b->nodes()) {
-      std::vector<const Value*> inner_inputs;
-      externalInputs(inner, inner_inputs);
-      for (const Value* v : inner_inputs) {
-        if (v->node()->owningBlock() == n->owningBlock() || v->node()->kind() == c10::prim::Param) {
-          out.push_back(v);
-        }
-      }
-    }
-    for (const Value* v : b->outputs()) {
-      if (v->node()->owningBlock() == n->owningBlock()) out.push_back(v);
-    }
-  }
 }
 
 // FQNs of the parameters/buffers a node reads, also from inside its blocks:
@@ -131,8 +109,8 @@ ModelDag buildDag(const OpenedModel& model) {
 
   for (Node* n : graph.nodes()) {
     if (isFreeNode(n) || n == return_tuple) continue;
-    std::vector<const Value*> inputs;
-    externalInputs(n, inputs);
+    auto read = externalInputs(n);
+    std::vector<const Value*> inputs(read.begin(), read.end());
     auto vertex = boost::add_vertex(dag.graph);
     DagNode& d = dag.graph[vertex];
     d.kind = kindOf(n);
@@ -144,9 +122,9 @@ ModelDag buildDag(const OpenedModel& model) {
     }
     d.source = sourceOf(n);
     d.node = n;
-    std::set<std::string> read;
-    parametersRead(n, tensor_names, read);
-    d.parameters.assign(read.begin(), read.end());
+    std::set<std::string> tensors_read;
+    parametersRead(n, tensor_names, tensors_read);
+    d.parameters.assign(tensors_read.begin(), tensors_read.end());
     for (size_t i = 0; i < n->outputs().size(); ++i) {
       const Value* v = n->outputs()[i];
       d.outputs.push_back({v->debugName(), v->type()->repr_str(), v->type()->cast<c10::TensorType>() != nullptr, {}, ""});

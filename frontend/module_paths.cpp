@@ -26,6 +26,11 @@ std::optional<std::string> attributePath(const torch::jit::Value* value) {
   return path;
 }
 
+bool isWithin(const std::string& fqn, const std::string& ancestor) {
+  if (ancestor.empty() || fqn == ancestor) return true;
+  return fqn.size() > ancestor.size() && fqn.compare(0, ancestor.size(), ancestor) == 0 && fqn[ancestor.size()] == '.';
+}
+
 std::string joinPath(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
 }

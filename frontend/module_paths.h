@@ -17,6 +17,10 @@ namespace pipeforge::frontend {
 // nullopt for any other value.
 std::optional<std::string> attributePath(const torch::jit::Value* value);
 
+// True when `fqn` is `ancestor` or lies inside it: "layers.1.lin" is within
+// "layers.1" and within "" (the root), not within "layers.10".
+bool isWithin(const std::string& fqn, const std::string& ancestor);
+
 // "a.b" + "c" -> "a.b.c"; "" + "c" -> "c".
 std::string joinPath(const std::string& prefix, const std::string& name);
 

@@ -17,11 +17,6 @@ using torch::jit::Function;
 using torch::jit::GraphFunction;
 using torch::jit::Node;
 
-bool startsWithPath(const std::string& fqn, const std::string& prefix) {
-  if (prefix.empty()) return true;
-  return fqn.size() > prefix.size() && fqn.compare(0, prefix.size(), prefix) == 0 && fqn[prefix.size()] == '.';
-}
-
 GraphFunction* calleeOf(const Node* node) {
   if (node->kind() == c10::prim::CallMethod) {
     auto cls = node->input(0)->type()->cast<c10::ClassType>();
@@ -113,7 +108,7 @@ OpenedModel::OpenedModel(const torch::jit::Module& module, const OpenOptions& op
     if (!fqn) return std::nullopt;
     if (fqn->empty()) return fqn;  // the root's own helper methods (resnet's _forward_impl)
     for (const auto& split : options.split_fqns) {
-      if (startsWithPath(split, *fqn)) return fqn;
+      if (split != *fqn && isWithin(split, *fqn)) return fqn;  // a proper ancestor
     }
     if (facts.reachesMarker(callee)) return fqn;
     if (facts.callsModules(callee)) {

@@ -15,14 +15,9 @@ namespace {
 using frontend::DagNode;
 using frontend::DagNodeKind;
 
-bool underPath(const std::string& fqn, const std::string& prefix) {
-  return fqn == prefix ||
-         (fqn.size() > prefix.size() && fqn.compare(0, prefix.size(), prefix) == 0 && fqn[prefix.size()] == '.');
-}
-
 bool belongsTo(const DagNode& d, const std::string& fqn) {
-  if (d.kind == DagNodeKind::kCall && underPath(d.callee, fqn)) return true;
-  return d.kind != DagNodeKind::kInputs && d.kind != DagNodeKind::kOutputs && underPath(d.owner, fqn);
+  if (d.kind == DagNodeKind::kCall && frontend::isWithin(d.callee, fqn)) return true;
+  return d.kind != DagNodeKind::kInputs && d.kind != DagNodeKind::kOutputs && frontend::isWithin(d.owner, fqn);
 }
 
 bool isWork(const DagNode& d) {
@@ -132,7 +127,7 @@ std::vector<size_t> explicitCuts(const frontend::ModelDag& dag, const SplitSpec&
     }
     if (found) continue;
     for (const auto& inside : control_flow_paths) {
-      if (underPath(inside, fqn) || underPath(fqn, inside)) {
+      if (frontend::isWithin(inside, fqn) || frontend::isWithin(fqn, inside)) {
         throw SpecError(fmt::format(
             "split point '{}' is inside a loop or if body of forward; control flow stays whole in one stage, "
             "so split before or after the statement that holds it",

@@ -10,6 +10,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "frontend/graph_reads.h"
 #include "frontend/module_paths.h"
 
 namespace pipeforge::stage {
@@ -20,25 +21,7 @@ using torch::jit::Graph;
 using torch::jit::Node;
 using torch::jit::Value;
 
-bool isFreeNode(const Node* n) { return n->kind() == c10::prim::Constant || n->kind() == c10::prim::GetAttr; }
-
 bool isTensor(const Value* v) { return v->type()->cast<c10::TensorType>() != nullptr; }
-
-void externalInputs(Node* n, const Block* top, std::vector<Value*>& out) {
-  for (Value* v : n->inputs()) out.push_back(v);
-  for (Block* b : n->blocks()) {
-    for (Node* inner : b->nodes()) {
-      std::vector<Value*> inner_inputs;
-      externalInputs(inner, top, inner_inputs);
-      for (Value* v : inner_inputs) {
-        if (v->node()->owningBlock() == top) out.push_back(v);
-      }
-    }
-    for (Value* v : b->outputs()) {
-      if (v->node()->owningBlock() == top) out.push_back(v);
-    }
-  }
-}
 
 // A Python-identifier debug name for a stage input (TorchScript archives with
 // names like `h0.1_in` fail to load).
@@ -72,11 +55,6 @@ std::pair<std::string, std::string> splitLast(const std::string& path) {
   auto dot = path.rfind('.');
   if (dot == std::string::npos) return {"", path};
   return {path.substr(0, dot), path.substr(dot + 1)};
-}
-
-bool under(const std::string& path, const std::string& prefix) {
-  return path == prefix || prefix.empty() ||
-         (path.size() > prefix.size() && path.compare(0, prefix.size(), prefix) == 0 && path[prefix.size()] == '.');
 }
 
 void collectGetAttrs(Block* block, std::vector<Node*>& out) {
@@ -115,7 +93,7 @@ class StageModuleBuilder {
     }
     for (const auto& path : whole) {
       bool covered = std::any_of(whole.begin(), whole.end(),
-                                 [&](const std::string& other) { return other != path && under(path, other); });
+                                 [&](const std::string& other) { return other != path && frontend::isWithin(path, other); });
       if (covered) continue;
       auto [parent, name] = splitLast(path);
       container(parent).register_module(name, moduleAt(original_, path));
@@ -153,12 +131,12 @@ class StageModuleBuilder {
 
  private:
   bool isUnderWhole(const std::string& path) const {
-    return std::any_of(whole_.begin(), whole_.end(), [&](const std::string& w) { return under(path, w) && path != w; });
+    return std::any_of(whole_.begin(), whole_.end(), [&](const std::string& w) { return frontend::isWithin(path, w) && path != w; });
   }
 
   torch::jit::Module moduleFor(const std::string& path) {
     for (const auto& w : whole_) {
-      if (under(path, w)) return moduleAt(original_, path);
+      if (frontend::isWithin(path, w)) return moduleAt(original_, path);
     }
     return container(path);
   }
@@ -193,7 +171,6 @@ std::string describeValue(const Value* v) {
 BuiltStages buildStages(const frontend::OpenedModel& model, const frontend::ModelDag& dag,
                         const partitioner::Partition& partition) {
   Graph& graph = model.graph();
-  const Block* top = graph.block();
   const int num_stages = partition.num_stages;
   const size_t num_vertices = boost::num_vertices(dag.graph);
 
@@ -219,7 +196,7 @@ BuiltStages buildStages(const frontend::OpenedModel& model, const frontend::Mode
       return;
     }
     Node* producer = v->node();
-    if (isFreeNode(producer)) {
+    if (frontend::isFreeNode(producer)) {
       for (Value* in : producer->inputs()) resolve(in, k);
       return;
     }
@@ -255,9 +232,7 @@ BuiltStages buildStages(const frontend::OpenedModel& model, const frontend::Mode
     std::vector<Node*> initial;
     for (const Node* n : emit[k]) initial.push_back(const_cast<Node*>(n));
     for (Node* n : initial) {
-      std::vector<Value*> inputs;
-      externalInputs(n, top, inputs);
-      for (Value* in : inputs) resolve(in, k);
+      for (Value* in : frontend::externalInputs(n)) resolve(in, k);
     }
   }
 
@@ -279,7 +254,7 @@ BuiltStages buildStages(const frontend::OpenedModel& model, const frontend::Mode
                                         "or a tuple of tensors",
                                         i, v->type()->repr_str()));
     }
-    if (isFreeNode(v->node())) {
+    if (frontend::isFreeNode(v->node())) {
       throw StageBuildError(fmt::format("model output {} is a parameter or constant read; return a computed tensor", i));
     }
     exported.insert(v);
@@ -346,7 +321,7 @@ BuiltStages buildStages(const frontend::OpenedModel& model, const frontend::Mode
       auto it = env.find(v);
       if (it != env.end()) return it->second;
       Node* producer = v->node();
-      if (!isFreeNode(producer)) {
+      if (!frontend::isFreeNode(producer)) {
         throw StageBuildError("internal: stage " + std::to_string(k) + " reads " + describeValue(v) +
                               " which it neither computes nor receives");
       }
