@@ -99,43 +99,31 @@ class GraphScan {
   std::unordered_map<Node*, std::uint8_t> flags_;
 };
 
-// One engine call of W: seeds, the parameter edges it may fill, and the
-// edges of its boundary node that lead back to the input path.
-struct WeightCall {
+// W: one engine call from every boundary node (with its captured gradient)
+// and every root off the input path, after cutting the boundary nodes'
+// edges back to the input path (Note [Cutting the input path]).
+class EngineWeightWork : public WeightGradWork {
+ public:
   edge_list roots;
   variable_list grads;
   edge_list params;
-  std::shared_ptr<Node> boundary;       // null for the roots off the input path
-  std::vector<std::size_t> input_path;  // indices into boundary->next_edges()
-};
-
-class EngineWeightWork : public WeightGradWork {
- public:
-  explicit EngineWeightWork(std::vector<WeightCall> calls) : calls_(std::move(calls)) {}
+  std::vector<std::pair<std::shared_ptr<Node>, std::size_t>> cuts;  // (boundary node, next-edge index)
 
   void run() override {
-    for (WeightCall& call : calls_) {
-      if (call.roots.empty() || call.params.empty()) continue;
-      if (call.boundary) {
-        // Note [Cutting the input path]: the engine walks everything below
-        // its roots to count dependencies, and would walk the whole input
-        // path below each boundary node (and, for a weight shared with a
-        // lower boundary node, run it). I is done with those edges, so W
-        // drops them: each call then sees only its own weight subgraph.
-        auto& edges = const_cast<edge_list&>(call.boundary->next_edges());
-        for (std::size_t k : call.input_path) edges[k] = Edge();
-      }
-      // The graph is kept: a weight-only node shared by two boundary nodes
-      // (W.t() used twice) runs once per call. It goes when the stage drops
-      // the microbatch.
-      Engine::get_default_engine().execute(call.roots, call.grads, /*keep_graph=*/true, /*create_graph=*/false,
-                                           /*accumulate_grad=*/true, call.params);
-    }
-    calls_.clear();
+    if (roots.empty() || params.empty()) return;
+    // Note [Cutting the input path]: I is done with the input path. Cut off
+    // from it, each boundary node reaches only its own weight subgraph, so
+    // the call neither walks nor recomputes the input path, and no boundary
+    // node's gradient flows into another's (which one call over the intact
+    // graph would do, counting the lower node's gradient twice). A weight
+    // reached from two boundary nodes gets both contributions in this call.
+    for (auto& [node, k] : cuts) const_cast<edge_list&>(node->next_edges())[k] = Edge();
+    Engine::get_default_engine().execute(roots, grads, /*keep_graph=*/false, /*create_graph=*/false,
+                                         /*accumulate_grad=*/true, params);
+    roots.clear();
+    grads.clear();
+    cuts.clear();
   }
-
- private:
-  std::vector<WeightCall> calls_;
 };
 
 }  // namespace
@@ -160,7 +148,7 @@ InputGradResult backwardInput(const std::vector<at::Tensor>& roots, const std::v
   result.input_grads = undefinedGrads(inputs.size());
   Seeds seeds = rootSeeds(roots, root_grads);
   if (seeds.edges.empty()) {
-    result.weight = std::make_unique<EngineWeightWork>(std::vector<WeightCall>{});
+    result.weight = std::make_unique<EngineWeightWork>();
     return result;
   }
 
@@ -213,46 +201,34 @@ InputGradResult backwardInput(const std::vector<at::Tensor>& roots, const std::v
     }
   }
 
-  // W's calls: one for the roots off the input path, one per boundary node.
-  std::vector<WeightCall> calls;
-  {
-    WeightCall off_path;
-    std::vector<Node*> found;
-    std::unordered_set<Node*> seen;
-    for (std::size_t i = 0; i < seeds.edges.size(); ++i) {
-      Node* n = seeds.edges[i].function.get();
-      if (scan.onInputPath(n) || !scan.reachesParam(n)) continue;
-      off_path.roots.push_back(seeds.edges[i]);
-      off_path.grads.push_back(seeds.grads[i]);
-      scan.collectParams(n, found, seen);
-    }
-    for (Node* p : found) off_path.params.emplace_back(param_owner.at(p), 0);
-    if (!off_path.roots.empty()) calls.push_back(std::move(off_path));
+  // W's seeds: the roots off the input path now, the boundary nodes' inputs
+  // once I has captured them; its outputs: every parameter they reach.
+  auto weight = std::make_unique<EngineWeightWork>();
+  std::vector<Node*> found;
+  std::unordered_set<Node*> seen;
+  for (std::size_t i = 0; i < seeds.edges.size(); ++i) {
+    Node* n = seeds.edges[i].function.get();
+    if (scan.onInputPath(n) || !scan.reachesParam(n)) continue;
+    weight->roots.push_back(seeds.edges[i]);
+    weight->grads.push_back(seeds.grads[i]);
+    scan.collectParams(n, found, seen);
   }
   edge_list capture_edges;
-  std::vector<std::pair<int, int>> capture_at;  // (call, input_nr) of each capture
   for (const auto& n : boundary) {
-    WeightCall call;
-    call.boundary = n;
-    std::vector<Node*> found;
-    std::unordered_set<Node*> seen{n.get()};
+    seen.insert(n.get());
     const edge_list& edges = n->next_edges();
     for (std::size_t k = 0; k < edges.size(); ++k) {
       Node* c = edges[k].function.get();
       if (c == nullptr) continue;
       if (scan.onInputPath(c)) {
-        call.input_path.push_back(k);
+        weight->cuts.emplace_back(n, k);
       } else if (scan.reachesParam(c)) {
         scan.collectParams(c, found, seen);
       }
     }
-    for (Node* p : found) call.params.emplace_back(param_owner.at(p), 0);
-    for (std::uint32_t k = 0; k < n->num_inputs(); ++k) {
-      capture_edges.emplace_back(n, k);
-      capture_at.emplace_back(static_cast<int>(calls.size()), static_cast<int>(k));
-    }
-    calls.push_back(std::move(call));
+    for (std::uint32_t k = 0; k < n->num_inputs(); ++k) capture_edges.emplace_back(n, k);
   }
+  for (Node* p : found) weight->params.emplace_back(param_owner.at(p), 0);
 
   // With no outputs the engine would run (and accumulate) everything.
   edge_list outputs = input_edges;
@@ -266,11 +242,10 @@ InputGradResult backwardInput(const std::vector<at::Tensor>& roots, const std::v
   for (std::size_t j = 0; j < capture_edges.size(); ++j) {
     const at::Tensor& g = got[input_edges.size() + j];
     if (!g.defined()) continue;
-    WeightCall& call = calls[capture_at[j].first];
-    call.roots.push_back(capture_edges[j]);
-    call.grads.push_back(g);
+    weight->roots.push_back(capture_edges[j]);
+    weight->grads.push_back(g);
   }
-  result.weight = std::make_unique<EngineWeightWork>(std::move(calls));
+  result.weight = std::move(weight);
   return result;
 }
 

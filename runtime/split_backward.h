@@ -9,16 +9,12 @@
 // to an input that also feeds a weight-only subgraph (for y = x W^T + b, the
 // AddmmBackward node). The engine computes a node's outputs only for the edges
 // it needs, so I skips every weight-gradient product.
-// W then runs, for each boundary node separately, the engine from that node
-// with its captured gradient, asking only for the parameters reachable through
-// weight-only nodes, so nothing on the input path is recomputed. Roots that do
-// not lead to any input (a first stage fed integer tokens) run as one more such
-// call with their own gradients.
-// One call with all boundary nodes as roots would be wrong: a node above
-// another flows into it, counting its gradient twice. Separate calls are
-// right because backward is linear in its seeds: a weight used by two
-// boundary nodes gets both contributions, one per call (Note [Cutting the
-// input path] keeps each call inside its own weight subgraph).
+// W then runs the engine once, seeded at every boundary node with its
+// captured gradient (and at the roots that do not lead to any input: a first
+// stage fed integer tokens), asking only for the parameters. The boundary
+// nodes' edges back to the input path are cut first (Note [Cutting the input
+// path]), so nothing on the input path is walked or recomputed, and no
+// boundary node's gradient flows into a lower one's twice.
 #pragma once
 
 #include <memory>
@@ -32,8 +28,8 @@ namespace pipeforge::runtime {
 class WeightGradWork {
  public:
   virtual ~WeightGradWork() = default;
-  // Accumulates the parameters' gradients into their .grad. Runs once: it
-  // cuts the graph's input path (the caller then drops the graph).
+  // Accumulates the parameters' gradients into their .grad and releases the
+  // graph. Runs once: it cuts the graph's input path.
   virtual void run() = 0;
 };
 
