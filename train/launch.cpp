@@ -9,6 +9,7 @@
 #include "runtime/local_launcher.h"
 #include "stage/split_model.h"
 #include "train/checkpoint.h"
+#include "train/dataset.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 
@@ -44,6 +45,7 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
   }
   const stage::PipeManifest manifest = stage::readManifest(split_dir);
   checkLayout(config, request.nproc, manifest.num_stages);
+  openDataset(config.data, config.seed);  // unreadable data fails here, once, not on every rank
 
   runtime::LaunchOptions options;
   options.executable = fs::read_symlink("/proc/self/exe").string();
@@ -92,7 +94,7 @@ int runTrainRequest(const TrainRequest& request) {
   } catch (const std::exception& e) {
     // Name the rank: with several ranks on one terminal, the first line that
     // says which one failed is the one to read.
-    if (env.world_size > 1) throw std::runtime_error(fmt::format("rank {}: {}", env.rank, e.what()));
+    if (env.world_size > 1) throw std::runtime_error(fmt::format("rank {}, {}", env.rank, e.what()));
     throw;
   }
   return 0;

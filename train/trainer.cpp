@@ -86,49 +86,17 @@ class RankTrainer {
     TrainSummary summary;
     std::int64_t step = resume();
     summary.first_step = step;
-    const std::int64_t end = std::min(config_.steps, options_.stop_after.value_or(config_.steps));
+    end_ = std::min(config_.steps, options_.stop_after.value_or(config_.steps));
     if (rank() == 0) openReporting(step);
     runner_->zeroGrad();
 
-    double window_s = 0.0;  // since the last log line
-    std::int64_t window_steps = 0;
-    const auto loop_start = Clock::now();
-    for (; step < end; ++step) {
-      const double lr = learningRate(config_.lr_schedule, config_.optimizer.lr, step, config_.steps);
-      for (auto& [s, opt] : optimizers_) setLearningRate(*opt, lr);
-
-      const auto t0 = Clock::now();
-      const double begin_unix = unixSeconds();
-      Batch batch = myShare(dataset_->batch(DataSplit::kTrain, step, config_.global_batch_size));
-      runtime::StepResult result = runner_->trainStep(batch.inputs, batch.targets);
-      for (auto& [s, opt] : optimizers_) opt->step();
-      runner_->zeroGrad();
-      const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
-      window_s += step_s;
-      ++window_steps;
-      if (config_.trace && step >= end - config_.trace_steps) {
-        traced_.push_back(RankStepProfile{rank(), step + 1, begin_unix, runner_->lastProfile()});
-      }
-
-      const std::int64_t done = step + 1;
-      if (done % config_.log_every == 0 || done == end) {
-        std::optional<double> loss = gatherLoss(fmt::format("loss/{}", done), result);
-        if (loss) {
-          const double elapsed = std::chrono::duration<double>(Clock::now() - loop_start).count();
-          report(done, *loss, lr, window_s / window_steps, elapsed / (done - summary.first_step) * (end - done));
-          if (!summary.first_loss) summary.first_loss = loss;
-          summary.last_loss = loss;
-        }
-        window_s = 0.0;
-        window_steps = 0;
-      }
-      if (config_.eval_every > 0 && (done % config_.eval_every == 0 || done == config_.steps)) {
-        auto eval = evaluate(done);
-        if (eval) summary.last_eval_loss = eval;
-      }
-      if (!config_.checkpoint.dir.empty() &&
-          ((config_.checkpoint.every > 0 && done % config_.checkpoint.every == 0) || done == end)) {
-        summary.checkpoint = saveCheckpoint(done);
+    loop_start_ = Clock::now();
+    for (; step < end_; ++step) {
+      try {
+        runStep(step, summary);
+      } catch (const std::exception& e) {
+        // Which training step failed; the runtime's message says where in the schedule.
+        throw std::runtime_error(fmt::format("training step {} of {}: {}", step + 1, end_, e.what()));
       }
     }
     summary.last_step = step;
@@ -140,6 +108,46 @@ class RankTrainer {
   }
 
  private:
+  // One optimizer step, then what is due after it: log, evaluation, checkpoint.
+  void runStep(std::int64_t step, TrainSummary& summary) {
+    const double lr = learningRate(config_.lr_schedule, config_.optimizer.lr, step, config_.steps);
+    for (auto& [s, opt] : optimizers_) setLearningRate(*opt, lr);
+
+    const auto t0 = Clock::now();
+    const double begin_unix = unixSeconds();
+    Batch batch = myShare(dataset_->batch(DataSplit::kTrain, step, config_.global_batch_size));
+    runtime::StepResult result = runner_->trainStep(batch.inputs, batch.targets);
+    for (auto& [s, opt] : optimizers_) opt->step();
+    runner_->zeroGrad();
+    const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    window_s_ += step_s;
+    ++window_steps_;
+    if (config_.trace && step >= end_ - config_.trace_steps) {
+      traced_.push_back(RankStepProfile{rank(), step + 1, begin_unix, runner_->lastProfile()});
+    }
+
+    const std::int64_t done = step + 1;
+    if (done % config_.log_every == 0 || done == end_) {
+      std::optional<double> loss = gatherLoss(fmt::format("loss/{}", done), result);
+      if (loss) {
+        const double elapsed = std::chrono::duration<double>(Clock::now() - loop_start_).count();
+        report(done, *loss, lr, window_s_ / window_steps_, elapsed / (done - summary.first_step) * (end_ - done));
+        if (!summary.first_loss) summary.first_loss = loss;
+        summary.last_loss = loss;
+      }
+      window_s_ = 0.0;
+      window_steps_ = 0;
+    }
+    if (config_.eval_every > 0 && (done % config_.eval_every == 0 || done == config_.steps)) {
+      auto eval = evaluate(done);
+      if (eval) summary.last_eval_loss = eval;
+    }
+    if (!config_.checkpoint.dir.empty() &&
+        ((config_.checkpoint.every > 0 && done % config_.checkpoint.every == 0) || done == end_)) {
+      summary.checkpoint = saveCheckpoint(done);
+    }
+  }
+
   int rank() const { return runner_->rank(); }
 
   // This replica's rows of the global batch.
@@ -341,6 +349,10 @@ class RankTrainer {
   std::string metrics_path_;
   std::string trace_path_;
   std::string resumed_from_;
+  std::int64_t end_ = 0;  // this run stops after this many steps
+  Clock::time_point loop_start_;
+  double window_s_ = 0.0;  // step time since the last log line
+  std::int64_t window_steps_ = 0;
 };
 
 }  // namespace

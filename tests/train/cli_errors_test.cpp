@@ -1,0 +1,115 @@
+// Every bad config or command line gets one clear message naming the key,
+// a non-zero exit, and no crash, through the `pipeforge train` binary.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <fstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "tests/train/train_fixture.h"
+
+namespace pipeforge::testing {
+namespace {
+
+struct BadRun {
+  const char* name;
+  std::string from, to;  // replaced in the valid config ("" from: appended)
+  int nproc = 2;
+  std::vector<std::string> expected;
+  std::string from2 = "", to2 = "";  // a second replacement
+};
+
+TEST(TrainCliErrors, EveryMistakeIsNamed) {
+  TrainWorkspace ws;
+  RunSpec s;
+  s.split = "num_stages: 2\n  policy: parameters";
+  const std::string valid_path = ws.writeConfig("valid", s);
+  std::ifstream in(valid_path);
+  const std::string valid((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+
+  const std::vector<BadRun> cases = {
+      {"missing config", "", "", 2, {"training config", "cannot be read"}},
+      {"malformed yaml", "", "optimizer: [\n", 2, {"malformed YAML"}},
+      {"unknown top key", "", "optimiser: {lr: 1}\n", 2, {"unknown key 'optimiser'"}},
+      {"unknown nested key", "weight_decay: 0.01}", "weight_decay: 0.01, betaz: [0.9, 0.9]}", 2,
+       {"unknown key 'optimizer.betaz'", "betas"}},
+      {"wrong type", "steps: 3,", "steps: three,", 2, {"training.steps must be an integer >= 1", "'three'"}},
+      {"negative lr", "lr: 1.0e-3", "lr: -1", 2, {"optimizer.lr must be a number > 0"}},
+      {"missing data file", "tokens.bin", "nope.bin", 2, {"data.path", "nope.bin", "does not exist"}},
+      {"missing model", "zoo/gpt.pt", "zoo/nope.pt", 2, {"model.path", "does not exist"}},
+      {"data of the wrong form", "format: tokens", "format: tensors", 2, {"data.path", "not a zip archive"},
+       ", block_size: 16", ""},
+      {"batch vs microbatches", "microbatches: 4", "microbatches: 3", 2,
+       {"training.global_batch_size 8", "pipeline.microbatches 3"}},
+      {"batch vs data parallel", "data_parallel: 1", "data_parallel: 3", 3, {"pipeline.data_parallel 3"}},
+      {"more ranks than stages", "", "", 4, {"the split has 2 stages", "model.num_stages"}},
+      {"world vs data parallel", "data_parallel: 1", "data_parallel: 2", 3,
+       {"3 ranks cannot hold pipeline.data_parallel 2"}},
+      {"schedule needs two stages per rank", "schedule: 1F1B", "schedule: ZBVZeroBubble", 2,
+       {"pipeline.schedule ZBVZeroBubble"}},
+      {"unknown schedule", "schedule: 1F1B", "schedule: 3F3B", 2, {"pipeline.schedule '3F3B'", "GPipe"}},
+      {"mse on tokens", "loss: cross_entropy", "loss: mse", 2, {"loss mse", "cross_entropy"}},
+      {"bad split policy", "policy: parameters", "policy: fastest", 2, {"model", "unknown policy 'fastest'"}},
+      {"bad checkpoint interval", "every: 0", "every: often", 2, {"checkpoint.every must be an integer"}},
+      {"block too long for the data", "block_size: 16", "block_size: 5000", 2, {"data.block_size 5000"}},
+  };
+
+  std::vector<testing::CommandResult> results(cases.size());
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < 3; ++t) {
+    pool.emplace_back([&] {
+      for (std::size_t k = next++; k < cases.size(); k = next++) {
+        const BadRun& c = cases[k];
+        std::string path = ws.dir() + fmt::format("/bad{}.yaml", k);
+        if (std::string(c.name) == "missing config") {
+          path = ws.dir() + "/no-such-config.yaml";
+        } else {
+          std::string text = valid;
+          if (c.from.empty()) {
+            text += c.to;
+          } else if (text.find(c.from) != std::string::npos) {
+            text.replace(text.find(c.from), c.from.size(), c.to);
+          } else {
+            text = "# '" + c.from + "' not found in the valid config\n";
+          }
+          if (!c.from2.empty() && text.find(c.from2) != std::string::npos) {
+            text.replace(text.find(c.from2), c.from2.size(), c.to2);
+          }
+          std::ofstream(path) << text;
+        }
+        results[k] = runPipeforge(fmt::format("train --config '{}' --nproc {}", path, c.nproc));
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+
+  for (std::size_t k = 0; k < cases.size(); ++k) {
+    const BadRun& c = cases[k];
+    const auto& r = results[k];
+    SCOPED_TRACE(c.name);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    for (const auto& fragment : c.expected) {
+      EXPECT_NE(r.output.find(fragment), std::string::npos) << "missing '" << fragment << "' in:\n" << r.output;
+    }
+    EXPECT_NE(r.output.find("pipeforge train: error: "), std::string::npos) << r.output;
+    for (const char* crash : {"terminate called", "Exception raised from", "INTERNAL ASSERT", "Segmentation"}) {
+      EXPECT_EQ(r.output.find(crash), std::string::npos) << r.output;
+    }
+    // Refused before any rank started: one error, no rank output.
+    EXPECT_EQ(r.output.find("rank 0"), std::string::npos) << r.output;
+  }
+}
+
+TEST(TrainCliErrors, ExportNamesWhatIsWrong) {
+  TrainWorkspace ws;
+  auto r = runPipeforge(fmt::format("export '{}/nope' --model x.pt --out '{}/t.pt'", ws.dir(), ws.dir()));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("pipeforge export: error: checkpoint"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("does not exist"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace pipeforge::testing

@@ -1,0 +1,203 @@
+// Interrupted runs: stopping after step k and resuming to K gives the
+// checkpoints and parameters of a run straight to K, bit for bit; a rank
+// killed mid-run stops the others within the timeout, and the last
+// checkpoint is intact and resumes.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/optim.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "tests/train/train_fixture.h"
+#include "train/checkpoint.h"
+
+namespace pipeforge::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+RunSpec gptTwoStages() {
+  RunSpec s;
+  s.split = "num_stages: 2\n  policy: parameters";
+  s.optimizer = "{name: adam, lr: 1.0e-3}";
+  return s;
+}
+
+std::string readBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Two stage optimizer files hold the same Adam state. Not compared as bytes:
+// LibTorch keys the state by tensor address and maps it back by parameter
+// position on load, so the files differ between processes.
+void expectSameAdamState(const std::string& dir_a, const std::string& dir_b, int stage, std::size_t num_params) {
+  auto load = [&](const std::string& dir, std::vector<at::Tensor>& params) {
+    for (std::size_t k = 0; k < num_params; ++k) params.push_back(at::zeros({1}, at::kFloat).requires_grad_());
+    auto adam = std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-3));
+    train::loadOptimizerState(dir, stage, *adam);
+    return adam;
+  };
+  std::vector<at::Tensor> pa, pb;
+  auto a = load(dir_a, pa);
+  auto b = load(dir_b, pb);
+  for (std::size_t k = 0; k < num_params; ++k) {
+    auto key = [](const at::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); };
+    ASSERT_EQ(a->state().count(key(pa[k])), b->state().count(key(pb[k]))) << "param " << k;
+    if (!a->state().count(key(pa[k]))) continue;
+    const auto& x = static_cast<const torch::optim::AdamParamState&>(*a->state().at(key(pa[k])));
+    const auto& y = static_cast<const torch::optim::AdamParamState&>(*b->state().at(key(pb[k])));
+    EXPECT_EQ(x.step(), y.step()) << "param " << k;
+    EXPECT_TRUE(at::equal(x.exp_avg(), y.exp_avg())) << "param " << k;
+    EXPECT_TRUE(at::equal(x.exp_avg_sq(), y.exp_avg_sq())) << "param " << k;
+  }
+}
+
+void expectSameCheckpoint(const std::string& a, const std::string& b, int num_stages) {
+  for (int s = 0; s < num_stages; ++s) {
+    SCOPED_TRACE(fmt::format("{} vs {}, stage {}", a, b, s));
+    auto x = train::readStageCheckpoint(a, s);
+    auto y = train::readStageCheckpoint(b, s);
+    EXPECT_EQ(x.step, y.step);
+    EXPECT_EQ(x.data_position, y.data_position);
+    ASSERT_EQ(x.parameters.size(), y.parameters.size());
+    for (std::size_t k = 0; k < x.parameters.size(); ++k) {
+      EXPECT_EQ(x.parameters[k].first, y.parameters[k].first);
+      EXPECT_TRUE(at::equal(x.parameters[k].second, y.parameters[k].second)) << x.parameters[k].first;
+    }
+    for (std::size_t k = 0; k < x.buffers.size(); ++k) EXPECT_TRUE(at::equal(x.buffers[k].second, y.buffers[k].second));
+    EXPECT_TRUE(at::equal(x.rng_state, y.rng_state));
+    expectSameAdamState(a, b, s, x.parameters.size());
+  }
+}
+
+TEST(Resume, StopAndResumeMatchesAStraightRun) {
+  TrainWorkspace ws;
+  RunSpec s = gptTwoStages();
+  s.steps = 4;
+  s.checkpoint_every = 1;
+  const std::string straight = ws.writeConfig("straight", s);
+  const std::string resumed = ws.writeConfig("resumed", s);
+
+  auto a = runPipeforge(fmt::format("train --config '{}' --nproc 2", straight));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  auto b1 = runPipeforge(fmt::format("train --config '{}' --nproc 2 --stop-after 2", resumed));
+  ASSERT_EQ(b1.exit_code, 0) << b1.output;
+  EXPECT_EQ(*train::latestCheckpoint(ws.checkpointDir("resumed")), train::checkpointDir(ws.checkpointDir("resumed"), 2));
+  EXPECT_FALSE(fs::exists(train::checkpointDir(ws.checkpointDir("resumed"), 3)));
+  auto b2 = runPipeforge(fmt::format("train --config '{}' --nproc 2", resumed));
+  ASSERT_EQ(b2.exit_code, 0) << b2.output;
+  EXPECT_NE(b2.output.find("resumed from"), std::string::npos) << b2.output;
+  EXPECT_NE(b2.output.find("at step 2"), std::string::npos) << b2.output;
+
+  for (int step = 1; step <= 4; ++step) {
+    expectSameCheckpoint(train::checkpointDir(ws.checkpointDir("straight"), step),
+                         train::checkpointDir(ws.checkpointDir("resumed"), step), 2);
+  }
+}
+
+// The rank processes the launcher `launcher` started, by RANK.
+pid_t findRank(pid_t launcher, int rank) {
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    auto close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(text.substr(close + 2));
+    char state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != launcher) continue;
+    std::string env = readBytes((entry.path() / "environ").string());
+    if (env.find(fmt::format("{}RANK={}{}", '\0', rank, '\0')) != std::string::npos) return std::stoi(name);
+  }
+  return -1;
+}
+
+class KillOneRank : public ::testing::TestWithParam<int> {};
+
+TEST_P(KillOneRank, OthersStopWithinTheTimeoutAndTheCheckpointResumes) {
+  const int victim = GetParam();
+  constexpr double kTimeout = 10.0;
+  TrainWorkspace ws;
+  RunSpec s = gptTwoStages();
+  s.steps = 1000000;
+  s.checkpoint_every = 3;
+  s.timeout_s = kTimeout;
+  const std::string config = ws.writeConfig("killed", s);
+  const std::string log = ws.dir() + "/launcher.log";
+  const std::string ckpt = ws.checkpointDir("killed");
+
+  pid_t launcher = ::fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execl(PIPEFORGE_BINARY, PIPEFORGE_BINARY, "train", "--config", config.c_str(), "--nproc", "2", nullptr);
+    ::_exit(127);
+  }
+  // Wait for the second checkpoint, so the kill lands in the middle of training.
+  auto deadline = Clock::now() + std::chrono::seconds(120);
+  while (Clock::now() < deadline && !fs::exists(train::checkpointDir(ckpt, 6))) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  pid_t rank = findRank(launcher, victim);
+  if (rank <= 0 || !fs::exists(train::checkpointDir(ckpt, 6))) {
+    ::kill(launcher, SIGKILL);
+    ::waitpid(launcher, nullptr, 0);
+    FAIL() << "no checkpoint or rank " << victim << " process:\n" << readBytes(log);
+  }
+  ASSERT_EQ(::kill(rank, SIGKILL), 0);
+  const auto killed_at = Clock::now();
+
+  int status = 0;
+  while (::waitpid(launcher, &status, WNOHANG) == 0) {
+    if (Clock::now() - killed_at > std::chrono::seconds(60)) {
+      ::kill(launcher, SIGKILL);
+      ::waitpid(launcher, &status, 0);
+      FAIL() << "the launcher did not stop within 60 s:\n" << readBytes(log);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const double stopped_after = std::chrono::duration<double>(Clock::now() - killed_at).count();
+  const std::string output = readBytes(log);
+  RecordProperty("seconds_to_stop", fmt::format("{:.2f}", stopped_after));
+  std::cout << fmt::format("[ rank {} killed ] the job stopped {:.2f} s later\n", victim, stopped_after);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << output;
+  EXPECT_LT(stopped_after, kTimeout) << output;
+  EXPECT_NE(output.find(fmt::format("rank {}: killed by signal 9", victim)), std::string::npos) << output;
+  EXPECT_EQ(output.find("stopped by the launcher"), std::string::npos) << "survivors must stop by themselves:\n" << output;
+
+  // The newest checkpoint is whole, and training resumes from it.
+  auto latest = train::latestCheckpoint(ckpt);
+  ASSERT_TRUE(latest) << output;
+  auto meta = train::readCheckpointMeta(*latest);
+  EXPECT_GE(meta.step, 6);
+  for (int st = 0; st < 2; ++st) EXPECT_NO_THROW(train::readStageCheckpoint(*latest, st));
+  auto resumed = runPipeforge(fmt::format("train --config '{}' --nproc 2 --stop-after {}", config, meta.step + 2));
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find(fmt::format("at step {}", meta.step)), std::string::npos) << resumed.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Train, KillOneRank, ::testing::Values(1, 0),
+                         [](const ::testing::TestParamInfo<int>& info) { return fmt::format("rank{}", info.param); });
+
+}  // namespace
+}  // namespace pipeforge::testing
