@@ -396,10 +396,18 @@ class C10dComm : public Communicator {
     while (true) {
       if (auto r = shared_->currentReport()) throw abortedError(what, *r);
       try {
-        work->wait(std::chrono::duration_cast<milliseconds>(std::chrono::milliseconds(20)));
+        work->wait(milliseconds(20));
         return;
-      } catch (const std::exception& e) {
-        if (work->isCompleted()) {
+      } catch (const std::exception&) {
+        // Either the 20 ms ran out ("Operation timed out!") or the work
+        // failed; it may also have completed just after the 20 ms. Only a
+        // completed work tells which: its own wait returns or rethrows.
+      }
+      if (work->isCompleted()) {
+        try {
+          work->wait();
+          return;
+        } catch (const std::exception& e) {
           if (auto r = shared_->published()) throw abortedError(what, *r);
           throw classify(what, e, options_.timeout);
         }

@@ -331,7 +331,10 @@ void PipelineRunner::barrier() {
   try {
     impl_->comm_->barrier();
   } catch (const CommError& e) {
-    throw RuntimeError(e.report().empty() ? std::string(e.what()) : std::string(e.what()) + ":\n" + e.report());
+    if (e.kind() == CommError::Kind::kAborted) throw RuntimeError(std::string(e.what()) + ":\n" + e.report());
+    std::string report = fmt::format("rank {} failed in a barrier: {}", impl_->rank_, e.what());
+    impl_->comm_->abort(report);
+    throw RuntimeError(report);
   }
 }
 
