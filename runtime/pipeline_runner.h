@@ -189,7 +189,8 @@ class PipelineRunner {
   bool computesLoss() const;  // holds the last stage
   const schedules::Program& program() const;  // the lowered program being run
 
-  // Timings of the last step when RunnerOptions::profile is set.
+  // The last step's profile: per-action timings when RunnerOptions::profile
+  // is set; released_bytes always.
   const StepProfile& lastProfile() const;
 
  private:

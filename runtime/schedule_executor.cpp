@@ -262,6 +262,7 @@ class ScheduleExecutor::Impl {
     if (!t.requires_grad() || t.is_leaf() || t.is_view()) return;
     constexpr long kOurs = 2;  // `outputs` here and the stage's copy
     if (t.use_count() != kOurs) return;
+    out_.profile.released_bytes += static_cast<std::int64_t>(t.nbytes());
     t.set_data(at::empty({0}, t.options()));
   }
 

@@ -2,6 +2,7 @@
 // for feeding measured costs to schedules/simulate_cost.h.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "schedules/action.h"
@@ -18,6 +19,9 @@ struct TimedStep {
 struct StepProfile {
   double step_s = 0.0;           // wall time of the whole step on this rank
   std::vector<TimedStep> steps;  // in execution order
+  // Bytes of sent stage outputs whose storage was released before their
+  // backward (Megatron's deallocate_output_tensor); counted with or without profiling.
+  std::int64_t released_bytes = 0;
 };
 
 }  // namespace pipeforge::runtime

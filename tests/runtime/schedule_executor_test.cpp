@@ -79,6 +79,25 @@ TEST(ScheduleExecutorTest, AFailingRankStopsEveryRankWithItsReport) {
   EXPECT_NE(errors[0].find("rank 1 at step"), std::string::npos) << errors[0];
 }
 
+TEST(ScheduleExecutorTest, SentOutputsGiveUpTheirStorage) {
+  at::set_num_threads(1);
+  torch::manual_seed(0);
+  at::Tensor x = torch::randn({8, 8}), y = torch::randn({8, 4});
+  auto released = onThreads(2, [&](int, std::shared_ptr<Communicator> comm) {
+    RunnerOptions o;
+    o.split_dir = testing::splitsRoot() + "/mlp_2";
+    o.schedule = "GPipe";
+    o.num_microbatches = 4;
+    o.loss = LossKind::kMse;
+    PipelineRunner runner(o, comm);
+    runner.trainStep({x}, {y});
+    return runner.lastProfile().released_bytes;
+  });
+  // Stage 0 sends a [2, 16] float activation per microbatch; the last stage sends none.
+  EXPECT_EQ(released[0], 4 * 2 * 16 * 4);
+  EXPECT_EQ(released[1], 0);
+}
+
 TEST(ScheduleExecutorTest, EvalMergesOutputsOnTheLastRank) {
   at::set_num_threads(1);
   torch::manual_seed(0);
