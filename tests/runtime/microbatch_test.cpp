@@ -1,0 +1,63 @@
+#include "runtime/microbatch.h"
+
+#include <gtest/gtest.h>
+#include <torch/script.h>
+
+#include "runtime/loss.h"
+
+namespace pipeforge::runtime {
+namespace {
+
+TEST(MicrobatchTest, SplitsLikeTensorSplitAndReplicates) {
+  at::Tensor x = torch::arange(14).view({7, 2});
+  at::Tensor w = torch::ones({3});
+  auto mbs = splitIntoMicrobatches({x, w}, {ChunkSpec::split(0), ChunkSpec::replicated()}, 3, "input");
+  ASSERT_EQ(mbs.size(), 3u);
+  EXPECT_EQ(mbs[0][0].size(0), 3);  // 7 rows: 3, 2, 2 (larger first)
+  EXPECT_EQ(mbs[1][0].size(0), 2);
+  EXPECT_EQ(mbs[2][0].size(0), 2);
+  for (const auto& mb : mbs) EXPECT_TRUE(mb[1].is_same(w));
+  std::vector<std::vector<at::Tensor>> firsts;
+  for (const auto& mb : mbs) firsts.push_back({mb[0]});
+  EXPECT_TRUE(torch::equal(mergeMicrobatches(firsts, 0)[0], x));
+}
+
+TEST(MicrobatchTest, SplitsAlongAnotherDim) {
+  at::Tensor x = torch::randn({2, 8});
+  auto mbs = splitIntoMicrobatches({x}, {ChunkSpec::split(1)}, 4, "input");
+  EXPECT_EQ(mbs[3][0].sizes(), (std::vector<int64_t>{2, 2}));
+}
+
+TEST(MicrobatchTest, ExplainsBadSplits) {
+  try {
+    splitIntoMicrobatches({torch::randn({3, 2})}, {}, 4, "input");
+    FAIL() << "no error";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("input 0 has 3 rows along dim 0, fewer than the 4 microbatches"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(splitIntoMicrobatches({torch::randn({3})}, {ChunkSpec::split(1)}, 1, "target"), RuntimeError);
+  EXPECT_THROW(splitIntoMicrobatches({torch::randn({3})}, {ChunkSpec{}, ChunkSpec{}}, 1, "target"), RuntimeError);
+}
+
+TEST(LossTest, CrossEntropyFlattensAsNanoGpt) {
+  torch::manual_seed(0);
+  at::Tensor logits = torch::randn({2, 5, 7});
+  at::Tensor targets = torch::randint(0, 7, {2, 5});
+  targets[0][1] = -1;  // ignored
+  at::Tensor got = LossFunction(LossKind::kCrossEntropy, "", "cpu")({logits}, {targets});
+  at::Tensor want = at::cross_entropy_loss(logits.view({10, 7}), targets.view({10}), {}, at::Reduction::Mean, -1);
+  EXPECT_TRUE(torch::allclose(got, want));
+  EXPECT_THROW(LossFunction(LossKind::kCrossEntropy, "", "cpu")({logits}, {torch::zeros({3})}), RuntimeError);
+}
+
+TEST(LossTest, MseSumsOverTheTargetsGiven) {
+  at::Tensor a = torch::ones({2, 3}), b = torch::zeros({4});
+  at::Tensor got = LossFunction(LossKind::kMse, "", "cpu")({a, b}, {torch::zeros({2, 3}), torch::ones({4})});
+  EXPECT_DOUBLE_EQ(got.item<double>(), 2.0);
+  EXPECT_THROW(LossFunction(LossKind::kScript, "", "cpu"), RuntimeError);
+}
+
+}  // namespace
+}  // namespace pipeforge::runtime
