@@ -127,7 +127,7 @@ class RankTrainer {
     }
 
     const std::int64_t done = step + 1;
-    if (done % config_.log_every == 0 || done == end_) {
+    if (done % config_.log_every == 0 || done == end_ || step == summary.first_step) {
       std::optional<double> loss = gatherLoss(fmt::format("loss/{}", done), result);
       if (loss) {
         const double elapsed = std::chrono::duration<double>(Clock::now() - loop_start_).count();
@@ -327,7 +327,13 @@ class RankTrainer {
       if (s.last_eval_loss) out_ << fmt::format(", held-out loss {:.4f}", *s.last_eval_loss);
       out_ << "\n";
     }
-    if (!s.checkpoint.empty()) out_ << "  checkpoint: " << s.checkpoint << "\n";
+    if (!s.checkpoint.empty()) {
+      out_ << "  checkpoint: " << s.checkpoint << "\n";
+      if (!manifest_.source.empty()) {
+        out_ << fmt::format("  export:     pipeforge export {} --model {} --out trained.pt\n", config_.checkpoint.dir,
+                            manifest_.source);
+      }
+    }
     out_ << "  metrics:    " << metrics_path_ << "\n";
     if (!trace_path_.empty()) out_ << "  trace:      " << trace_path_ << "  (open in https://ui.perfetto.dev)\n";
     out_ << std::flush;

@@ -20,6 +20,9 @@ struct Case {
   RunSpec spec;
 };
 
+// The case's name, not its bytes, in test listings.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 class Equivalence : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Equivalence, PipelinedEqualsSingleProcess) {
