@@ -277,20 +277,24 @@ StepResult PipelineRunner::trainStep(const std::vector<at::Tensor>& inputs, cons
 }
 
 EvalResult PipelineRunner::evalStep(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets) {
-  for (PipelineStage* s : impl_->stages_) {
-    if (s != nullptr) s->setTraining(false);
-  }
-  StepOutcome out;
-  try {
-    out = impl_->runStep(inputs, targets, /*train=*/false);
-  } catch (...) {
-    for (PipelineStage* s : impl_->stages_) {
-      if (s != nullptr) s->setTraining(true);
+  // The stages' modules in eval mode (dropout off) for this step only.
+  class EvalMode {
+   public:
+    explicit EvalMode(const std::vector<PipelineStage*>& stages) : stages_(stages) { set(false); }
+    ~EvalMode() { set(true); }
+
+   private:
+    void set(bool training) {
+      for (PipelineStage* s : stages_) {
+        if (s != nullptr) s->setTraining(training);
+      }
     }
-    throw;
-  }
-  for (PipelineStage* s : impl_->stages_) {
-    if (s != nullptr) s->setTraining(true);
+    const std::vector<PipelineStage*>& stages_;
+  };
+  StepOutcome out;
+  {
+    EvalMode eval_mode(impl_->stages_);
+    out = impl_->runStep(inputs, targets, /*train=*/false);
   }
   impl_->profile_ = std::move(out.profile);
   EvalResult r;

@@ -463,12 +463,17 @@ class ScheduleExecutor::Impl {
 
   // ---- gradients across replicas and tied stages ---------------------------
 
+  // The gradient of `p`, zeros when it got none (every replica and holder
+  // must contribute a tensor of the same shape to a sum).
+  static at::Tensor& definedGrad(at::Tensor& p) {
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    return p.mutable_grad();
+  }
+
   std::vector<at::Tensor> gradsOf(PipelineStage& stage) {
     std::vector<at::Tensor> grads;
     for (auto& [name, p] : stage.namedParameters()) {
-      if (!p.requires_grad()) continue;
-      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-      grads.push_back(p.grad());
+      if (p.requires_grad()) grads.push_back(definedGrad(p));
     }
     return grads;
   }
@@ -498,8 +503,7 @@ class ScheduleExecutor::Impl {
       for (const auto& [s, fqn] : tied.local) {
         for (auto& [name, p] : localStage(s).namedParameters()) {
           if (name != fqn) continue;
-          if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-          sum = sum.defined() ? sum + p.grad() : p.grad().clone();
+          sum = sum.defined() ? sum + definedGrad(p) : definedGrad(p).clone();
           params.push_back(p);
         }
       }
