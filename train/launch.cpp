@@ -10,6 +10,7 @@
 #include "stage/split_model.h"
 #include "train/checkpoint.h"
 #include "train/dataset.h"
+#include "train/device_check.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 
@@ -37,6 +38,7 @@ std::string splitFor(const TrainConfig& config, const std::string& out_dir) {
 }
 
 int launch(const TrainRequest& request, const TrainConfig& config) {
+  checkDevice(config, request.nproc);
   std::string split_dir = config.model.split_dir;
   if (split_dir.empty()) {
     split_dir = fs::absolute(fs::path(config.output_dir) / "stages").string();
@@ -79,6 +81,7 @@ int runTrainRequest(const TrainRequest& request) {
   if (request.nproc > 0) return launch(request, config);
 
   const runtime::DistEnv env = runtime::resolveDistEnv({});
+  checkDevice(config, env.local_rank + 1);
   TrainerOptions options;
   options.stop_after = request.stop_after;
   options.split_dir = request.split_dir.empty() ? config.model.split_dir : request.split_dir;

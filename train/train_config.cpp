@@ -378,6 +378,11 @@ void checkCrossKeys(const TrainConfig& c) {
     throw ConfigError(fmt::format("{}: lr_schedule.min_lr {} is above optimizer.lr {}", o, c.lr_schedule.min_lr,
                                   c.optimizer.lr));
   }
+  if (c.eval_every > 0 && c.data.val_path.empty() && c.data.val_fraction == 0.0) {
+    throw ConfigError(fmt::format("{}: training.eval_every {} needs held-out data: set data.val_path or "
+                                  "data.val_fraction > 0",
+                                  o, c.eval_every));
+  }
   if (c.output_dir.empty()) throw ConfigError(fmt::format("{}: output.dir is missing (metrics, trace and the split go there)", o));
   if (c.loss == LossName::kMse && c.data.format != DataFormat::kTensors) {
     throw ConfigError(fmt::format("{}: loss mse needs float targets; token data (data.format {}) has integer targets, "

@@ -53,6 +53,8 @@ TEST(TrainCliErrors, EveryMistakeIsNamed) {
       {"mse on tokens", "loss: cross_entropy", "loss: mse", 2, {"loss mse", "cross_entropy"}},
       {"bad split policy", "policy: parameters", "policy: fastest", 2, {"model", "unknown policy 'fastest'"}},
       {"bad checkpoint interval", "every: 0", "every: often", 2, {"checkpoint.every must be an integer"}},
+      {"device this host lacks", "", "distributed: {device: 'cuda:7'}\n", 2, {"distributed.device cuda:7"},
+       "distributed: {timeout_s: 60}", ""},
       {"block too long for the data", "block_size: 16", "block_size: 5000", 2, {"data.block_size 5000"}},
   };
 

@@ -106,6 +106,18 @@ TEST_F(TrainConfigTest, MistakesNameTheKey) {
   }
 }
 
+TEST_F(TrainConfigTest, EvaluationNeedsHeldOutData) {
+  std::string text = valid();
+  text.replace(text.find("  block_size: 8\n"), 16, "  block_size: 8\n  val_fraction: 0\n");
+  text.replace(text.find("  steps: 4\n"), 11, "  steps: 4\n  eval_every: 2\n");
+  try {
+    parseTrainConfig(text, "t.yaml");
+    ADD_FAILURE() << text;
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("training.eval_every 2 needs held-out data"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(TrainConfigTest, LayoutMustFitTheWorld) {
   TrainConfig c = parseTrainConfig(valid(), "t.yaml");
   EXPECT_NO_THROW(checkLayout(c, 2, 2));
