@@ -1,0 +1,77 @@
+#!/usr/bin/python3
+"""Which torch.save files `data.format: tensors` reads, with Python's own torch.save.
+
+Reads: torch.save({"inputs": x, "targets": y}) in the default zip format,
+several tensors as a tuple; a scripted module with attributes inputs/targets.
+Refused with a message that says how to save instead: a legacy pickle
+(_use_new_zipfile_serialization=False) and lists inside the dict.
+
+Usage: test_tensor_data_from_python.py PIPEFORGE_BINARY ZOO_DIR
+"""
+import os
+import subprocess
+import sys
+import tempfile
+from typing import List
+
+import torch
+
+
+class Holder(torch.nn.Module):
+    inputs: List[torch.Tensor]
+    targets: torch.Tensor
+
+    def __init__(self, inputs: List[torch.Tensor], targets: torch.Tensor) -> None:
+        super().__init__()
+        self.inputs = inputs
+        self.targets = targets
+
+    def forward(self) -> int:
+        return len(self.inputs)
+
+
+def train(binary: str, zoo: str, d: str, data: str):
+    config = os.path.join(d, "train.yaml")
+    with open(config, "w") as f:
+        f.write(f"""model: {{path: {zoo}/mlp.pt, num_stages: 2, policy: parameters}}
+pipeline: {{schedule: GPipe, microbatches: 2}}
+loss: mse
+optimizer: {{name: sgd, lr: 0.05}}
+data: {{format: tensors, path: {data}}}
+training: {{steps: 2, global_batch_size: 8}}
+output: {{dir: {d}/out}}
+""")
+    return subprocess.run([binary, "train", "--config", config, "--nproc", "2"], capture_output=True, text=True)
+
+
+def main() -> None:
+    binary, zoo = sys.argv[1], sys.argv[2]
+    x, y = torch.randn(64, 8), torch.randn(64, 4)
+    with tempfile.TemporaryDirectory(prefix="pf-tensor-data-") as d:
+        readable = {
+            "zip dict": lambda p: torch.save({"inputs": x, "targets": y}, p),
+            "zip dict of tuples": lambda p: torch.save({"inputs": (x,), "targets": (y,)}, p),
+            "scripted holder": lambda p: torch.jit.script(Holder([x], y)).save(p),
+        }
+        for name, save in readable.items():
+            path = os.path.join(d, name.replace(" ", "_") + ".pt")
+            save(path)
+            r = train(binary, zoo, d, path)
+            assert r.returncode == 0, f"{name}: {r.stdout}{r.stderr}"
+            print(f"reads {name}")
+        refused = {
+            "legacy pickle": (lambda p: torch.save({"inputs": x, "targets": y}, p,
+                                                   _use_new_zipfile_serialization=False), "not a zip archive"),
+            "lists in the dict": (lambda p: torch.save({"inputs": [x], "targets": [y]}, p), "use tuples"),
+        }
+        for name, (save, message) in refused.items():
+            path = os.path.join(d, name.replace(" ", "_") + ".pt")
+            save(path)
+            r = train(binary, zoo, d, path)
+            assert r.returncode == 1 and message in r.stderr, f"{name}: {r.stdout}{r.stderr}"
+            assert "torch.save({'inputs'" in r.stderr, r.stderr
+            print(f"refuses {name}: {message}")
+
+
+if __name__ == "__main__":
+    main()
