@@ -282,6 +282,11 @@ class RankTrainer {
                         p.schedule, p.microbatches, config_.steps, config_.global_batch_size);
     out_ << "  data: " << dataset_->describe() << "\n";
     if (!resumed_from_.empty()) out_ << fmt::format("  resumed from {} at step {}\n", resumed_from_, first_step);
+    if (first_step >= end_) {
+      out_ << fmt::format("  nothing to train: the checkpoint is at step {} and the run stops at {} (raise "
+                          "training.steps, or set checkpoint.resume: false to start over)\n",
+                          first_step, end_);
+    }
     out_ << std::flush;
     metrics_->write({{"event", "start"},
                      {"step", first_step},
