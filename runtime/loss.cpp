@@ -1,6 +1,7 @@
 #include "runtime/loss.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/script.h>
 
 namespace pipeforge::runtime {
