@@ -226,6 +226,12 @@ class PipelineRunner::Impl {
       comm_->abort(fmt::format("rank {} failed before its step: {}", rank_, e.what()));
       throw;
     }
+    // Note [Loss scaling]: PyTorch's schedules run each microbatch's backward
+    // on its unscaled loss, then divide every gradient by the number of
+    // microbatches (scale_grads). Scaling each loss before its backward gives
+    // the same gradients without touching what .grad held before the step
+    // (gradient accumulation across steps), and the returned losses then sum
+    // to the batch loss (for equal microbatches, the unsplit model's).
     req.loss_scale = options_.scale_grads ? 1.0 / m : 1.0;
     req.batch_signature.push_back(m);
     for (const auto* list : {&inputs, &targets}) {

@@ -576,7 +576,11 @@ class ScheduleExecutor::Impl {
   int last_stage_ = 0;
   std::vector<int> edge_src_, edge_dst_;  // global ranks
 
-  // Shapes learnt (Note [Shape inference]); kept across steps.
+  // Note [Shape inference]: a receiver can only post a receive for a tensor
+  // of known shape. The sender describes each value (kMeta) the first time an
+  // (edge, microbatch) is sent; both sides cache it, until the global batch
+  // shapes change (kInferOnce) or every step (kPerStep). Gradients need no
+  // description: their shape is that of the value the receiver sent.
   std::map<std::pair<int, int>, TensorMeta> recv_meta_, sent_meta_;
   std::vector<std::int64_t> signature_;
 
