@@ -32,6 +32,16 @@ auto onThreads(int ranks, Body body) {
   return results;
 }
 
+// The two-stage zoo mlp with an MSE loss.
+RunnerOptions mlpOptions(const std::string& schedule, int microbatches) {
+  RunnerOptions o;
+  o.split_dir = testing::splitsRoot() + "/mlp_2";
+  o.schedule = schedule;
+  o.num_microbatches = microbatches;
+  o.loss = LossKind::kMse;
+  return o;
+}
+
 class AcceptanceOnThreads : public ::testing::TestWithParam<int> {};
 
 TEST_P(AcceptanceOnThreads, LossesAndGradientsMatchSingleProcess) {
@@ -58,11 +68,7 @@ TEST(ScheduleExecutorTest, AFailingRankStopsEveryRankWithItsReport) {
   torch::manual_seed(0);
   at::Tensor x = torch::randn({8, 8}), good = torch::randn({8, 4}), bad = torch::randn({8, 5});
   auto errors = onThreads(2, [&](int rank, std::shared_ptr<Communicator> comm) -> std::string {
-    RunnerOptions o;
-    o.split_dir = testing::splitsRoot() + "/mlp_2";
-    o.schedule = "1F1B";
-    o.num_microbatches = 4;
-    o.loss = LossKind::kMse;
+    RunnerOptions o = mlpOptions("1F1B", 4);
     try {
       PipelineRunner runner(o, comm);
       // Rank 1 gets targets of the wrong shape: its loss throws mid-step.
@@ -84,11 +90,7 @@ TEST(ScheduleExecutorTest, SentOutputsGiveUpTheirStorage) {
   torch::manual_seed(0);
   at::Tensor x = torch::randn({8, 8}), y = torch::randn({8, 4});
   auto released = onThreads(2, [&](int, std::shared_ptr<Communicator> comm) {
-    RunnerOptions o;
-    o.split_dir = testing::splitsRoot() + "/mlp_2";
-    o.schedule = "GPipe";
-    o.num_microbatches = 4;
-    o.loss = LossKind::kMse;
+    RunnerOptions o = mlpOptions("GPipe", 4);
     PipelineRunner runner(o, comm);
     runner.trainStep({x}, {y});
     return runner.lastProfile().released_bytes;
@@ -105,11 +107,7 @@ TEST(ScheduleExecutorTest, EvalMergesOutputsOnTheLastRank) {
   torch::jit::Module full = torch::jit::load(std::string(PIPEFORGE_ZOO_DIR) + "/mlp.pt");
   at::Tensor want = full.forward({x}).toTensor();
   auto outs = onThreads(2, [&](int, std::shared_ptr<Communicator> comm) {
-    RunnerOptions o;
-    o.split_dir = testing::splitsRoot() + "/mlp_2";
-    o.schedule = "GPipe";
-    o.num_microbatches = 4;
-    o.loss = LossKind::kMse;
+    RunnerOptions o = mlpOptions("GPipe", 4);
     PipelineRunner runner(o, comm);
     return runner.evalStep({x}).outputs;
   });
@@ -118,20 +116,6 @@ TEST(ScheduleExecutorTest, EvalMergesOutputsOnTheLastRank) {
   EXPECT_TRUE(torch::allclose(outs[1][0], want, 1e-5, 1e-6));
 }
 
-}  // namespace
-}  // namespace pipeforge::runtime
-
-namespace pipeforge::runtime {
-namespace {
-
-RunnerOptions mlpOptions(const std::string& schedule, int microbatches) {
-  RunnerOptions o;
-  o.split_dir = testing::splitsRoot() + "/mlp_2";
-  o.schedule = schedule;
-  o.num_microbatches = microbatches;
-  o.loss = LossKind::kMse;
-  return o;
-}
 
 // Gradients of the unsplit mlp on a batch, by FQN.
 std::map<std::string, at::Tensor> mlpReference(const at::Tensor& x, const at::Tensor& y, double* loss) {
