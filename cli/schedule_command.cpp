@@ -6,6 +6,7 @@
 //   pipeforge schedule --load IN.csv --format compute_only|compute_comms ...
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cctype>

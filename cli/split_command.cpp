@@ -1,6 +1,7 @@
 // `pipeforge split MODEL.pt [--spec SPEC.yaml] --out DIR`.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <iostream>
 #include <memory>

@@ -22,3 +22,20 @@ class Backend;
 #else
 #define PIPEFORGE_C10D_GROUP c10d::ProcessGroup
 #endif
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/C++17.h>
+
+namespace pipeforge::compat {
+
+// The key of a parameter in torch::optim::Optimizer::state(): 1.13 keys the
+// map by the TensorImpl address printed as a string, 2.x by the address.
+inline auto optimizerStateKey(const at::Tensor& parameter) {
+#if PIPEFORGE_TORCH_AT_LEAST(2, 0)
+  return static_cast<void*>(parameter.unsafeGetTensorImpl());
+#else
+  return c10::guts::to_string(parameter.unsafeGetTensorImpl());
+#endif
+}
+
+}  // namespace pipeforge::compat

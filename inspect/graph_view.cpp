@@ -1,6 +1,7 @@
 #include "inspect/graph_view.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #ifdef PIPEFORGE_WITH_GRAPHVIZ
 #include <graphviz/gvc.h>
 #endif

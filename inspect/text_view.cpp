@@ -1,6 +1,7 @@
 #include "inspect/text_view.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <map>
 #include <sstream>

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "schedules/format_grid.h"
 #include "schedules/generators_internal.h"

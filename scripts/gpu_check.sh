@@ -16,7 +16,7 @@ fi
 echo "build: $(( $(date +%s) - start )) s"
 [ -n "$DEPS" ] && export LD_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 
-(cd build-gpu && timeout 300 ctest -j 12 --timeout 120 -E "two_hosts|TwoHosts" >"$OUT/ctest.log" 2>&1)
+(cd build-gpu && timeout ${CTEST_BUDGET:-300} ctest -j 14 --timeout 100 -E "two_hosts|TwoHosts" >"$OUT/ctest.log" 2>&1)
 grep -E "tests passed|tests failed" "$OUT/ctest.log"
 grep -E "\*\*\*|Failed|Timeout" "$OUT/ctest.log" | head -20
 
@@ -28,7 +28,7 @@ for device in cuda cpu; do
       configs/demo_gpt.yaml >"$OUT/$device.yaml"
   printf 'distributed:\n  device: %s\n  timeout_s: 60\n' "$device" >>"$OUT/$device.yaml"
   t0=$(date +%s)
-  timeout 240 build-gpu/cli/pipeforge train --config "$OUT/$device.yaml" --nproc 1 >"$OUT/train_$device.log" 2>&1
+  timeout ${TRAIN_BUDGET:-240} build-gpu/cli/pipeforge train --config "$OUT/$device.yaml" --nproc 1 >"$OUT/train_$device.log" 2>&1
   rc=$?
   echo "train $device: rc=$rc $(( $(date +%s) - t0 )) s"
   tail -4 "$OUT/train_$device.log"

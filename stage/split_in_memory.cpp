@@ -1,6 +1,7 @@
 #include "stage/split_in_memory.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/jit/ir/ir.h>
 
 #include <algorithm>

@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "compat/torch_compat.h"
 #include "tests/train/train_fixture.h"
 #include "train/checkpoint.h"
 
@@ -56,7 +57,7 @@ void expectSameAdamState(const std::string& dir_a, const std::string& dir_b, int
   auto a = load(dir_a, pa);
   auto b = load(dir_b, pb);
   for (std::size_t k = 0; k < num_params; ++k) {
-    auto key = [](const at::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); };
+    auto key = [](const at::Tensor& t) { return pipeforge::compat::optimizerStateKey(t); };
     ASSERT_EQ(a->state().count(key(pa[k])), b->state().count(key(pb[k]))) << "param " << k;
     if (!a->state().count(key(pa[k]))) continue;
     const auto& x = static_cast<const torch::optim::AdamParamState&>(*a->state().at(key(pa[k])));

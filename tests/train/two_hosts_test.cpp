@@ -15,6 +15,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "tests/support/zoo.h"
 #include "tests/train/train_fixture.h"
