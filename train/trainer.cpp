@@ -5,6 +5,7 @@
 #include <torch/optim.h>
 
 #include <chrono>
+#include <deque>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -100,8 +101,10 @@ class RankTrainer {
       }
     }
     summary.last_step = step;
-    if (config_.trace) writeTrace();
-    runner_->barrier();
+    if (config_.trace) publishTrace();
+    runner_->barrier();  // every rank published its last loss and its trace
+    drainReports(pending_.size(), summary);
+    if (config_.trace && rank() == 0) writeTrace();
     summary.seconds = std::chrono::duration<double>(Clock::now() - started).count();
     if (rank() == 0) printSummary(summary);
     return summary;
@@ -116,10 +119,12 @@ class RankTrainer {
     const auto t0 = Clock::now();
     const double begin_unix = unixSeconds();
     Batch batch = myShare(dataset_->batch(DataSplit::kTrain, step, config_.global_batch_size));
+    const std::size_t proven = pending_.size();  // Note [Deferred reports]
     runtime::StepResult result = runner_->trainStep(batch.inputs, batch.targets);
     for (auto& [s, opt] : optimizers_) opt->step();
     runner_->zeroGrad();
     const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    drainReports(proven, summary);
     window_s_ += step_s;
     ++window_steps_;
     if (config_.trace && step >= end_ - config_.trace_steps) {
@@ -128,23 +133,17 @@ class RankTrainer {
 
     const std::int64_t done = step + 1;
     if (done % config_.log_every == 0 || done == end_ || step == summary.first_step) {
-      std::optional<double> loss = gatherLoss(fmt::format("loss/{}", done), result);
-      if (loss) {
-        const double elapsed = std::chrono::duration<double>(Clock::now() - loop_start_).count();
-        report(done, *loss, lr, window_s_ / window_steps_, elapsed / (done - summary.first_step) * (end_ - done));
-        if (!summary.first_loss) summary.first_loss = loss;
-        summary.last_loss = loss;
-      }
+      publishLoss(fmt::format("loss/{}", done), result);
+      const double elapsed = std::chrono::duration<double>(Clock::now() - loop_start_).count();
+      pending_.push_back(PendingReport{false, done, lr, window_s_ / window_steps_,
+                                       elapsed / static_cast<double>(done - summary.first_step) * (end_ - done)});
       window_s_ = 0.0;
       window_steps_ = 0;
     }
-    if (config_.eval_every > 0 && (done % config_.eval_every == 0 || done == config_.steps)) {
-      auto eval = evaluate(done);
-      if (eval) summary.last_eval_loss = eval;
-    }
+    if (config_.eval_every > 0 && (done % config_.eval_every == 0 || done == config_.steps)) evaluate(done);
     if (!config_.checkpoint.dir.empty() &&
         ((config_.checkpoint.every > 0 && done % config_.checkpoint.every == 0) || done == end_)) {
-      summary.checkpoint = saveCheckpoint(done);
+      summary.checkpoint = saveCheckpoint(done, summary);
     }
   }
 
@@ -159,10 +158,30 @@ class RankTrainer {
     return sliceBatch(global, d * rows, (d + 1) * rows);
   }
 
-  // The batch's loss averaged over replicas, on rank 0; nullopt elsewhere.
-  std::optional<double> gatherLoss(const std::string& key, const runtime::StepResult& result) {
-    if (result.has_loss) channel_->publish(fmt::format("{}/{}", key, runner_->dpRank()), fmt::format("{:.17g}", result.loss));
-    if (rank() != 0) return std::nullopt;
+  // Note [Deferred reports]: rank 0 prints losses that other ranks compute,
+  // and takes them from the store only once a later collective proves their
+  // publisher got past publishing: the next trainStep (rank 0 finishes a step
+  // only after every stage of every replica ran its backward of that step,
+  // and each publishes before starting it) or a barrier. A rank that dies
+  // before publishing then fails that collective, which reports it, instead
+  // of leaving rank 0 waiting on the store until the timeout.
+  struct PendingReport {
+    bool eval = false;
+    std::int64_t done = 0;
+    double lr = 0.0;
+    double step_s = 0.0;
+    double eta_s = 0.0;
+  };
+
+  // Publishes this replica's loss, when this rank computed it.
+  void publishLoss(const std::string& key, const runtime::StepResult& result) {
+    if (result.has_loss) {
+      channel_->publish(fmt::format("{}/{}", key, runner_->dpRank()), fmt::format("{:.17g}", result.loss));
+    }
+  }
+
+  // Rank 0: the mean over replicas of the loss published under `key`.
+  double takeLoss(const std::string& key) {
     double sum = 0.0;
     for (int d = 0; d < config_.pipeline.data_parallel; ++d) {
       sum += std::stod(channel_->take(fmt::format("{}/{}", key, d)));
@@ -170,26 +189,47 @@ class RankTrainer {
     return sum / config_.pipeline.data_parallel;
   }
 
-  std::optional<double> evaluate(std::int64_t done) {
-    double sum = 0.0;
+  // Rank 0: reports the first `count` pending entries (Note [Deferred reports]).
+  void drainReports(std::size_t count, TrainSummary& summary) {
+    if (rank() != 0) {
+      pending_.clear();
+      return;
+    }
+    for (; count > 0 && !pending_.empty(); --count) {
+      const PendingReport r = pending_.front();
+      pending_.pop_front();
+      if (r.eval) {
+        double sum = 0.0;
+        for (std::int64_t k = 0; k < config_.eval_batches; ++k) sum += takeLoss(fmt::format("eval/{}/{}", r.done, k));
+        const double loss = sum / static_cast<double>(config_.eval_batches);
+        metrics_->write({{"event", "eval"}, {"step", r.done}, {"loss", loss}});
+        progress_->note(fmt::format("step {}: held-out loss {:.4f} ({} batches)", r.done, loss, config_.eval_batches));
+        summary.last_eval_loss = loss;
+        continue;
+      }
+      const double loss = takeLoss(fmt::format("loss/{}", r.done));
+      report(r.done, loss, r.lr, r.step_s, r.eta_s);
+      if (!summary.first_loss) summary.first_loss = loss;
+      summary.last_loss = loss;
+    }
+  }
+
+  // Forward-only passes over the held-out batches; rank 0 reports them later.
+  void evaluate(std::int64_t done) {
     for (std::int64_t k = 0; k < config_.eval_batches; ++k) {
       Batch batch = myShare(dataset_->batch(DataSplit::kHeldOut, k, config_.global_batch_size));
       runtime::EvalResult r = runner_->evalStep(batch.inputs, batch.targets);
-      auto loss = gatherLoss(fmt::format("eval/{}/{}", done, k), r.loss);
-      if (loss) sum += *loss;
+      publishLoss(fmt::format("eval/{}/{}", done, k), r.loss);
     }
-    if (rank() != 0) return std::nullopt;
-    const double loss = sum / config_.eval_batches;
-    metrics_->write({{"event", "eval"}, {"step", done}, {"loss", loss}});
-    progress_->note(fmt::format("step {}: held-out loss {:.4f} ({} batches)", done, loss, config_.eval_batches));
-    return loss;
+    pending_.push_back(PendingReport{true, done, 0.0, 0.0, 0.0});
   }
 
   // Note [Checkpoint commit] in train/checkpoint.h.
-  std::string saveCheckpoint(std::int64_t done) {
+  std::string saveCheckpoint(std::int64_t done, TrainSummary& summary) {
     const std::string& root = config_.checkpoint.dir;
     const bool host_leader = env_.local_rank == 0;
     runner_->barrier();
+    drainReports(pending_.size(), summary);
     if (host_leader) {
       std::error_code ec;
       fs::create_directories(root, ec);
@@ -309,11 +349,14 @@ class RankTrainer {
     progress_->update(StepReport{done, loss, lr, tokens_per_s, eta_s});
   }
 
-  void writeTrace() {
+  void publishTrace() {
     nlohmann::json mine = nlohmann::json::array();
     for (const auto& p : traced_) mine.push_back(profileToJson(p));
     channel_->publish(fmt::format("trace/{}", rank()), mine.dump());
-    if (rank() != 0) return;
+  }
+
+  // Rank 0, after the barrier that follows publishTrace on every rank.
+  void writeTrace() {
     std::vector<RankStepProfile> all;
     for (int r = 0; r < env_.world_size; ++r) {
       for (const auto& p : nlohmann::json::parse(channel_->take(fmt::format("trace/{}", r)))) {
@@ -364,6 +407,7 @@ class RankTrainer {
   Clock::time_point loop_start_;
   double window_s_ = 0.0;  // step time since the last log line
   std::int64_t window_steps_ = 0;
+  std::deque<PendingReport> pending_;  // rank 0's reports waiting for proof (Note [Deferred reports])
 };
 
 }  // namespace
