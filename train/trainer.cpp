@@ -59,7 +59,7 @@ class RankTrainer {
     env_ = runtime::resolveDistEnv({});
     manifest_ = stage::readManifest(options.split_dir);
     checkLayout(config_, env_.world_size, manifest_.num_stages);
-    timeout_ = std::chrono::milliseconds(static_cast<std::int64_t>(options.timeout_s.value_or(config.timeout_s) * 1000));
+    timeout_ = std::chrono::milliseconds(static_cast<std::int64_t>(config.timeout_s * 1000));
 
     runtime::RunnerOptions ro;
     ro.split_dir = options.split_dir;

@@ -21,8 +21,6 @@ struct TrainerOptions {
   // the LR schedule still follows training.steps.
   std::optional<std::int64_t> stop_after;
   std::ostream* out = nullptr;  // rank 0's progress and summary; nullptr: std::cout
-  // Wall-clock bound on each wait for a peer; unset: distributed.timeout_s.
-  std::optional<double> timeout_s;
 };
 
 struct TrainSummary {
