@@ -4,7 +4,7 @@
 # ranks (Gloo on CPU, 1F1B), then show where the results are.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh
+PIPEFORGE_TARGETS="pipeforge pipeforge_zoo" bash scripts/build.sh
 BUILD_DIR=${PIPEFORGE_BUILD_DIR:-build}
 PF="$BUILD_DIR/cli/pipeforge"
 
