@@ -143,6 +143,13 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(n_embd)
         self.lm_head = nn.Linear(n_embd, vocab, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: one tensor, two FQNs
+        # GPT-2's initialisation (std 0.02): with PyTorch's N(0, 1) embedding
+        # the tied head starts with logits so large that the first loss is ~40.
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         T = idx.size(1)
