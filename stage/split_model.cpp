@@ -52,8 +52,11 @@ SplitSummary splitModelToDirectory(const SplitRequest& request) {
   if (fs::exists(out, ec) && !request.force) {
     throw std::runtime_error("output folder '" + request.out_dir + "' already exists; pass --force to replace it");
   }
-  if (!out.parent_path().empty() && !fs::exists(out.parent_path(), ec)) {
-    throw std::runtime_error("the parent of output folder '" + request.out_dir + "' does not exist; create it first");
+  if (!out.parent_path().empty()) {
+    fs::create_directories(out.parent_path(), ec);
+    if (ec) {
+      throw std::runtime_error("cannot create the parent of output folder '" + request.out_dir + "': " + ec.message());
+    }
   }
   partitioner::SplitSpec spec;
   if (request.spec_path) spec = partitioner::loadSplitSpec(*request.spec_path);
