@@ -10,7 +10,7 @@ PF="$BUILD_DIR/cli/pipeforge"
 
 echo "== split: the bundled GPT example into 2 stages"
 "$PF" split "$BUILD_DIR/zoo/gpt_demo.pt" --spec configs/split_gpt_demo.yaml --out out/demo/stages --force
-"$PF" inspect out/demo/stages | tail -n 6
+"$PF" inspect out/demo/stages | tail -n 5
 
 echo "== schedule: 1F1B on 2 ranks, 8 microbatches"
 "$PF" schedule --name 1F1B --ranks 2 --stages 2 --microbatches 8 --simulate | tail -n 3
