@@ -117,7 +117,10 @@ nlohmann::json chromeTrace(const CostSimulation& simulation, int num_ranks,
 
 std::string chromeTraceText(const CostSimulation& simulation, int num_ranks,
                             const ChromeTraceOptions& options) {
-  const nlohmann::json trace = chromeTrace(simulation, num_ranks, options);
+  return formatChromeTrace(chromeTrace(simulation, num_ranks, options));
+}
+
+std::string formatChromeTrace(const nlohmann::json& trace) {
   std::string out = "{\"traceEvents\": [\n";
   const auto& events = trace["traceEvents"];
   for (std::size_t k = 0; k < events.size(); ++k) {

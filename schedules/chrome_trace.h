@@ -26,7 +26,11 @@ struct ChromeTraceOptions {
 nlohmann::json chromeTrace(const CostSimulation& simulation, int num_ranks,
                            const ChromeTraceOptions& options = {});
 
-// The same, serialised (one event per line, so diffs stay readable).
+// Serialises any trace in chromeTrace's shape: one event per line, so diffs
+// stay readable (the measured traces of `pipeforge train` use it too).
+std::string formatChromeTrace(const nlohmann::json& trace);
+
+// chromeTrace, serialised by formatChromeTrace.
 std::string chromeTraceText(const CostSimulation& simulation, int num_ranks,
                             const ChromeTraceOptions& options = {});
 

@@ -90,16 +90,22 @@ std::string roundsRuleViolation(int p, int m) {
 Program generateInterleaved1F1B(const ScheduleConfig& config) {
   const int p = config.num_ranks;
   const int m = config.num_microbatches;
-  const int n_local = config.stages_per_rank;
   const int rounds = std::max(1, m / p);
   const int per_round = m / rounds;
   if (m % rounds != 0) {
     reject("Interleaved1F1B", config, roundsRuleViolation(p, m));
   }
+  return makeProgram(config, StageLayout::kLoop, interleavedRankOps(config, per_round, /*zero_bubble=*/false));
+}
+
+std::vector<RankOps> interleavedRankOps(const ScheduleConfig& config, int per_round, bool zero_bubble) {
+  const int p = config.num_ranks;
+  const int m = config.num_microbatches;
+  const int n_local = config.stages_per_rank;
   const int num_stages = p * n_local;
   std::vector<RankOps> actions(p);
   for (int rank = 0; rank < p; ++rank) {
-    int warmup = interleavedWarmupOps(rank, n_local, per_round, p, m, 2);
+    int warmup = interleavedWarmupOps(rank, n_local, per_round, p, m, zero_bubble ? 1 : 2);
     int microbatch_ops = n_local * m;
     int fwd_bwd = microbatch_ops - warmup;
     int cooldown = microbatch_ops - fwd_bwd;
@@ -107,10 +113,10 @@ Program generateInterleaved1F1B(const ScheduleConfig& config) {
     auto backward_stage = [&](int step) {
       return (n_local - 1 - ((step - warmup) / per_round) % n_local) * p + rank;
     };
-    actions[rank] = oneFOneBRankOps(n_local, p, warmup, fwd_bwd, cooldown, rank, num_stages,
-                                    forward_stage, backward_stage, 0, false);
+    actions[rank] = oneFOneBRankOps(n_local, p, warmup, fwd_bwd, cooldown, rank, num_stages, forward_stage,
+                                    backward_stage, zero_bubble ? rank : 0, zero_bubble);
   }
-  return makeProgram(config, StageLayout::kLoop, std::move(actions));
+  return actions;
 }
 
 }  // namespace pipeforge::schedules::detail

@@ -84,20 +84,7 @@ Program generateInterleavedZeroBubble(const ScheduleConfig& config) {
   if (m % rounds != 0) reject("InterleavedZeroBubble", config, roundsRuleViolation(p, m));
 
   const int num_stages = p * n_local;
-  std::vector<RankOps> actions(p);
-  for (int rank = 0; rank < p; ++rank) {
-    int warmup = interleavedWarmupOps(rank, n_local, per_round, p, m, 1);
-    int microbatch_ops = n_local * m;
-    int fwd_bwd = microbatch_ops - warmup;
-    int cooldown = microbatch_ops - fwd_bwd;
-    auto forward_stage = [&](int step) { return ((step / per_round) % n_local) * p + rank; };
-    auto backward_stage = [&](int step) {
-      return (n_local - 1 - ((step - warmup) / per_round) % n_local) * p + rank;
-    };
-    // Rank r runs r microbatches in plain 1F1B before deferring W.
-    actions[rank] = oneFOneBRankOps(n_local, p, warmup, fwd_bwd, cooldown, rank, num_stages,
-                                    forward_stage, backward_stage, rank, true);
-  }
+  auto actions = interleavedRankOps(config, per_round, /*zero_bubble=*/true);
   return makeProgram(config, StageLayout::kLoop, addBubbles(actions, num_stages));
 }
 

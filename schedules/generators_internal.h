@@ -44,6 +44,13 @@ RankOps oneFOneBRankOps(int n_local_stages, int pp_group_size, int warmup_ops, i
                         const std::function<int(int)>& backward_stage_index,
                         int num_1f1b_microbatches, bool enable_zero_bubble);
 
+// Every rank of an interleaved loop schedule, laid out as PyTorch's
+// `_calculate_single_rank_operations` does. Interleaved1F1B warms up with
+// factor 2 and never splits backward; the zero-bubble variant warms up with
+// factor 1 and defers W after rank r's first r microbatches.
+std::vector<RankOps> interleavedRankOps(const ScheduleConfig& config, int microbatches_per_round,
+                                        bool zero_bubble);
+
 // Why `m` microbatches break the flexible-rounds rule (m % max(1, m / p) != 0),
 // with the nearest valid counts.
 std::string roundsRuleViolation(int p, int m);

@@ -76,6 +76,21 @@ void validateProgram(const Program& program) {
                          program.num_microbatches - 1));
     }
     StageSeen& st = seen[s];
+    // B and I both start a microbatch's backward: after its F, and only once.
+    auto checkBackwardStart = [&](const char* what) {
+      if (st.f.count(mb) == 0) {
+        failAt("F before I/B", rank, step,
+               fmt::format("Running {} for stage {}, microbatch {} without first running Forward "
+                           "(expected {}F{} at an earlier step); move {}F{} before {}",
+                           what, s, mb, s, mb, s, mb, text));
+      }
+      if (st.b.count(mb) > 0 || st.i.count(mb) > 0) {
+        failAt("one backward per microbatch", rank, step,
+               fmt::format("Running {} for stage {}, microbatch {} after its backward already ran; "
+                           "remove {}",
+                           what, s, mb, text));
+      }
+    };
     switch (a.type) {
       case ActionType::kForward:
         if (!st.f.insert(mb).second) {
@@ -86,35 +101,11 @@ void validateProgram(const Program& program) {
         }
         break;
       case ActionType::kFullBackward:
-        if (st.f.count(mb) == 0) {
-          failAt("F before I/B", rank, step,
-                 fmt::format("Running Full Backward for stage {}, microbatch {} without first "
-                             "running Forward (expected {}F{} at an earlier step); move {}F{} "
-                             "before {}",
-                             s, mb, s, mb, s, mb, text));
-        }
-        if (st.b.count(mb) > 0 || st.i.count(mb) > 0) {
-          failAt("one backward per microbatch", rank, step,
-                 fmt::format("Running Full Backward for stage {}, microbatch {} after its "
-                             "backward already ran; remove {}",
-                             s, mb, text));
-        }
+        checkBackwardStart("Full Backward");
         st.b.insert(mb);
         break;
       case ActionType::kBackwardInput:
-        if (st.f.count(mb) == 0) {
-          failAt("F before I/B", rank, step,
-                 fmt::format("Running Backward Input for stage {}, microbatch {} without first "
-                             "running Forward (expected {}F{} at an earlier step); move {}F{} "
-                             "before {}",
-                             s, mb, s, mb, s, mb, text));
-        }
-        if (st.b.count(mb) > 0 || st.i.count(mb) > 0) {
-          failAt("one backward per microbatch", rank, step,
-                 fmt::format("Running Backward Input for stage {}, microbatch {} after its "
-                             "backward already ran; remove {}",
-                             s, mb, text));
-        }
+        checkBackwardStart("Backward Input");
         st.i.insert(mb);
         break;
       case ActionType::kBackwardWeight:

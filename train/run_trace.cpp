@@ -81,15 +81,7 @@ std::string measuredTraceText(const std::vector<RankStepProfile>& profiles, int 
   trace["otherData"]["measured"] = true;
   trace["otherData"]["first_step"] = first_step;
   trace["otherData"]["last_step"] = last_step;
-  // The same one-event-per-line layout as schedules::chromeTraceText.
-  std::string out = "{\"traceEvents\": [\n";
-  const auto& events = trace["traceEvents"];
-  for (std::size_t k = 0; k < events.size(); ++k) {
-    out += "  " + events[k].dump();
-    out += k + 1 < events.size() ? ",\n" : "\n";
-  }
-  out += "],\n\"displayTimeUnit\": \"ms\",\n\"otherData\": " + trace["otherData"].dump() + "}\n";
-  return out;
+  return schedules::formatChromeTrace(trace);
 }
 
 }  // namespace pipeforge::train
