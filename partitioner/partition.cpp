@@ -229,6 +229,7 @@ Partition partitionDag(const frontend::ModelDag& dag, const SplitSpec& spec, con
     }
     double mean = std::accumulate(stage_weight.begin(), stage_weight.end(), 0.0) / stages;
     double max = *std::max_element(stage_weight.begin(), stage_weight.end());
+    partition.imbalance = mean > 0 ? max / mean : 1.0;
     partition.balance = fmt::format("policy {}: {} stages, max/mean {:.3f} (per-stage weights: {:.4g})",
                                     policyName(spec.policy), stages, mean > 0 ? max / mean : 1.0,
                                     fmt::join(stage_weight, ", "));

@@ -20,6 +20,7 @@ struct Partition {
   int num_stages = 0;
   std::vector<int> stage_of_vertex;  // indexed by DAG vertex id; inputs vertex -> 0, outputs -> last
   std::string balance;               // "policy parameters: max/mean 1.08 (...)" when a policy ran
+  double imbalance = 1.0;            // max/mean stage weight when a policy ran
 };
 
 // Units an automatic policy can move between stages: vertex ranges that start

@@ -199,3 +199,26 @@ TEST(SplitStages, RunBackwardThroughEveryStage) {
 
 }  // namespace
 }  // namespace pipeforge
+
+namespace pipeforge {
+namespace {
+
+TEST(SplitPolicy, OpensDeeperWhenThatBalancesBetter) {
+  // Two blocks cannot fill four even stages at the top level; their children can.
+  auto model = frontend::loadModel(testing::zooModelPath("gpt"));
+  auto result = stage::splitInMemory(model, partitioner::parseSplitSpec("num_stages: 4\npolicy: parameters", "t"));
+  EXPECT_LT(result.partition.imbalance, 1.1) << result.partition.balance;
+  bool opened_block = false;
+  for (auto v : boost::make_iterator_range(boost::vertices(result.dag.graph))) {
+    opened_block = opened_block || result.dag.graph[v].callee.rfind("blocks.0.", 0) == 0;
+  }
+  EXPECT_TRUE(opened_block) << "blocks.0 should have been opened into its children";
+  // uniform stays at the shallowest level with enough cut points.
+  auto uniform = stage::splitInMemory(model, partitioner::parseSplitSpec("num_stages: 4\npolicy: uniform", "t"));
+  for (auto v : boost::make_iterator_range(boost::vertices(uniform.dag.graph))) {
+    EXPECT_NE(uniform.dag.graph[v].callee.rfind("blocks.0.", 0), 0u) << uniform.dag.graph[v].callee;
+  }
+}
+
+}  // namespace
+}  // namespace pipeforge
