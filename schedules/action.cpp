@@ -89,18 +89,6 @@ std::optional<int> readNumber(std::string_view whole, std::string_view text, std
   return static_cast<int>(value);
 }
 
-bool needsMicrobatch(ActionType type) {
-  switch (type) {
-    case ActionType::kUnshard:
-    case ActionType::kReshard:
-    case ActionType::kReduceGrad:
-    case ActionType::kOverlapFB:
-      return false;
-    default:
-      return true;
-  }
-}
-
 Action parseSimple(std::string_view whole, std::string_view text) {
   std::size_t pos = 0;
   std::optional<int> stage = readNumber(whole, text, pos, "stage");
@@ -126,10 +114,10 @@ Action parseSimple(std::string_view whole, std::string_view text) {
     fail(whole, fmt::format("unexpected {} after {}", quote(text.substr(pos)),
                             quote(text.substr(0, pos))));
   }
-  if (needsMicrobatch(*type) && !microbatch) {
+  if (takesMicrobatch(*type) && !microbatch) {
     fail(whole, fmt::format("{} needs a microbatch number, e.g. {}{}0", token, *stage, token));
   }
-  if (!needsMicrobatch(*type) && microbatch) {
+  if (!takesMicrobatch(*type) && microbatch) {
     fail(whole, fmt::format("{} takes no microbatch number, write {}{}", token, *stage, token));
   }
   return Action{*stage, *type, microbatch, {}};
@@ -142,6 +130,18 @@ std::string_view actionTypeName(ActionType type) {
     if (entry.type == type) return entry.name;
   }
   return "?";
+}
+
+bool takesMicrobatch(ActionType type) {
+  switch (type) {
+    case ActionType::kUnshard:
+    case ActionType::kReshard:
+    case ActionType::kReduceGrad:
+    case ActionType::kOverlapFB:
+      return false;
+    default:
+      return true;
+  }
 }
 
 bool isCompute(ActionType type) {

@@ -47,6 +47,9 @@ struct Action {
 // The token PyTorch uses for a type: "F", "SEND_B", "OVERLAP_F_B", ...
 std::string_view actionTypeName(ActionType type);
 
+// False for UNSHARD, RESHARD, REDUCE_GRAD and OVERLAP_F_B, which name no microbatch.
+bool takesMicrobatch(ActionType type);
+
 // True for F, I, W, B and OVERLAP_F_B (the actions that run stage code).
 bool isCompute(ActionType type);
 

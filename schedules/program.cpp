@@ -5,22 +5,6 @@
 #include "schedules/format_grid.h"
 
 namespace pipeforge::schedules {
-namespace {
-
-bool takesMicrobatch(ActionType type) {
-  switch (type) {
-    case ActionType::kUnshard:
-    case ActionType::kReshard:
-    case ActionType::kReduceGrad:
-    case ActionType::kOverlapFB:
-      return false;
-    default:
-      return true;
-  }
-}
-
-}  // namespace
-
 std::vector<int> makeStageToRank(int num_ranks, int num_stages, StageLayout layout) {
   std::vector<int> mapping(num_stages);
   for (int s = 0; s < num_stages; ++s) {

@@ -4,6 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/schedules/golden.h"
+
 #include "schedules/csv.h"
 #include "schedules/lower.h"
 #include "schedules/simulate_unit.h"
@@ -11,12 +13,7 @@
 namespace pipeforge::schedules {
 namespace {
 
-std::string readGolden(const std::string& name) {
-  std::ifstream in(std::string(PIPEFORGE_INTEROP_DIR) + "/" + name, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
+using testing::readGolden;
 
 using ::testing::HasSubstr;
 

@@ -7,18 +7,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/schedules/golden.h"
+
 namespace pipeforge::schedules {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::string readGolden(const std::string& name) {
-  std::ifstream in(std::string(PIPEFORGE_INTEROP_DIR) + "/" + name, std::ios::binary);
-  EXPECT_TRUE(in) << name;
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
+using testing::readGolden;
 
 TEST(Csv, EmptyCellsAreIdleSteps) {
   ActionGrid g = parseCsv("0F0,0F1,,0B0,   ,0B1\n,1F0,1B0,1F1,1B1,\n");

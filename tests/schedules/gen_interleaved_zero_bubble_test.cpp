@@ -4,6 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/schedules/golden.h"
+
 #include "schedules/csv.h"
 #include "schedules/generate.h"
 
@@ -12,12 +14,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string readGolden(const std::string& name) {
-  std::ifstream in(std::string(PIPEFORGE_INTEROP_DIR) + "/" + name, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
+using testing::readGolden;
 
 // PyTorch's artifact zb1p_2rank_2stagep_compute.csv is this schedule.
 TEST(InterleavedZeroBubble, MatchesPyTorchsZb1pArtifact) {

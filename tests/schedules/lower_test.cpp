@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/schedules/golden.h"
+
 #include "schedules/csv.h"
 #include "schedules/lower.h"
 #include "schedules/simulate_unit.h"
@@ -11,12 +13,7 @@
 namespace pipeforge::schedules {
 namespace {
 
-std::string readGolden(const std::string& name) {
-  std::ifstream in(std::string(PIPEFORGE_INTEROP_DIR) + "/" + name, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
+using testing::readGolden;
 
 // PyTorch's test_csv: the ZB1P compute artifact, I/W merged and send/recv
 // added, equals the comms artifact row for row and simulates in 113 steps.

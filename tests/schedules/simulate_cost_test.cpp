@@ -6,6 +6,8 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "tests/schedules/golden.h"
 #include <nlohmann/json.hpp>
 
 #include "schedules/cost_model.h"
@@ -20,13 +22,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string readGolden(const std::string& name) {
-  std::ifstream in(std::string(PIPEFORGE_INTEROP_DIR) + "/" + name, std::ios::binary);
-  EXPECT_TRUE(in) << name;
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
+using testing::readGolden;
 
 const TimedAction& find(const CostSimulation& sim, const std::string& text) {
   for (const TimedAction& e : sim.events) {

@@ -6,17 +6,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/schedules/golden.h"
+
 #include "schedules/csv.h"
 
 namespace pipeforge::schedules {
 namespace {
 
-std::string readGolden(const std::string& name) {
-  std::ifstream in(std::string(PIPEFORGE_INTEROP_DIR) + "/" + name, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
+using testing::readGolden;
 
 using ::testing::HasSubstr;
 
