@@ -1,6 +1,7 @@
-// `pipeforge`: split TorchScript models into pipeline stages, inspect them,
+// `pipeforge`: split PyTorch models into pipeline stages, inspect them,
 // build pipeline schedules and train across ranks.
 #include <CLI/CLI.hpp>
+#include <torch/version.h>
 
 #include <iostream>
 
@@ -14,7 +15,14 @@ int main(int argc, char** argv) {
       "pipeforge inspect stages/; pipeforge train --config train.yaml --nproc 2",
       "pipeforge"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "pipeforge 0.1.0");
+  // The LibTorch we were built with: stage files and checkpoints are only as
+  // portable as that version (a file saved by a newer torch may not load).
+#ifdef PIPEFORGE_HAVE_CUDA
+  constexpr const char* kTorchFlavour = "CUDA";
+#else
+  constexpr const char* kTorchFlavour = "CPU";
+#endif
+  app.set_version_flag("--version", std::string("pipeforge 0.1.0 (LibTorch ") + TORCH_VERSION + ", " + kTorchFlavour + ")");
   app.footer("Run `pipeforge <command> --help` for the options of one command.");
 
   int exit_code = kExitOk;

@@ -7,6 +7,8 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "compat/autograd_compat.h"
+
 namespace pipeforge::runtime {
 namespace {
 
@@ -107,7 +109,7 @@ class EngineWeightWork : public WeightGradWork {
   edge_list roots;
   variable_list grads;
   edge_list params;
-  std::vector<std::pair<std::shared_ptr<Node>, std::size_t>> cuts;  // (boundary node, next-edge index)
+  std::vector<std::pair<compat::AutogradNodePtr, std::size_t>> cuts;  // (boundary node, next-edge index)
 
   void run() override {
     if (roots.empty() || params.empty()) return;
@@ -163,7 +165,7 @@ InputGradResult backwardInput(const std::vector<at::Tensor>& roots, const std::v
     input_slots.push_back(static_cast<int>(i));
   }
   std::unordered_set<Node*> param_nodes;
-  std::unordered_map<Node*, std::shared_ptr<Node>> param_owner;
+  std::unordered_map<Node*, compat::AutogradNodePtr> param_owner;
   for (const at::Tensor& p : params) {
     if (!p.requires_grad()) continue;
     if (auto acc = torch::autograd::impl::try_get_grad_accumulator(p)) {
@@ -176,15 +178,15 @@ InputGradResult backwardInput(const std::vector<at::Tensor>& roots, const std::v
   for (const Edge& e : seeds.edges) scan.scan(e.function.get());
 
   // Boundary nodes: on the input path, with a weight-only child.
-  std::vector<std::shared_ptr<Node>> boundary;
+  std::vector<compat::AutogradNodePtr> boundary;
   {
     std::unordered_set<Node*> seen;
-    std::vector<std::shared_ptr<Node>> todo;
+    std::vector<compat::AutogradNodePtr> todo;
     for (const Edge& e : seeds.edges) {
       if (scan.onInputPath(e.function.get())) todo.push_back(e.function);
     }
     while (!todo.empty()) {
-      std::shared_ptr<Node> n = todo.back();
+      compat::AutogradNodePtr n = todo.back();
       todo.pop_back();
       if (!seen.insert(n.get()).second) continue;
       bool is_boundary = false;

@@ -3,6 +3,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/optim.h>
 #include <torch/serialize.h>
 
@@ -65,6 +68,31 @@ void pruneCheckpoints(const fs::path& root, int keep) {
   for (std::size_t k = 0; k + keep < steps.size(); ++k) fs::remove_all(steps[k].second, ec);
 }
 
+// Note [Checkpoints for torch.load]: since torch 2.6, torch.load defaults to
+// weights_only=True, which refuses the type tags torch::pickle_save writes
+// for typed containers (torch.jit._pickle.restore_type_tag). Checkpoints are
+// pickled without them: plain dicts of strings, ints and tensors, in the
+// torch.save zip layout (data.pkl + data/<i>), which torch.load of any version
+// reads by default, and torch::pickle_load too.
+std::vector<char> pickleForTorchLoad(const c10::IValue& value) {
+  std::vector<char> pickled;
+  torch::jit::Pickler pickler([&](const char* bytes, size_t n) { pickled.insert(pickled.end(), bytes, bytes + n); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::vector<char> archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) -> size_t {
+    const char* bytes = static_cast<const char*>(data);
+    archive.insert(archive.end(), bytes, bytes + n);
+    return n;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
+  return archive;
+}
+
 }  // namespace
 
 std::string checkpointDir(const std::string& root, std::int64_t step) {
@@ -121,7 +149,7 @@ void writeStageCheckpoint(const std::string& root, const StageCheckpoint& state,
   dict.insert("parameters", toDict(state.parameters));
   dict.insert("buffers", toDict(state.buffers));
   dict.insert("rng_state", state.rng_state.defined() ? state.rng_state.clone() : at::empty({0}, at::kByte));
-  std::vector<char> bytes = torch::pickle_save(dict);
+  std::vector<char> bytes = pickleForTorchLoad(dict);
   writeFileAtomically((dir / stageFile(state.stage)).string(), std::string(bytes.begin(), bytes.end()));
 
   torch::serialize::OutputArchive archive;

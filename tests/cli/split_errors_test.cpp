@@ -125,5 +125,15 @@ TEST(Cli, HelpExplainsEverySubcommand) {
   }
 }
 
+TEST(Cli, VersionNamesTheLibTorchOfTheZoosPython) {
+  auto v = testing::runCommand(std::string(PIPEFORGE_BINARY) + " --version");
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+  // major.minor of the torch that PIPEFORGE_PYTHON imports (the headers may say x.y.0 for x.y.1).
+  std::string python = PIPEFORGE_PYTHON_TORCH_VERSION;
+  std::string major_minor = python.substr(0, python.find('.', python.find('.') + 1));
+  EXPECT_NE(v.output.find("pipeforge 0.1.0 (LibTorch " + major_minor + "."), std::string::npos)
+      << v.output << " (the zoo's Python has torch " << python << ")";
+}
+
 }  // namespace
 }  // namespace pipeforge

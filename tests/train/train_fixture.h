@@ -16,6 +16,7 @@ namespace pipeforge::testing {
 // A run of the zoo's gpt (vocab 64, block 16) or mlp (8 -> 4) as YAML.
 struct RunSpec {
   std::string model = "gpt";  // gpt | mlp
+  std::string model_path;     // default: the zoo's file of `model`
   std::string split;          // inline split keys, e.g. "num_stages: 2"
   std::string schedule = "1F1B";
   int microbatches = 4;
