@@ -1,19 +1,21 @@
 #include "runtime/c10d_comm.h"
 
 #include <algorithm>
+#include <cctype>
 #include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "compat/c10d_store.h"
 #include "compat/torch_compat.h"
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -26,9 +28,15 @@ using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kAbortKey = "pipeforge/abort";
-constexpr const char* kAbortClaimKey = "pipeforge/abort_claim";
-constexpr const char* kExitKey = "pipeforge/exit";
+// Keys under the run's prefix (Note [Run namespace]).
+constexpr const char* kAbortKey = "abort";
+constexpr const char* kAbortClaimKey = "abort_claim";
+constexpr const char* kExitKey = "exit";
+// Note [Checked store values]: the store is shared with whatever else can
+// reach it, so what we read back is checked. A failure report starts with
+// this tag; anything else under the abort key stops the run with a message
+// naming the key, instead of being shown as if a rank had said it.
+constexpr std::string_view kReportTag = "pipeforge-failure-report-v1\n";
 constexpr milliseconds kPoll{100};
 // How long a failed rank 0 keeps the store up so peers can read its report.
 constexpr milliseconds kLingerAfterAbort{2000};
@@ -36,8 +44,18 @@ constexpr milliseconds kLingerAfterAbort{2000};
 std::vector<std::uint8_t> toBytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string fromBytes(const std::vector<std::uint8_t>& b) { return {b.begin(), b.end()}; }
 
-bool isLoopback(const std::string& addr) {
-  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+std::vector<std::uint8_t> reportBytes(const std::string& report) { return toBytes(std::string(kReportTag) + report); }
+
+// The report a rank published, or a report about the malformed value.
+std::string parseReport(const std::vector<std::uint8_t>& bytes, const std::string& key) {
+  std::string text = fromBytes(bytes);
+  if (text.compare(0, kReportTag.size(), kReportTag) == 0) return text.substr(kReportTag.size());
+  std::string shown;
+  for (char ch : text.substr(0, 60)) shown += std::isprint(static_cast<unsigned char>(ch)) ? ch : '?';
+  return fmt::format("the store key '{}' holds {} bytes that are not a Pipeforge failure report ('{}{}'): "
+                     "another program wrote into this job's rendezvous store, so the run stops. Keep the store "
+                     "port unreachable from other hosts (README, Security)",
+                     key, text.size(), shown, text.size() > 60 ? "..." : "");
 }
 
 // What the main thread, the watchdog and the send reaper share.
@@ -208,16 +226,15 @@ class C10dComm : public Communicator {
  public:
   explicit C10dComm(const C10dCommOptions& options) : options_(options), shared_(std::make_shared<Shared>()) {
     const DistEnv& env = options.env;
-    store_ = connectStore(env.rank == 0);
-    world_ = makeGroup(c10::make_intrusive<c10d::PrefixStore>("pipeforge/world", store_), env.rank,
-                       env.world_size);
+    store_ = connectStore(env.rank == 0 && !env.agent_store);
+    world_ = makeGroup(c10::make_intrusive<c10d::PrefixStore>("world", store_), env.rank, env.world_size);
     for (const auto& ranks : options.groups) {
       if (std::find(ranks.begin(), ranks.end(), env.rank) == ranks.end() || groups_.count(ranks)) continue;
       groups_.emplace(ranks, joinGroup(ranks));
     }
     shared_->read_store = [this]() -> std::optional<std::string> {
       if (!store_->check({kAbortKey})) return std::nullopt;
-      return fromBytes(store_->get(kAbortKey));
+      return parseReport(store_->get(kAbortKey), abortKeyName());
     };
     watch_store_ = connectStore(false);
     watchdog_ = std::thread([this] { watch(); });
@@ -291,7 +308,7 @@ class C10dComm : public Communicator {
 
   void abort(const std::string& report) override {
     try {
-      if (store_->add(kAbortClaimKey, 1) == 1) store_->set(kAbortKey, toBytes(report));
+      if (store_->add(kAbortClaimKey, 1) == 1) store_->set(kAbortKey, reportBytes(report));
     } catch (const std::exception&) {
       // The store is gone (rank 0 died): peers learn it from their watchdogs.
     }
@@ -323,26 +340,30 @@ class C10dComm : public Communicator {
       throw std::logic_error(fmt::format("rank {} joins group {} it is not part of", rank(), fmt::join(ranks, ",")));
     }
     c10::intrusive_ptr<c10d::Store> prefixed =
-        c10::make_intrusive<c10d::PrefixStore>(fmt::format("pipeforge/group/{}", fmt::join(ranks, ",")), store_);
+        c10::make_intrusive<c10d::PrefixStore>(fmt::format("group/{}", fmt::join(ranks, ",")), store_);
     return makeGroup(prefixed, static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()));
   }
 
+  std::string abortKeyName() const { return options_.env.storePrefix() + "/" + kAbortKey; }
+
+  // This run's view of the store: its keys under the run's prefix.
   c10::intrusive_ptr<c10d::Store> connectStore(bool server) {
     const DistEnv& env = options_.env;
-    c10d::TCPStoreOptions opts;
-    opts.port = static_cast<std::uint16_t>(env.master_port);
-    opts.isServer = server;
-    opts.numWorkers = env.world_size;
-    opts.waitWorkers = false;
-    opts.timeout = options_.timeout;
+    compat::StoreEndpoint endpoint;
+    endpoint.host = env.master_addr;
+    endpoint.port = env.master_port;
+    endpoint.is_server = server;
+    endpoint.world_size = env.world_size;
+    endpoint.timeout = options_.timeout;
+    endpoint.private_dir = env.private_dir;
     try {
-      return c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+      return c10::make_intrusive<c10d::PrefixStore>(env.storePrefix(), compat::openStore(endpoint));
     } catch (const std::exception& e) {
       std::string msg = e.what();
       throw CommError(CommError::Kind::kPeerLost,
-                      fmt::format("rank {}: cannot {} the rendezvous store at {}:{} ({}); check that every rank "
+                      fmt::format("rank {}: cannot {} the rendezvous store ({}): {}; check that every rank "
                                   "has the same MASTER_ADDR/MASTER_PORT and that rank 0 is running",
-                                  env.rank, server ? "host" : "reach", env.master_addr, env.master_port,
+                                  env.rank, server ? "host" : "reach", compat::describeStore(endpoint),
                                   msg.substr(0, msg.find('\n'))));
     }
   }
@@ -364,7 +385,7 @@ class C10dComm : public Communicator {
       }
       auto opts = c10d::ProcessGroupGloo::Options::create(options_.timeout);
       const std::string& addr = options_.env.master_addr;
-      opts->devices.push_back(isLoopback(addr) ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+      opts->devices.push_back(isLoopbackAddress(addr) ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
                                                : c10d::ProcessGroupGloo::createDefaultDevice());
       opts->threads = 1;
       return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
@@ -427,7 +448,7 @@ class C10dComm : public Communicator {
       lock.unlock();
       std::optional<std::string> found;
       try {
-        if (watch_store_->check({kAbortKey})) found = fromBytes(watch_store_->get(kAbortKey));
+        if (watch_store_->check({kAbortKey})) found = parseReport(watch_store_->get(kAbortKey), abortKeyName());
       } catch (const std::exception& e) {
         const DistEnv& env = options_.env;
         found = fmt::format("rank 0 failed: the rendezvous store it hosts at {}:{} stopped answering, so rank 0 "

@@ -66,7 +66,33 @@ Candidate fromSlurm(const EnvLookup& env) {
   return c;
 }
 
+// Run ids become store keys and appear in logs: keep them to a safe alphabet.
+std::string checkedRunId(const std::string& name, const std::string& id) {
+  bool ok = !id.empty() && id.size() <= 128;
+  for (char ch : id) ok = ok && (std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.');
+  if (!ok) {
+    throw DistEnvError(name + "='" + id + "' is not a usable run id; use 1 to 128 letters, digits, '-', '_' or '.'");
+  }
+  return id;
+}
+
+std::string runIdFrom(const EnvLookup& env) {
+  for (const char* name : {"PIPEFORGE_RUN_ID", "TORCHELASTIC_RUN_ID"}) {
+    if (auto id = env(name)) return checkedRunId(name, *id);
+  }
+  if (auto job = env("SLURM_JOB_ID")) {
+    std::string id = *job;
+    if (auto step = env("SLURM_STEP_ID")) id += "." + *step;
+    return checkedRunId("SLURM_JOB_ID", id);
+  }
+  return "none";
+}
+
 }  // namespace
+
+bool isLoopbackAddress(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
 
 EnvLookup processEnv() { return &getProcessEnv; }
 
@@ -105,6 +131,9 @@ DistEnv resolveDistEnv(const DistOptions& options, const EnvLookup& env) {
   out.local_rank = options.local_rank.value_or(chosen.local_rank.value_or(out.rank));
   out.master_addr = options.master_addr.value_or(chosen.addr.value_or("127.0.0.1"));
   out.master_port = options.master_port.value_or(chosen.port.value_or(DistEnv::kDefaultPort));
+  out.run_id = runIdFrom(env);
+  out.private_dir = env("PIPEFORGE_STORE_DIR").value_or("");
+  out.agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
 
   if (out.world_size < 1) {
     throw DistEnvError("world size " + std::to_string(out.world_size) + " (from " + out.source +

@@ -5,7 +5,8 @@
 // options win; then torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
 // MASTER_ADDR, MASTER_PORT); then SLURM's (SLURM_PROCID, SLURM_NTASKS,
 // SLURM_LOCALID, SLURM_LAUNCH_NODE_IPADDR or the first host of
-// SLURM_NODELIST); then a single process (rank 0 of 1).
+// SLURM_NODELIST); then a single process (rank 0 of 1). The run id and the
+// private folder come from the variables named at DistEnv::run_id.
 #pragma once
 
 #include <functional>
@@ -38,7 +39,23 @@ struct DistEnv {
   std::string master_addr = "127.0.0.1";
   int master_port = kDefaultPort;
   std::string source = "default";  // "options", "torchrun", "slurm" or "default"
+  // Note [Run namespace]: every key the job writes to its store lives under
+  // "pipeforge/run/<run_id>/". PIPEFORGE_RUN_ID (set by our launcher), else
+  // TORCHELASTIC_RUN_ID (torchrun), else SLURM_JOB_ID[.SLURM_STEP_ID], else "none".
+  std::string run_id = "none";
+  // PIPEFORGE_STORE_DIR: a folder private to this job on this host, made by
+  // our local launcher (Note [Store exposure]); empty otherwise.
+  std::string private_dir;
+  // torchrun's agent already serves the store at MASTER_ADDR:MASTER_PORT
+  // (TORCHELASTIC_USE_AGENT_STORE=True): rank 0 connects to it as a client.
+  bool agent_store = false;
+
+  // The prefix of this run's keys in the store.
+  std::string storePrefix() const { return "pipeforge/run/" + run_id; }
 };
+
+// True for 127.0.0.0/8, ::1 and "localhost".
+bool isLoopbackAddress(const std::string& addr);
 
 // Reads a variable; returns nullopt when unset. Tests pass their own.
 using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;

@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -26,8 +27,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // The environment of one rank: ours, minus what we set, plus what we set.
-std::vector<std::string> rankEnv(const LaunchOptions& o, int rank, int port) {
+std::vector<std::string> rankEnv(const LaunchOptions& o, int rank, int port, const std::string& run_id,
+                                 const std::string& private_dir) {
   std::vector<std::pair<std::string, std::string>> set = {
+      {"PIPEFORGE_RUN_ID", run_id},
+      {"PIPEFORGE_STORE_DIR", private_dir},
       {"RANK", std::to_string(rank)},
       {"WORLD_SIZE", std::to_string(o.num_ranks)},
       {"LOCAL_RANK", std::to_string(rank)},
@@ -62,6 +66,24 @@ std::string lastLines(const std::string& text, int n) {
     if (pos == std::string::npos) return text;
   }
   return text.substr(pos + 1);
+}
+
+// 12 hex digits from the kernel's random pool: unique among concurrent runs.
+std::string freshRunId() {
+  unsigned char bytes[6] = {};
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  urandom.read(reinterpret_cast<char*>(bytes), sizeof(bytes));
+  std::string id = "pf-";
+  for (unsigned char b : bytes) id += fmt::format("{:02x}", b);
+  return id;
+}
+
+std::string makePrivateDir(const std::string& prefix) {
+  std::string tmpl = prefix + "XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) {  // mode 0700
+    throw LaunchError(fmt::format("cannot make a folder {}: {}", tmpl, std::strerror(errno)));
+  }
+  return tmpl;
 }
 
 }  // namespace
@@ -106,13 +128,15 @@ LaunchResult launchLocal(const LaunchOptions& o) {
   }
   LaunchResult result;
   result.master_port = o.master_port.value_or(findFreePort(o.master_addr));
+  result.run_id = o.run_id.empty() ? freshRunId() : o.run_id;
 
-  std::string log_dir;
-  if (o.capture_output) {
-    char tmpl[] = "/tmp/pipeforge-launch-XXXXXX";
-    if (::mkdtemp(tmpl) == nullptr) throw LaunchError(fmt::format("mkdtemp failed: {}", std::strerror(errno)));
-    log_dir = tmpl;
+  // Logs and the private store folder of this run; removed at the end.
+  const std::string run_dir = makePrivateDir("/tmp/pipeforge-launch-");
+  const std::string private_dir = run_dir + "/store";
+  if (::mkdir(private_dir.c_str(), 0700) != 0) {
+    throw LaunchError(fmt::format("cannot make a folder {}: {}", private_dir, std::strerror(errno)));
   }
+  const std::string log_dir = o.capture_output ? run_dir : std::string();
 
   // Everything the children need is built before fork: after it, a child of
   // a threaded parent may only make async-signal-safe calls.
@@ -126,7 +150,7 @@ LaunchResult launchLocal(const LaunchOptions& o) {
   result.ranks.resize(o.num_ranks);
   auto start = Clock::now();
   for (int rank = 0; rank < o.num_ranks; ++rank) {
-    std::vector<std::string> env_text = rankEnv(o, rank, result.master_port);
+    std::vector<std::string> env_text = rankEnv(o, rank, result.master_port, result.run_id, private_dir);
     std::vector<char*> envp;
     for (auto& e : env_text) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -196,12 +220,11 @@ LaunchResult launchLocal(const LaunchOptions& o) {
   }
   if (o.capture_output) {
     for (int rank = 0; rank < o.num_ranks; ++rank) {
-      std::string log = fmt::format("{}/rank{}.log", log_dir, rank);
-      result.ranks[rank].output = readFile(log);
-      ::unlink(log.c_str());
+      result.ranks[rank].output = readFile(fmt::format("{}/rank{}.log", log_dir, rank));
     }
-    ::rmdir(log_dir.c_str());
   }
+  std::error_code ec;
+  std::filesystem::remove_all(run_dir, ec);
   return result;
 }
 

@@ -9,6 +9,10 @@
 //   LaunchResult r = launchLocal(opts);
 //   if (!r.ok()) std::cerr << r.summary();
 //
+// Every rank also gets PIPEFORGE_RUN_ID (Note [Run namespace]) and
+// PIPEFORGE_STORE_DIR, a folder only this user can enter, removed after the
+// run (Note [Store exposure]).
+//
 // When a rank fails, the others get `grace` to stop by themselves (the
 // runtime makes them, Note [Failure broadcast]); whoever is still running
 // then is killed. Torch-free.
@@ -38,6 +42,7 @@ struct LaunchOptions {
   std::chrono::milliseconds grace{std::chrono::seconds(30)};
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};  // then every rank is killed
   bool capture_output = true;  // else ranks share this process's stdout/stderr
+  std::string run_id;          // PIPEFORGE_RUN_ID of the ranks; default: a fresh random one
 };
 
 struct RankExit {
@@ -54,6 +59,7 @@ struct RankExit {
 struct LaunchResult {
   std::vector<RankExit> ranks;
   int master_port = 0;
+  std::string run_id;
   std::optional<int> first_failed;  // the rank that failed first
 
   bool ok() const { return !first_failed.has_value(); }

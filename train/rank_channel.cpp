@@ -1,26 +1,30 @@
 #include "train/rank_channel.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <stdexcept>
 
 #include <fmt/format.h>
+
+#include "compat/c10d_store.h"
 
 namespace pipeforge::train {
 
 class RankChannel::Store {
  public:
   Store(const runtime::DistEnv& env, std::chrono::milliseconds timeout) : timeout_(timeout) {
-    c10d::TCPStoreOptions options;
-    options.port = static_cast<std::uint16_t>(env.master_port);
-    options.isServer = false;
-    options.waitWorkers = false;
-    options.timeout = timeout;
-    auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
-    store_ = c10::make_intrusive<c10d::PrefixStore>("pipeforge/train", tcp);
-    where_ = fmt::format("{}:{}", env.master_addr, env.master_port);
+    compat::StoreEndpoint endpoint;
+    endpoint.host = env.master_addr;
+    endpoint.port = env.master_port;
+    endpoint.world_size = env.world_size;
+    endpoint.timeout = timeout;
+    endpoint.private_dir = env.private_dir;
+    prefix_ = env.storePrefix() + "/train";
+    store_ = c10::make_intrusive<c10d::PrefixStore>(prefix_, compat::openStore(endpoint));
+    where_ = compat::describeStore(endpoint);
   }
+
+  const std::string& prefix() const { return prefix_; }
 
   void set(const std::string& key, const std::string& value) {
     store_->set(key, std::vector<std::uint8_t>(value.begin(), value.end()));
@@ -40,6 +44,7 @@ class RankChannel::Store {
 
  private:
   std::chrono::milliseconds timeout_;
+  std::string prefix_;
   c10::intrusive_ptr<c10d::Store> store_;
   std::string where_;
 };
@@ -58,12 +63,34 @@ void RankChannel::publish(const std::string& key, const std::string& value) {
   local_[key] = value;
 }
 
+std::string RankChannel::keyName(const std::string& key) const {
+  return store_ ? store_->prefix() + "/" + key : key;
+}
+
 std::string RankChannel::take(const std::string& key) {
   if (store_) return store_->take(key);
   auto it = local_.find(key);
   if (it == local_.end()) throw std::runtime_error(fmt::format("no value for '{}' (single process)", key));
   std::string value = std::move(it->second);
   local_.erase(it);
+  return value;
+}
+
+double RankChannel::takeNumber(const std::string& key) {
+  const std::string text = take(key);
+  std::size_t used = 0;
+  double value = 0.0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) {
+    throw std::runtime_error(fmt::format(
+        "the store key '{}' holds '{}', not a number: another program wrote into this job's rendezvous store "
+        "(README, Security)",
+        keyName(key), text.substr(0, 60)));
+  }
   return value;
 }
 

@@ -1,6 +1,6 @@
 // Small messages between ranks (losses for rank 0's log, trace profiles)
-// through the job's rendezvous store: the TCPStore the runtime's rank 0
-// hosts at MASTER_ADDR:MASTER_PORT, under the prefix "pipeforge/train/".
+// through the job's rendezvous store (the one the runtime's rank 0 hosts,
+// compat/c10d_store.h), under "pipeforge/run/<run id>/train/".
 //
 // The runner's facade moves tensors between stages, not scalars to rank 0;
 // this keeps the training loop's bookkeeping off the pipeline's links.
@@ -28,6 +28,11 @@ class RankChannel {
   // Waits for `key` (bounded by the timeout), returns it and deletes it.
   // Throws std::runtime_error naming the key when it does not come.
   std::string take(const std::string& key);
+  // take() of a number written with publish(); throws std::runtime_error
+  // naming the key when the value is not one (Note [Checked store values]).
+  double takeNumber(const std::string& key);
+  // The full store key of `key`, for messages about a bad value.
+  std::string keyName(const std::string& key) const;
 
  private:
   class Store;

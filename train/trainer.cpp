@@ -184,7 +184,7 @@ class RankTrainer {
   double takeLoss(const std::string& key) {
     double sum = 0.0;
     for (int d = 0; d < config_.pipeline.data_parallel; ++d) {
-      sum += std::stod(channel_->take(fmt::format("{}/{}", key, d)));
+      sum += channel_->takeNumber(fmt::format("{}/{}", key, d));
     }
     return sum / config_.pipeline.data_parallel;
   }
@@ -359,8 +359,15 @@ class RankTrainer {
   void writeTrace() {
     std::vector<RankStepProfile> all;
     for (int r = 0; r < env_.world_size; ++r) {
-      for (const auto& p : nlohmann::json::parse(channel_->take(fmt::format("trace/{}", r)))) {
-        all.push_back(profileFromJson(p));
+      const std::string key = fmt::format("trace/{}", r);
+      const std::string text = channel_->take(key);
+      try {
+        for (const auto& p : nlohmann::json::parse(text)) all.push_back(profileFromJson(p));
+      } catch (const nlohmann::json::exception& e) {
+        // Note [Checked store values]: a tampered trace costs the trace, not the run.
+        std::cerr << fmt::format("warning: no trace written: the store key '{}' holds a malformed profile ({})\n",
+                                 channel_->keyName(key), e.what());
+        return;
       }
     }
     trace_path_ = (fs::path(config_.output_dir) / "trace.json").string();

@@ -1,0 +1,244 @@
+// Note [Store exposure] and Note [Checked store values], end to end: a local
+// run listens on loopback only, and garbage written into its store stops it
+// with a message naming the key, without a crash or a hang.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "compat/c10d_store.h"
+#include "tests/train/train_fixture.h"
+
+extern char** environ;
+
+namespace pipeforge::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+std::string readAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// `pipeforge train --config C --nproc 2` in the background, output to a file.
+class BackgroundRun {
+ public:
+  BackgroundRun(const std::string& config, const std::string& log) : log_(log) {
+    std::vector<std::string> args = {PIPEFORGE_BINARY, "train", "--config", config, "--nproc", "2"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&actions);
+  }
+  ~BackgroundRun() {
+    if (pid_ > 0 && !exited_) {
+      ::kill(pid_, SIGKILL);  // the ranks die with it (PR_SET_PDEATHSIG)
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  std::string output() const { return readAll(log_); }
+
+  // The exit status within `limit`, or nullopt (then the run is killed).
+  std::optional<int> wait(std::chrono::milliseconds limit) {
+    auto deadline = Clock::now() + limit;
+    while (Clock::now() < deadline) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+        return WEXITSTATUS(status);
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    return std::nullopt;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  std::string log_;
+};
+
+// The processes whose parent is `parent` (the launcher's ranks).
+std::vector<pid_t> childrenOf(pid_t parent) {
+  std::vector<pid_t> out;
+  DIR* proc = ::opendir("/proc");
+  if (!proc) return out;
+  while (dirent* e = ::readdir(proc)) {
+    pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0) continue;
+    std::string stat = readAll(fmt::format("/proc/{}/stat", pid));
+    auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent) out.push_back(pid);
+  }
+  ::closedir(proc);
+  return out;
+}
+
+// The socket inodes a process holds open.
+std::set<std::string> socketInodes(pid_t pid) {
+  std::set<std::string> out;
+  std::string dir = fmt::format("/proc/{}/fd", pid);
+  DIR* fds = ::opendir(dir.c_str());
+  if (!fds) return out;
+  while (dirent* e = ::readdir(fds)) {
+    char target[256] = {};
+    ssize_t n = ::readlink((dir + "/" + e->d_name).c_str(), target, sizeof(target) - 1);
+    std::string link(target, n > 0 ? static_cast<std::size_t>(n) : 0);
+    if (link.rfind("socket:[", 0) == 0) out.insert(link.substr(8, link.size() - 9));
+  }
+  ::closedir(fds);
+  return out;
+}
+
+struct Listener {
+  std::string address;  // hex, as /proc/net/tcp* writes it
+  bool loopback = false;
+};
+
+// Listening TCP sockets (state 0A) by inode, from /proc/net/tcp and tcp6.
+std::map<std::string, Listener> listeners() {
+  std::map<std::string, Listener> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::istringstream lines(readAll(table));
+    std::string line;
+    std::getline(lines, line);  // header
+    while (std::getline(lines, line)) {
+      std::istringstream f(line);
+      std::string slot, local, remote, state, queues, timer, retr, uid, timeout, inode;
+      f >> slot >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
+      if (state != "0A") continue;
+      std::string ip = local.substr(0, local.find(':'));
+      bool loopback = false;
+      if (ip.size() == 8) loopback = ip.substr(6, 2) == "7F";  // little-endian 127.x.x.x
+      if (ip.size() == 32) {
+        loopback = ip == "00000000000000000000000001000000" ||                 // ::1
+                   (ip.substr(0, 24) == "0000000000000000FFFF0000" && ip.substr(30, 2) == "7F");  // ::ffff:127.x
+      }
+      out[inode] = Listener{local, loopback};
+    }
+  }
+  return out;
+}
+
+RunSpec longRun() {
+  RunSpec spec;
+  spec.split = "num_stages: 2\n  policy: parameters";
+  spec.steps = 100000;  // runs until the test is done with it
+  spec.checkpoint_every = 0;
+  spec.timeout_s = 20;
+  return spec;
+}
+
+TEST(LocalRunSecurity, EverySocketListensOnLoopbackOnly) {
+  TrainWorkspace ws;
+  BackgroundRun run(ws.writeConfig("listen", longRun()), ws.dir() + "/listen.log");
+  ASSERT_GT(run.pid(), 0);
+  std::map<pid_t, std::map<std::string, Listener>> seen;  // rank pid -> its listeners
+  auto deadline = Clock::now() + 60s;
+  std::optional<Clock::time_point> both_since;
+  while (Clock::now() < deadline) {
+    ASSERT_FALSE(run.wait(1ms).has_value()) << "the run ended early:\n" << run.output();
+    auto all = listeners();
+    for (pid_t pid : childrenOf(run.pid())) {
+      for (const std::string& inode : socketInodes(pid)) {
+        if (all.count(inode)) seen[pid][inode] = all[inode];
+      }
+    }
+    int ranks_listening = 0;
+    for (const auto& [pid, l] : seen) ranks_listening += !l.empty();
+    if (ranks_listening == 2 && !both_since) both_since = Clock::now();
+    if (both_since && Clock::now() - *both_since > 2s) break;  // training, connections settled
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_EQ(seen.size(), 2u) << "expected both ranks to listen (Gloo's pairs at least):\n" << run.output();
+  int count = 0;
+  for (const auto& [pid, socks] : seen) {
+    for (const auto& [inode, l] : socks) {
+      ++count;
+      EXPECT_TRUE(l.loopback) << "rank process " << pid << " listens on " << l.address << " (inode " << inode
+                              << "), not on loopback; store: "
+                              << (compat::storeBindsOneAddress() ? "TCPStore bound by us" : "FileStore");
+    }
+  }
+  std::cout << fmt::format("[ listeners ] {} listening sockets over 2 ranks, all checked\n", count);
+}
+
+std::string envOf(pid_t pid, const std::string& name) {
+  std::string env = readAll(fmt::format("/proc/{}/environ", pid));
+  std::string key = name + "=";
+  for (std::size_t at = 0; at < env.size();) {
+    std::size_t end = env.find('\0', at);
+    if (end == std::string::npos) end = env.size();
+    if (env.compare(at, key.size(), key) == 0) return env.substr(at + key.size(), end - at - key.size());
+    at = end + 1;
+  }
+  return "";
+}
+
+TEST(LocalRunSecurity, GarbageInTheStoreStopsTheRunNamingTheKey) {
+  TrainWorkspace ws;
+  RunSpec spec = longRun();
+  BackgroundRun run(ws.writeConfig("garbage", spec), ws.dir() + "/garbage.log");
+  ASSERT_GT(run.pid(), 0);
+  // Wait for the ranks, then for training to start (the progress line).
+  std::vector<pid_t> ranks;
+  auto deadline = Clock::now() + 60s;
+  while (Clock::now() < deadline && (ranks.size() < 2 || run.output().find("  loss ") == std::string::npos)) {
+    ASSERT_FALSE(run.wait(1ms).has_value()) << "the run ended early:\n" << run.output();
+    ranks = childrenOf(run.pid());
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_EQ(ranks.size(), 2u) << run.output();
+  const std::string run_id = envOf(ranks[0], "PIPEFORGE_RUN_ID");
+  ASSERT_FALSE(run_id.empty());
+  compat::StoreEndpoint endpoint;
+  endpoint.host = envOf(ranks[0], "MASTER_ADDR");
+  endpoint.port = std::stoi(envOf(ranks[0], "MASTER_PORT"));
+  endpoint.world_size = 2;
+  endpoint.timeout = 10s;
+  endpoint.private_dir = envOf(ranks[0], "PIPEFORGE_STORE_DIR");
+  const std::string key = "pipeforge/run/" + run_id + "/abort";
+  {
+    auto store = compat::openStore(endpoint);
+    const std::string garbage = "\x01\xff not a report {";
+    store->set(key, std::vector<std::uint8_t>(garbage.begin(), garbage.end()));
+  }
+  auto status = run.wait(15s);
+  ASSERT_TRUE(status.has_value()) << "the run did not stop within 15 s of the garbage:\n" << run.output();
+  EXPECT_EQ(*status, 1) << "a clean failure exit, not a crash:\n" << run.output();
+  EXPECT_NE(run.output().find(key), std::string::npos) << run.output();
+  EXPECT_NE(run.output().find("not a Pipeforge failure report"), std::string::npos) << run.output();
+}
+
+}  // namespace
+}  // namespace pipeforge::testing
