@@ -6,6 +6,19 @@
 
 namespace pipeforge::schedules::detail {
 
+// Note [GPipe idle steps]: the layout is, cell for cell, the list PyTorch's
+// `ScheduleGPipe._get_pipeline_order` builds (tests/schedules/pytorch_orders_test.cpp
+// checks it): rank r idles r steps, runs F0..Fm-1, idles 3 * (p - 1 - r)
+// steps, then runs B0..Bm-1. The backward of rank r starts two steps after
+// rank r+1's, one step later than the inputs allow (1F1B idles only as long
+// as it must); the order, and so the lowered program, is the same either way.
+// torch 2.13 then passes the list through `_add_reduce_grad`, which drops the
+// idle steps and appends REDUCE_GRAD: addReduceGrad of ours is its
+// `pipeline_order`.
+//
+//   p=3, m=2:  0F0,0F1,,,,,,,0B0,0B1
+//              ,1F0,1F1,,,,1B0,1B1
+//              ,,2F0,2F1,2B0,2B1
 Program generateGPipe(const ScheduleConfig& config) {
   if (config.stages_per_rank != 1) {
     reject("GPipe", config,
@@ -13,14 +26,17 @@ Program generateGPipe(const ScheduleConfig& config) {
                        "use stages_per_rank=1, or LoopedBFS for several stages per rank",
                        config.stages_per_rank));
   }
+  const int p = config.num_ranks;
   const int m = config.num_microbatches;
-  std::vector<std::vector<Action>> orders(config.num_ranks);
-  for (int rank = 0; rank < config.num_ranks; ++rank) {
-    // The runtime's order (ScheduleGPipe._step_microbatches): F0..Fm-1, then B0..Bm-1.
-    for (int mb = 0; mb < m; ++mb) orders[rank].push_back(act(rank, ActionType::kForward, mb));
-    for (int mb = 0; mb < m; ++mb) orders[rank].push_back(act(rank, ActionType::kFullBackward, mb));
+  std::vector<RankOps> actions(p);
+  for (int rank = 0; rank < p; ++rank) {
+    RankOps& ops = actions[rank];
+    ops.assign(rank, std::nullopt);
+    for (int mb = 0; mb < m; ++mb) ops.push_back(act(rank, ActionType::kForward, mb));
+    ops.insert(ops.end(), 3 * (p - 1 - rank), std::nullopt);
+    for (int mb = 0; mb < m; ++mb) ops.push_back(act(rank, ActionType::kFullBackward, mb));
   }
-  return makeProgram(config, StageLayout::kLoop, alignToSteps(orders, config.num_ranks));
+  return makeProgram(config, StageLayout::kLoop, std::move(actions));
 }
 
 }  // namespace pipeforge::schedules::detail

@@ -1,7 +1,10 @@
 // Named schedule generators, looked up by case-insensitive name.
 //
-// Every generator that PyTorch also has produces the same action sequence
-// (compute-only program), so CSV files move between the two unchanged.
+// Every generator that PyTorch also has produces PyTorch's compute-only
+// program cell for cell, idle steps included, so CSV files move between the
+// two unchanged; the one exception is 1F1B, whose list in PyTorch is broken
+// (Note [1F1B against PyTorch's order]). tests/schedules/pytorch_orders_test.cpp
+// compares every class of the installed torch.
 #pragma once
 
 #include <string>
@@ -30,10 +33,11 @@ struct ScheduleConfig {
 // ZBVZeroBubble and DualPipeV, which fold the stages into a V (StageLayout::kV).
 // GPipe and 1F1B are single-stage (stages_per_rank must be 1); PyTorch runs
 // them without an action list, so their programs are the order its runtime
-// executes, laid out on unit time steps like the multi-stage ones: an action
-// waits one step for its input from another stage (F for F, B for B), and the
-// cell stays empty meanwhile. MegatronInterleaved is Megatron-LM's
-// interleaved order (megatron_table.h) laid out the same way.
+// executes. GPipe is laid out as PyTorch's pipeline_order lays it out (Note
+// [GPipe idle steps]); 1F1B on unit time steps: an action waits one step for
+// its input from another stage (F for F, B for B), and the cell stays empty
+// meanwhile. MegatronInterleaved is Megatron-LM's interleaved order
+// (megatron_table.h) laid out like 1F1B.
 std::vector<std::string> scheduleNames();
 
 // Generates the compute-only program of the named schedule. Throws
