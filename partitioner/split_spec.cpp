@@ -15,6 +15,16 @@ std::string where(const std::string& origin, const YAML::Node& node) {
   return origin + ":" + std::to_string(mark.line + 1);
 }
 
+// A map key as text. YAML also allows lists and maps as keys (`? [a, b]: 1`);
+// no key of a split spec is one, and yaml-cpp would throw its own exception.
+std::string keyText(const YAML::Node& key, const std::string& origin) {
+  if (key.IsSequence() || key.IsMap()) {
+    throw SpecError(where(origin, key) + ": a key must be a name such as num_stages or layers.1, got a " +
+                    (key.IsMap() ? "map" : "list"));
+  }
+  return key.as<std::string>();
+}
+
 template <typename T>
 T scalarAs(const YAML::Node& node, const std::string& key, const char* expected, const std::string& origin) {
   try {
@@ -32,7 +42,7 @@ ExampleInput parseExampleInput(const YAML::Node& node, size_t index, const std::
   ExampleInput in;
   bool has_shape = false;
   for (const auto& kv : node) {
-    auto name = kv.first.as<std::string>();
+    auto name = keyText(kv.first, origin);
     if (name == "shape") {
       if (!kv.second.IsSequence()) throw SpecError(where(origin, kv.second) + ": " + key + ".shape must be a list of sizes");
       for (const auto& d : kv.second) {
@@ -86,7 +96,7 @@ SplitSpec parseSplitSpec(const std::string& yaml_text, const std::string& origin
     throw SpecError(origin + ": a split spec is a YAML map with split_points, num_stages, policy, example_inputs");
   }
   for (const auto& kv : root) {
-    auto key = kv.first.as<std::string>();
+    auto key = keyText(kv.first, origin);
     const YAML::Node& value = kv.second;
     if (key == "split_points") {
       if (value.IsNull()) continue;
@@ -94,7 +104,7 @@ SplitSpec parseSplitSpec(const std::string& yaml_text, const std::string& origin
         throw SpecError(where(origin, value) + ": split_points must map FQNs to BEGINNING or END, e.g. 'layers.1: BEGINNING'");
       }
       for (const auto& point : value) {
-        auto fqn = point.first.as<std::string>();
+        auto fqn = keyText(point.first, origin);
         auto kind = scalarAs<std::string>(point.second, "split_points." + fqn, "BEGINNING or END", origin);
         SplitPoint sp;
         if (kind == "BEGINNING" || kind == "beginning") {

@@ -400,10 +400,15 @@ class C10dComm : public Communicator {
     }
   }
 
+  // Note [Reduced precision on Gloo]: Gloo's allreduce has no bfloat16 (and,
+  // in older releases, no half) kernel ("Invalid scalar type"). It sums a
+  // float32 copy instead, which also rounds once instead of at every hop.
   void runCollective(const c10::intrusive_ptr<PIPEFORGE_C10D_GROUP>& pg, const at::Tensor& tensor,
                      const std::string& what) {
-    std::vector<at::Tensor> tensors{tensor};
+    const bool widen = !options_.nccl && (tensor.scalar_type() == at::kBFloat16 || tensor.scalar_type() == at::kHalf);
+    std::vector<at::Tensor> tensors{widen ? tensor.to(at::kFloat) : tensor};
     waitCollective(pg->allreduce(tensors), what);
+    if (widen) tensor.copy_(tensors[0]);
   }
 
   // Collectives run on the group's worker thread: poll their completion so a

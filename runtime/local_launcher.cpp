@@ -10,7 +10,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -39,6 +41,15 @@ std::vector<std::string> rankEnv(const LaunchOptions& o, int rank, int port, con
       {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(port)},
   };
+  // Note [Threads per rank]: N ranks on one host each default to every core,
+  // which oversubscribes it N times over (torchrun sets 1). Unless the user
+  // chose, each rank gets its share of the cores.
+  const bool chosen = std::getenv("OMP_NUM_THREADS") != nullptr ||
+                      std::any_of(o.env.begin(), o.env.end(), [](const auto& kv) { return kv.first == "OMP_NUM_THREADS"; });
+  if (!chosen) {
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    set.emplace_back("OMP_NUM_THREADS", std::to_string(std::max(1u, cores / static_cast<unsigned>(o.num_ranks))));
+  }
   set.insert(set.end(), o.env.begin(), o.env.end());
   std::vector<std::string> out;
   for (char** e = environ; *e != nullptr; ++e) {

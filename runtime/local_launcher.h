@@ -9,7 +9,8 @@
 //   LaunchResult r = launchLocal(opts);
 //   if (!r.ok()) std::cerr << r.summary();
 //
-// Every rank also gets PIPEFORGE_RUN_ID (Note [Run namespace]) and
+// Unless OMP_NUM_THREADS is set, each rank gets cores / N threads (Note
+// [Threads per rank]). Every rank also gets PIPEFORGE_RUN_ID (Note [Run namespace]) and
 // PIPEFORGE_STORE_DIR, a folder only this user can enter, removed after the
 // run (Note [Store exposure]).
 //

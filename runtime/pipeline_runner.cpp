@@ -348,6 +348,20 @@ void PipelineRunner::barrier() {
   }
 }
 
+void PipelineRunner::allreduceSumAll(const at::Tensor& values) {
+  if (impl_->world_ == 1) return;
+  std::vector<int> all(impl_->world_);
+  for (int r = 0; r < impl_->world_; ++r) all[r] = r;
+  try {
+    impl_->comm_->allreduceSum(values, all);
+  } catch (const CommError& e) {
+    if (e.kind() == CommError::Kind::kAborted) throw RuntimeError(std::string(e.what()) + ":\n" + e.report());
+    std::string report = fmt::format("rank {} failed in an allreduce over all ranks: {}", impl_->rank_, e.what());
+    impl_->comm_->abort(report);
+    throw RuntimeError(report);
+  }
+}
+
 int PipelineRunner::rank() const { return impl_->rank_; }
 int PipelineRunner::worldSize() const { return impl_->world_; }
 int PipelineRunner::pipelineRank() const { return impl_->pp_rank_; }

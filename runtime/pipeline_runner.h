@@ -180,6 +180,9 @@ class PipelineRunner {
 
   // Waits for every rank (checkpointing); bounded by the timeout.
   void barrier();
+  // Sums `values` (a small float64 CPU tensor, the same shape on every rank)
+  // over every rank, in place: how ranks agree on a decision. A collective.
+  void allreduceSumAll(const at::Tensor& values);
 
   int rank() const;
   int worldSize() const;

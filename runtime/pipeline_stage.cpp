@@ -1,5 +1,6 @@
 #include "runtime/pipeline_stage.h"
 
+#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -11,6 +12,7 @@
 #include "runtime/comm_plan.h"
 #include "runtime/errors.h"
 #include "runtime/split_backward.h"
+#include "stage/file_digest.h"
 #include "stage/manifest.h"
 
 namespace pipeforge::runtime {
@@ -74,6 +76,12 @@ PipelineStage PipelineStage::fromSplit(const std::string& split_dir, const stage
                                        const CommPlan& plan, int index, const std::string& device) {
   const stage::StageInfo& info = manifest.stages.at(index);
   std::string path = split_dir + "/" + info.file;
+  try {
+    // Note [File digests]; a missing file is reported by the load below.
+    if (std::ifstream(path).good()) stage::verifyStageFile(split_dir, info);
+  } catch (const stage::DigestError& e) {
+    throw RuntimeError(fmt::format("stage {}: {}", index, e.what()));
+  }
   torch::jit::Module module;
   try {
     module = torch::jit::load(path, c10::Device(device));

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <limits>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -140,10 +142,14 @@ Program programFromCsv(std::string_view text) {
   ActionGrid grid = parseCsv(text);
   int max_stage = -1;
   int max_microbatch = -1;
+  std::set<int> stages;
   for (const auto& row : grid) {
     for (const auto& cell : row) {
       if (!cell) continue;
-      for (int stage : stagesOf(*cell)) max_stage = std::max(max_stage, stage);
+      for (int stage : stagesOf(*cell)) {
+        max_stage = std::max(max_stage, stage);
+        stages.insert(stage);
+      }
       if (cell->microbatch) max_microbatch = std::max(max_microbatch, *cell->microbatch);
       for (const auto& sub : cell->sub_actions) {
         if (sub.microbatch) max_microbatch = std::max(max_microbatch, *sub.microbatch);
@@ -154,6 +160,26 @@ Program programFromCsv(std::string_view text) {
     throw ScheduleError(
         "CSV schedule has no actions with a stage and microbatch; expected one row per rank such "
         "as 0F0,0F1,,0B0,0B1");
+  }
+
+  // Every stage 0..max_stage must appear. Checked before the per-stage tables
+  // are sized, so `2147483647F0` is this error, not a 2^31-entry allocation.
+  int next_stage = 0;
+  for (int stage : stages) {
+    if (stage != next_stage) break;
+    ++next_stage;
+  }
+  if (next_stage <= max_stage) {
+    throw ScheduleError(fmt::format(
+        "CSV schedule never mentions stage {} although it has stages up to {}; every stage "
+        "0..{} needs actions so its rank is known",
+        next_stage, max_stage, max_stage));
+  }
+  if (max_microbatch == std::numeric_limits<int>::max()) {
+    throw ScheduleError(fmt::format(
+        "CSV schedule names microbatch {}, so it would have more microbatches than an int holds; "
+        "microbatches are numbered 0..m-1",
+        max_microbatch));
   }
 
   std::vector<int> stage_to_rank(max_stage + 1, -1);
@@ -175,15 +201,6 @@ Program programFromCsv(std::string_view text) {
       }
     }
   }
-  for (int s = 0; s <= max_stage; ++s) {
-    if (stage_to_rank[s] == -1) {
-      throw ScheduleError(fmt::format(
-          "CSV schedule never mentions stage {} although it has stages up to {}; every stage "
-          "0..{} needs actions so its rank is known",
-          s, max_stage, max_stage));
-    }
-  }
-
   Program program;
   program.num_ranks = static_cast<int>(grid.size());
   program.num_stages = max_stage + 1;

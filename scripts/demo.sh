@@ -5,7 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIPEFORGE_TARGETS="pipeforge pipeforge_zoo" bash scripts/build.sh
-BUILD_DIR=${PIPEFORGE_BUILD_DIR:-build}
+# PIPEFORGE_TORCH=system runs the demo on Debian's LibTorch build instead.
+default_dir=build
+[ "${PIPEFORGE_TORCH:-wheel}" = system ] && default_dir=build-system
+BUILD_DIR=${PIPEFORGE_BUILD_DIR:-$default_dir}
 PF="$BUILD_DIR/cli/pipeforge"
 
 echo "== split: the bundled GPT example into 2 stages"
@@ -16,4 +19,11 @@ echo "== schedule: 1F1B on 2 ranks, 8 microbatches"
 "$PF" schedule --name 1F1B --ranks 2 --stages 2 --microbatches 8 --simulate | tail -n 3
 
 echo "== train: 2 local ranks, Gloo on CPU"
-exec "$PF" train --config configs/demo_gpt.yaml --nproc 2
+config=configs/demo_gpt.yaml
+if [ "$BUILD_DIR" != build ]; then
+  # The zoo model this build's torch saved (a newer torch's file may not load in an older LibTorch).
+  mkdir -p out/demo
+  sed "s|path: build/zoo/|path: $BUILD_DIR/zoo/|" configs/demo_gpt.yaml > out/demo/demo_gpt.yaml
+  config=out/demo/demo_gpt.yaml
+fi
+exec "$PF" train --config "$config" --nproc 2

@@ -2,8 +2,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <climits>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
+
+#include "stage/file_digest.h"
 
 namespace pipeforge::stage {
 namespace {
@@ -15,6 +19,20 @@ json sourceToJson(const ValueSource& s) {
   return json{{"from", "stage"}, {"stage", s.stage}, {"index", s.index}};
 }
 
+// An integer field. nlohmann's get<int>() takes 1.5 as 1 and makes 1e300
+// undefined behaviour, so only JSON integers that fit an int pass.
+int intAt(const json& j, const char* key) {
+  const json& v = j.at(key);
+  const bool fits = v.is_number_unsigned()  ? v.get<std::uint64_t>() <= INT_MAX
+                    : v.is_number_integer() ? v.get<std::int64_t>() >= INT_MIN && v.get<std::int64_t>() <= INT_MAX
+                                            : false;
+  if (!fits) {
+    throw ManifestError(std::string("'") + key + "' must be an integer, got " +
+                        (v.is_number() ? v.dump() : std::string(v.type_name())));
+  }
+  return v.get<int>();
+}
+
 ValueSource sourceFromJson(const json& j) {
   ValueSource s;
   std::string from = j.at("from").get<std::string>();
@@ -22,11 +40,11 @@ ValueSource sourceFromJson(const json& j) {
     s.kind = ValueSource::Kind::kInput;
   } else if (from == "stage") {
     s.kind = ValueSource::Kind::kStage;
-    s.stage = j.at("stage").get<int>();
+    s.stage = intAt(j, "stage");
   } else {
     throw ManifestError("value source 'from' must be \"input\" or \"stage\", got \"" + from + "\"");
   }
-  s.index = j.at("index").get<int>();
+  s.index = intAt(j, "index");
   return s;
 }
 
@@ -69,6 +87,7 @@ std::string manifestToJson(const PipeManifest& m) {
     js["parameters"] = s.parameters;
     js["buffers"] = s.buffers;
     if (!s.output_meta.empty()) js["output_meta"] = s.output_meta;
+    if (!s.sha256.empty()) js["sha256"] = s.sha256;
     j["stages"].push_back(std::move(js));
   }
   j["tied"] = m.tied;
@@ -84,19 +103,24 @@ PipeManifest manifestFromJson(const std::string& text, const std::string& origin
       throw ManifestError("format is \"" + format + "\", expected \"" + kManifestFormat +
                           "\"; re-run `pipeforge split` with this version");
     }
-    m.num_stages = j.at("num_stages").get<int>();
+    m.num_stages = intAt(j, "num_stages");
     m.source = j.value("source", "");
     m.inputs = j.at("inputs").get<std::vector<std::string>>();
     for (const auto& o : j.at("outputs")) m.outputs.push_back(sourceFromJson(o));
     for (const auto& js : j.at("stages")) {
       StageInfo s;
-      s.index = js.at("index").get<int>();
+      s.index = intAt(js, "index");
       s.file = js.at("file").get<std::string>();
       for (const auto& in : js.at("inputs")) s.inputs.push_back(sourceFromJson(in));
-      s.num_outputs = js.at("num_outputs").get<int>();
+      s.num_outputs = intAt(js, "num_outputs");
       s.parameters = js.value("parameters", std::vector<std::string>{});
       s.buffers = js.value("buffers", std::vector<std::string>{});
       s.output_meta = js.value("output_meta", std::vector<std::string>{});
+      s.sha256 = js.value("sha256", "");
+      if (!s.sha256.empty() && !isSha256(s.sha256)) {
+        throw ManifestError("stage " + std::to_string(s.index) + " has sha256 \"" + s.sha256 +
+                            "\", not 64 hex digits; re-run `pipeforge split`");
+      }
       m.stages.push_back(std::move(s));
     }
     if (j.contains("tied")) m.tied = j.at("tied").get<std::vector<std::vector<std::string>>>();
@@ -134,6 +158,11 @@ PipeManifest readManifest(const std::string& directory) {
   std::stringstream buffer;
   buffer << in.rdbuf();
   return manifestFromJson(buffer.str(), path);
+}
+
+void verifyStageFile(const std::string& directory, const StageInfo& stage) {
+  verifyFileDigest(directory + "/" + stage.file, stage.sha256, "stage file",
+                   "re-run `pipeforge split` (or restore the file) before training on it");
 }
 
 }  // namespace pipeforge::stage

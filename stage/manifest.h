@@ -44,10 +44,13 @@ struct StageInfo {
   std::vector<std::string> buffers;     // original FQNs held by the stage
   // Optional, from shape propagation: "float32[8, 16]" per output.
   std::vector<std::string> output_meta;
+  // SHA-256 of the stage file (Note [File digests]); empty in older manifests.
+  std::string sha256;
 
   friend bool operator==(const StageInfo& a, const StageInfo& b) {
     return a.index == b.index && a.file == b.file && a.inputs == b.inputs && a.num_outputs == b.num_outputs &&
-           a.parameters == b.parameters && a.buffers == b.buffers && a.output_meta == b.output_meta;
+           a.parameters == b.parameters && a.buffers == b.buffers && a.output_meta == b.output_meta &&
+           a.sha256 == b.sha256;
   }
 };
 
@@ -76,5 +79,9 @@ PipeManifest manifestFromJson(const std::string& text, const std::string& origin
 
 // Reads DIR/pipe.json.
 PipeManifest readManifest(const std::string& directory);
+
+// Checks the stage file of `stage` in `directory` against its recorded
+// SHA-256. Throws DigestError (stage/file_digest.h) naming the file.
+void verifyStageFile(const std::string& directory, const StageInfo& stage);
 
 }  // namespace pipeforge::stage

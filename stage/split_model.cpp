@@ -8,6 +8,7 @@
 
 #include "frontend/load_model.h"
 #include "partitioner/split_spec.h"
+#include "stage/file_digest.h"
 #include "stage/split_in_memory.h"
 
 namespace pipeforge::stage {
@@ -67,7 +68,10 @@ SplitSummary splitModelToDirectory(const SplitRequest& request) {
 
   TempSibling temp(out);
   for (size_t i = 0; i < result.stages.modules.size(); ++i) {
-    result.stages.modules[i].save((temp.path() / result.stages.manifest.stages[i].file).string());
+    StageInfo& info = result.stages.manifest.stages[i];
+    const std::string file = (temp.path() / info.file).string();
+    result.stages.modules[i].save(file);
+    info.sha256 = sha256OfFile(file);  // Note [File digests]
   }
   {
     std::ofstream json(temp.path() / kManifestFileName);

@@ -21,6 +21,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "stage/file_digest.h"
+
 namespace pipeforge::train {
 namespace {
 
@@ -179,6 +181,14 @@ void commitCheckpoint(const std::string& root, const CheckpointMeta& meta, int k
   // first wins, and the others find the final folder in place.
   std::error_code ec;
   if (fs::exists(partial, ec)) {
+    // Note [File digests]: what each file held when it was written.
+    j["files"] = nlohmann::json::object();
+    for (int s = 0; s < meta.num_stages; ++s) {
+      for (const std::string& name : {stageFile(s), optimizerFile(s)}) {
+        const fs::path file = fs::path(partial) / name;
+        if (fs::exists(file, ec)) j["files"][name] = stage::sha256OfFile(file.string());
+      }
+    }
     try {
       writeFileAtomically((fs::path(partial) / "meta.json").string(), j.dump(2) + "\n");
     } catch (const CheckpointError&) {
@@ -215,6 +225,61 @@ std::optional<std::string> latestCheckpoint(const std::string& root) {
                                       pointer.string(), name));
   }
   return dir.string();
+}
+
+void verifyCheckpoint(const std::string& step_dir) {
+  const std::string meta_path = (fs::path(step_dir) / "meta.json").string();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(readFile(meta_path, "checkpoint meta"));
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(fmt::format("'{}' is malformed: {}", meta_path, e.what()));
+  }
+  if (!j.contains("files")) return;  // written before digests
+  if (!j["files"].is_object()) throw CheckpointError(fmt::format("'{}': \"files\" is not an object", meta_path));
+  for (const auto& [name, digest] : j["files"].items()) {
+    if (!digest.is_string() || !stage::isSha256(digest.get<std::string>()) || name.find('/') != std::string::npos) {
+      throw CheckpointError(fmt::format("'{}': the digest entry for '{}' is malformed", meta_path, name));
+    }
+    try {
+      stage::verifyFileDigest((fs::path(step_dir) / name).string(), digest.get<std::string>(), "checkpoint file",
+                              "resume from another checkpoint (CKPT/step_<N>) or restore the file");
+    } catch (const stage::DigestError& e) {
+      throw CheckpointError(e.what());
+    }
+  }
+}
+
+std::optional<std::string> newestIntactCheckpoint(const std::string& root, std::string* warning) {
+  std::optional<std::string> latest = latestCheckpoint(root);
+  if (!latest) return std::nullopt;
+  std::vector<std::pair<std::int64_t, fs::path>> older;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::int64_t step = stepOfFolder(entry.path().filename().string());
+    if (step >= 0 && entry.path() != fs::path(*latest) && fs::exists(entry.path() / "meta.json", ec)) {
+      older.emplace_back(step, entry.path());
+    }
+  }
+  std::sort(older.rbegin(), older.rend());
+  std::string problems;
+  std::vector<std::string> candidates{*latest};
+  for (const auto& [step, dir] : older) {
+    if (step < stepOfFolder(fs::path(*latest).filename().string())) candidates.push_back(dir.string());
+  }
+  for (const std::string& dir : candidates) {
+    try {
+      verifyCheckpoint(dir);
+      if (!problems.empty() && warning != nullptr) {
+        *warning = fmt::format("{}; resuming from '{}' instead", problems, dir);
+      }
+      return dir;
+    } catch (const CheckpointError& e) {
+      problems += (problems.empty() ? "" : "; ") + std::string(e.what());
+    }
+  }
+  throw CheckpointError(fmt::format("no intact checkpoint under '{}': {}; set checkpoint.resume: false to start over",
+                                    root, problems));
 }
 
 std::string resolveCheckpoint(const std::string& path) {

@@ -78,6 +78,17 @@ void commitCheckpoint(const std::string& root, const CheckpointMeta& meta, int k
 // names a folder that is missing.
 std::optional<std::string> latestCheckpoint(const std::string& root);
 
+// Checks every file of a committed step folder against the SHA-256 its
+// meta.json records (Note [File digests]); throws CheckpointError naming the
+// first corrupt or missing file. Folders written before digests pass.
+void verifyCheckpoint(const std::string& step_dir);
+
+// The checkpoint to resume from: `latest`, or, when its files are corrupt,
+// the newest older step folder that verifies; `warning` then says which was
+// skipped and why. nullopt when there is none at all; throws CheckpointError
+// when every kept checkpoint is corrupt.
+std::optional<std::string> newestIntactCheckpoint(const std::string& root, std::string* warning);
+
 // A checkpoint folder given as CKPT (uses `latest`) or CKPT/step_N.
 std::string resolveCheckpoint(const std::string& path);
 

@@ -69,6 +69,7 @@ ExportSummary exportTrainedModel(const ExportRequest& request) {
   }
   ExportSummary summary;
   summary.checkpoint_dir = resolveCheckpoint(request.checkpoint);
+  verifyCheckpoint(summary.checkpoint_dir);
   CheckpointMeta meta = readCheckpointMeta(summary.checkpoint_dir);
   summary.step = meta.step;
   auto params = collect(summary.checkpoint_dir, meta.num_stages, true);

@@ -2,11 +2,16 @@
 
 #include <filesystem>
 #include <iostream>
+#include <map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/script.h>
 
 #include "runtime/dist_env.h"
 #include "runtime/local_launcher.h"
+#include "stage/file_digest.h"
+#include "stage/manifest.h"
 #include "stage/split_model.h"
 #include "train/checkpoint.h"
 #include "train/dataset.h"
@@ -37,6 +42,49 @@ std::string splitFor(const TrainConfig& config, const std::string& out_dir) {
   return out_dir;
 }
 
+// Before any rank starts: every stage file is intact (Note [File digests]) and
+// every tied group names tensors of one shape and dtype, so a hand-edited or
+// damaged split folder fails here with its cause, not inside a collective.
+void checkSplitFolder(const std::string& dir, const stage::PipeManifest& manifest) {
+  std::map<std::string, std::pair<int, at::Tensor>> params;  // FQN -> (stage, tensor)
+  for (const stage::StageInfo& info : manifest.stages) {
+    stage::verifyStageFile(dir, info);
+    torch::jit::Module module;
+    try {
+      module = torch::jit::load(dir + "/" + info.file, c10::Device(c10::kCPU));
+    } catch (const c10::Error& e) {
+      throw ConfigError(fmt::format("stage {}: cannot load '{}/{}' ({}); re-run `pipeforge split`", info.index, dir,
+                                    info.file, e.what_without_backtrace()));
+    }
+    for (const auto& p : module.named_parameters(true)) params.emplace(p.name, std::make_pair(info.index, p.value));
+  }
+  auto describe = [](const at::Tensor& t) { return fmt::format("{}{}", c10::toString(t.scalar_type()), t.sizes()); };
+  for (const auto& group : manifest.tied) {
+    const std::pair<int, at::Tensor>* first = nullptr;
+    for (const std::string& fqn : group) {
+      auto it = params.find(fqn);
+      if (it == params.end()) {
+        throw ConfigError(fmt::format("{}/pipe.json: tied group [{}] names '{}', which no stage file holds; the split "
+                                      "folder is inconsistent: re-run `pipeforge split`",
+                                      dir, fmt::join(group, ", "), fqn));
+      }
+      if (first == nullptr) {
+        first = &it->second;
+        continue;
+      }
+      const at::Tensor& a = first->second;
+      const at::Tensor& b = it->second.second;
+      if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) {
+        throw ConfigError(fmt::format("{}/pipe.json: tied group [{}] joins '{}' ({} in stage {}) and '{}' ({} in stage "
+                                      "{}), which cannot be one tensor; the split folder is inconsistent: re-run "
+                                      "`pipeforge split`",
+                                      dir, fmt::join(group, ", "), group.front(), describe(a), first->first, fqn,
+                                      describe(b), it->second.first));
+      }
+    }
+  }
+}
+
 int launch(const TrainRequest& request, const TrainConfig& config) {
   checkDevice(config, request.nproc);
   std::string split_dir = config.model.split_dir;
@@ -47,6 +95,7 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
   }
   const stage::PipeManifest manifest = stage::readManifest(split_dir);
   checkLayout(config, request.nproc, manifest.num_stages);
+  checkSplitFolder(split_dir, manifest);
   openDataset(config.data, config.seed);  // unreadable data fails here, once, not on every rank
 
   runtime::LaunchOptions options;
@@ -60,9 +109,13 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
   options.master_addr = request.master_addr;
   options.master_port = request.master_port;
   options.capture_output = false;  // rank 0 draws the progress bar on our terminal
-  // A failed rank makes the others fail within the timeout (they learn it
-  // sooner through the store); whoever still runs after that is killed.
-  options.grace = std::chrono::milliseconds(static_cast<std::int64_t>(config.timeout_s * 1000) + 5000);
+  // Note [Fast stop]: once a rank failed, the others learn it through the
+  // store within a poll (Note [Failure broadcast]) and exit by themselves,
+  // well inside this grace; a rank that cannot learn it (the process group
+  // never formed, so it still waits in the rendezvous) is killed when the
+  // grace ends, instead of waiting out distributed.timeout_s. Checkpoints are
+  // committed atomically, so a kill never leaves a torn one.
+  options.grace = std::chrono::seconds(3);
   options.timeout = std::chrono::hours(24 * 365);
   runtime::LaunchResult result = runtime::launchLocal(options);
   if (result.ok()) return 0;
@@ -85,6 +138,11 @@ int runTrainRequest(const TrainRequest& request) {
   TrainerOptions options;
   options.stop_after = request.stop_after;
   options.split_dir = request.split_dir.empty() ? config.model.split_dir : request.split_dir;
+  // A split folder the user gave (not one our launcher checked): check it on
+  // every rank before any process group forms.
+  if (request.split_dir.empty() && !config.model.split_dir.empty()) {
+    checkSplitFolder(options.split_dir, stage::readManifest(options.split_dir));
+  }
   if (options.split_dir.empty()) {
     // A rank of a torchrun/srun job: no launcher split for it, so it splits
     // privately (the split is deterministic, so every rank gets the same).

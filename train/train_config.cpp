@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <vector>
@@ -59,6 +60,14 @@ class Section {
     return v;
   }
 
+  // For keys held in an int: a larger value would wrap (microbatches: 4294967296 became 0).
+  int smallInteger(const YAML::Node& node, const std::string& name, int min) const {
+    std::string expected = fmt::format("an integer in [{}, {}]", min, std::numeric_limits<int>::max());
+    auto v = scalar<std::int64_t>(node, name, expected);
+    if (v < min || v > std::numeric_limits<int>::max()) fail(node, name, expected);
+    return static_cast<int>(v);
+  }
+
   double number(const YAML::Node& node, const std::string& name, double min, bool inclusive) const {
     std::string expected = fmt::format("a number {} {}", inclusive ? ">=" : ">", min);
     auto v = scalar<double>(node, name, expected);
@@ -95,6 +104,11 @@ class Section {
       throw ConfigError(fmt::format("{}: {} must be a map with keys {}", where(node), self_name, fmt::join(keys, ", ")));
     }
     for (const auto& kv : node) {
+      // YAML allows lists and maps as keys (`? [a, b]: 1`); yaml-cpp would throw its own exception.
+      if (kv.first.IsSequence() || kv.first.IsMap()) {
+        throw ConfigError(fmt::format("{}: {} has a {} as a key; keys are names such as {}", where(kv.first),
+                                      self_name, kv.first.IsMap() ? "map" : "list", handlers.begin()->first));
+      }
       auto name = kv.first.as<std::string>();
       auto it = handlers.find(name);
       if (it == handlers.end()) {
@@ -201,10 +215,10 @@ void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
              throw ConfigError(fmt::format("{}: pipeline.schedule '{}' is not a schedule; use one of {}", s.where(v),
                                            name, fmt::join(names, ", ")));
            }},
-          {"microbatches", [&](const YAML::Node& v) { c.pipeline.microbatches = s.integer(v, "microbatches", 1); }},
+          {"microbatches", [&](const YAML::Node& v) { c.pipeline.microbatches = s.smallInteger(v, "microbatches", 1); }},
           {"stages_per_rank",
-           [&](const YAML::Node& v) { c.pipeline.stages_per_rank = s.integer(v, "stages_per_rank", 1); }},
-          {"data_parallel", [&](const YAML::Node& v) { c.pipeline.data_parallel = s.integer(v, "data_parallel", 1); }}});
+           [&](const YAML::Node& v) { c.pipeline.stages_per_rank = s.smallInteger(v, "stages_per_rank", 1); }},
+          {"data_parallel", [&](const YAML::Node& v) { c.pipeline.data_parallel = s.smallInteger(v, "data_parallel", 1); }}});
 }
 
 void parseOptimizer(const Section& top, const YAML::Node& node, TrainConfig& c) {
@@ -313,7 +327,12 @@ void parseTraining(const Section& top, const YAML::Node& node, TrainConfig& c) {
            }},
           {"seed", [&](const YAML::Node& v) { c.seed = static_cast<std::uint64_t>(s.integer(v, "seed", 0)); }},
           {"eval_every", [&](const YAML::Node& v) { c.eval_every = s.integer(v, "eval_every", 0); }},
-          {"eval_batches", [&](const YAML::Node& v) { c.eval_batches = s.integer(v, "eval_batches", 1); }}});
+          {"eval_batches", [&](const YAML::Node& v) { c.eval_batches = s.integer(v, "eval_batches", 1); }},
+          {"on_nonfinite",
+           [&](const YAML::Node& v) {
+             c.on_nonfinite = s.choice<NonFinitePolicy>(
+                 v, "on_nonfinite", {{"stop", NonFinitePolicy::kStop}, {"skip_step", NonFinitePolicy::kSkipStep}});
+           }}});
   if (!has_steps) throw ConfigError(fmt::format("{}: training.steps is missing", s.where(node)));
   if (!has_batch) throw ConfigError(fmt::format("{}: training.global_batch_size is missing", s.where(node)));
 }
@@ -323,7 +342,7 @@ void parseCheckpoint(const Section& top, const YAML::Node& node, TrainConfig& c)
   s.read(node, "checkpoint",
          {{"dir", [&](const YAML::Node& v) { c.checkpoint.dir = s.string(v, "dir"); }},
           {"every", [&](const YAML::Node& v) { c.checkpoint.every = s.integer(v, "every", 0); }},
-          {"keep", [&](const YAML::Node& v) { c.checkpoint.keep = static_cast<int>(s.integer(v, "keep", 0)); }},
+          {"keep", [&](const YAML::Node& v) { c.checkpoint.keep = s.smallInteger(v, "keep", 0); }},
           {"resume", [&](const YAML::Node& v) { c.checkpoint.resume = s.boolean(v, "resume"); }}});
 }
 
@@ -458,12 +477,13 @@ void checkLayout(const TrainConfig& c, int world_size, int num_stages) {
                                   c.origin, world_size, p.data_parallel));
   }
   const int pp = world_size / p.data_parallel;
-  if (num_stages != pp * p.stages_per_rank) {
+  const std::int64_t stages_needed = static_cast<std::int64_t>(pp) * p.stages_per_rank;  // int would overflow
+  if (num_stages != stages_needed) {
     throw ConfigError(fmt::format("{}: the split has {} stages but {} ranks / pipeline.data_parallel {} = {} pipeline "
                                   "ranks x pipeline.stages_per_rank {} = {}; split into {} stages (model.num_stages) "
                                   "or change the ranks",
                                   c.origin, num_stages, world_size, p.data_parallel, pp, p.stages_per_rank,
-                                  pp * p.stages_per_rank, pp * p.stages_per_rank));
+                                  stages_needed, stages_needed));
   }
   schedules::ScheduleConfig sc;
   sc.num_ranks = pp;

@@ -39,6 +39,11 @@ struct PipelineConfig {
 enum class LossName { kCrossEntropy, kMse };
 enum class OptimizerName { kSgd, kAdam, kAdamW };
 enum class LrDecay { kCosine, kConstant };
+// What a step whose loss or gradients are NaN or infinite does (Note [Non-finite steps]).
+enum class NonFinitePolicy {
+  kStop,      // every rank exits non-zero, naming the step and the first stage
+  kSkipStep,  // every rank drops that step's update; counted in the metrics
+};
 
 struct LrScheduleConfig {
   LrDecay decay = LrDecay::kCosine;
@@ -95,6 +100,7 @@ struct TrainConfig {
   std::uint64_t seed = 1337;
   std::int64_t eval_every = 0;    // 0: no evaluation
   std::int64_t eval_batches = 1;  // held-out batches per evaluation
+  NonFinitePolicy on_nonfinite = NonFinitePolicy::kStop;
 
   CheckpointConfig checkpoint;
 

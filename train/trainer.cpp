@@ -5,6 +5,7 @@
 #include <torch/optim.h>
 
 #include <chrono>
+#include <cmath>
 #include <deque>
 #include <filesystem>
 #include <iostream>
@@ -121,7 +122,23 @@ class RankTrainer {
     Batch batch = myShare(dataset_->batch(DataSplit::kTrain, step, config_.global_batch_size));
     const std::size_t proven = pending_.size();  // Note [Deferred reports]
     runtime::StepResult result = runner_->trainStep(batch.inputs, batch.targets);
-    for (auto& [s, opt] : optimizers_) opt->step();
+    if (const NonFinite bad = findNonFinite(result); bad.found()) {
+      if (config_.on_nonfinite == NonFinitePolicy::kStop) throw std::runtime_error(describe(bad) + kStopFix);
+      ++summary.skipped_steps;
+      if (rank() == 0) {
+        metrics_->write({{"event", "skipped_step"}, {"step", step + 1}, {"first_stage", bad.first_stage},
+                         {"loss_finite", !bad.loss}, {"skipped_steps", summary.skipped_steps}});
+        progress_->note(fmt::format("step {}: update skipped: {} ({} skipped so far)", step + 1, describe(bad),
+                                    summary.skipped_steps));
+      }
+    } else {
+      for (auto& [s, opt] : optimizers_) opt->step();
+      if (const int stage = firstNonFiniteParameters(); stage >= 0) {
+        // Past the point skip_step can help: the update itself overflowed.
+        throw std::runtime_error(fmt::format("the update made the parameters of stage {} ({}) non-finite{}", stage,
+                                             someParameters(stage), kStopFix));
+      }
+    }
     runner_->zeroGrad();
     const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
     drainReports(proven, summary);
@@ -148,6 +165,76 @@ class RankTrainer {
   }
 
   int rank() const { return runner_->rank(); }
+
+  // Note [Non-finite steps]: after every backward each rank checks its own
+  // stages' gradients (and the loss, where it is computed), and all ranks sum
+  // those flags, so every rank of every replica takes the same decision:
+  // stop (training.on_nonfinite: stop), or drop the whole step's update
+  // (skip_step). After an update the parameters are checked the same way: an
+  // update that overflowed cannot be skipped any more, so the run stops under
+  // either policy. Checkpoints come after both checks, so every checkpoint
+  // holds finite parameters and rotation (checkpoint.keep) can never leave
+  // only non-finite ones.
+  struct NonFinite {
+    int first_stage = -1;  // the first stage, in pipeline order, with a non-finite gradient
+    bool loss = false;     // the loss itself is not finite
+    bool found() const { return loss || first_stage >= 0; }
+  };
+  static constexpr const char* kStopFix =
+      "; lower optimizer.lr (or add lr_schedule.warmup_steps), or set training.on_nonfinite: skip_step to drop "
+      "such updates";
+
+  NonFinite findNonFinite(const runtime::StepResult& result) {
+    const int n = manifest_.num_stages;
+    at::Tensor flags = at::zeros({n + 1}, at::kDouble);
+    {
+      auto f = flags.accessor<double, 1>();
+      for (const auto& p : runner_->parameters()) {
+        const at::Tensor& g = p.tensor.grad();
+        if (g.defined() && !std::isfinite(at::sum(g, at::kDouble).item<double>())) f[p.stage] = 1.0;
+      }
+      if (result.has_loss && !std::isfinite(result.loss)) f[n] = 1.0;
+    }
+    runner_->allreduceSumAll(flags);
+    NonFinite out;
+    auto f = flags.accessor<double, 1>();
+    for (int s = 0; s < n && out.first_stage < 0; ++s) {
+      if (f[s] > 0) out.first_stage = s;
+    }
+    out.loss = f[n] > 0;
+    return out;
+  }
+
+  std::string someParameters(int stage) const {
+    const auto& names = manifest_.stages.at(stage).parameters;
+    std::string some;
+    for (std::size_t k = 0; k < names.size() && k < 3; ++k) some += (k ? ", " : "") + names[k];
+    return names.size() > 3 ? some + ", ..." : some;
+  }
+
+  std::string describe(const NonFinite& bad) const {
+    std::string what = bad.loss ? "the loss is not finite (NaN or inf)" : "the loss is finite";
+    if (bad.first_stage < 0) return what;
+    return fmt::format("{}, and the gradients are first non-finite at stage {} ({})", what, bad.first_stage,
+                       someParameters(bad.first_stage));
+  }
+
+  // The first stage (on every rank the same) holding a non-finite parameter, or -1.
+  int firstNonFiniteParameters() {
+    at::Tensor flags = at::zeros({manifest_.num_stages}, at::kDouble);
+    {
+      auto f = flags.accessor<double, 1>();
+      for (const auto& p : runner_->parameters()) {
+        if (!std::isfinite(at::sum(p.tensor.detach(), at::kDouble).item<double>())) f[p.stage] = 1.0;
+      }
+    }
+    runner_->allreduceSumAll(flags);
+    auto f = flags.accessor<double, 1>();
+    for (int s = 0; s < manifest_.num_stages; ++s) {
+      if (f[s] > 0) return s;
+    }
+    return -1;
+  }
 
   // This replica's rows of the global batch.
   Batch myShare(const Batch& global) const {
@@ -277,8 +364,10 @@ class RankTrainer {
     // Each rank draws its own dropout masks; a resume restores them below.
     at::manual_seed(config_.seed + 0x9E3779B9ull * static_cast<std::uint64_t>(rank() + 1));
     if (config_.checkpoint.dir.empty() || !config_.checkpoint.resume) return 0;
-    std::optional<std::string> dir = latestCheckpoint(config_.checkpoint.dir);
+    std::string warning;
+    std::optional<std::string> dir = newestIntactCheckpoint(config_.checkpoint.dir, &warning);
     if (!dir) return 0;
+    if (!warning.empty() && rank() == 0) std::cerr << "warning: " << warning << "\n";
     CheckpointMeta meta = readCheckpointMeta(*dir);
     if (meta.num_stages != manifest_.num_stages) {
       throw CheckpointError(fmt::format("checkpoint '{}' has {} stages but the split has {}; resume with the same "
@@ -380,6 +469,7 @@ class RankTrainer {
       out_ << fmt::format("trained steps {}..{} in {:.1f} s: loss {:.4f} -> {:.4f}", s.first_step, s.last_step,
                           s.seconds, *s.first_loss, *s.last_loss);
       if (s.last_eval_loss) out_ << fmt::format(", held-out loss {:.4f}", *s.last_eval_loss);
+      if (s.skipped_steps > 0) out_ << fmt::format(", {} updates skipped (non-finite)", s.skipped_steps);
       out_ << "\n";
     }
     if (!s.checkpoint.empty()) {

@@ -30,6 +30,7 @@ struct TrainSummary {
   std::optional<double> last_loss;
   std::optional<double> last_eval_loss;
   std::string checkpoint;  // the newest checkpoint folder, if any
+  std::int64_t skipped_steps = 0;  // updates dropped by training.on_nonfinite: skip_step
   double seconds = 0.0;
 };
 
