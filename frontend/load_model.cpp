@@ -6,6 +6,8 @@
 #include <fstream>
 
 #include "frontend/pipe_split_op.h"
+#include "frontend/pt2_archive.h"
+#include "frontend/pt2_import.h"
 
 namespace pipeforge::frontend {
 namespace {
@@ -35,6 +37,9 @@ torch::jit::Module loadModel(const std::string& path) {
   if (fs::is_directory(path, ec)) {
     throw ModelError("'" + path + "' is a directory, not a model file; pass the .pt file saved by torch.jit.save");
   }
+  // PT2 hook (issue 10): torch.export archives, recognised by content, go
+  // through the PT2 importer, which rebuilds them as a TorchScript module.
+  if (detectArchiveKind(path) != ArchiveKind::kTorchScript) return loadPt2Model(path);
   if (!looksLikeZip(path)) {
     throw ModelError("'" + path +
                      "' is not a TorchScript archive (no zip header); save the model with "

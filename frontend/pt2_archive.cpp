@@ -1,0 +1,525 @@
+#include "frontend/pt2_archive.h"
+
+#include <caffe2/serialize/inline_container.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <ATen/ATen.h>
+
+#include "compat/torch_compat.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <tuple>
+
+namespace pipeforge::frontend {
+namespace {
+
+// Ordered: weights keep the file's order (nlohmann::json would sort the keys).
+using json = nlohmann::ordered_json;
+
+// Schema majors this reader understands. torch 2.13 writes 8.20; minor bumps
+// only add fields and union members, which the importer reports by name when
+// it meets one it does not know.
+constexpr int kSchemaMajor = 8;
+constexpr const char* kArchiveVersion = "0";
+constexpr const char* kLegacyJsonName = "serialized_exported_program.json";
+
+std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+std::string trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  size_t start = 0;
+  while (start < s.size() && std::isspace(static_cast<unsigned char>(s[start]))) ++start;
+  return s.substr(start);
+}
+
+bool endsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool startsWith(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+// The zip's central directory (at its end) lists every entry name in plain
+// text: enough to recognise the legacy flat format without parsing the zip.
+bool tailMentions(const std::string& path, const std::string& needle) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return false;
+  std::streamoff size = in.tellg();
+  std::streamoff start = std::max<std::streamoff>(0, size - (1 << 20));
+  in.seekg(start);
+  std::string tail(static_cast<size_t>(size - start), '\0');
+  in.read(tail.data(), static_cast<std::streamsize>(tail.size()));
+  return tail.find(needle) != std::string::npos;
+}
+
+std::string readText(caffe2::serialize::PyTorchStreamReader& reader, const std::string& name) {
+  auto [data, size] = reader.getRecord(name);
+  return std::string(static_cast<const char*>(data.get()), size);
+}
+
+// PyTorchStreamReader's message for a zip it cannot open, in our words: the
+// miniz reason without the checkpoint advice that follows it.
+std::string zipProblem(const std::string& what) {
+  if (what.find("failed finding central directory") != std::string::npos) {
+    return "the zip's central directory is missing, so the file is truncated";
+  }
+  if (what.find("not a ZIP archive") != std::string::npos) return "the file is not a zip archive";
+  std::string line = firstLine(what);
+  auto cut = line.find(". This is an internal miniz error");
+  return cut == std::string::npos ? line : line.substr(0, cut);
+}
+
+std::string legacyMessage(const std::string& path) {
+  return fmt::format(
+      "'{}' is a torch.export archive from torch 2.1-2.7 (a flat zip with {}); Pipeforge reads the PT2 archive "
+      "format of torch >= 2.9. Re-save it under torch 2.13: torch.export.save(torch.export.load('{}'), 'model.pt2')",
+      path, kLegacyJsonName, path);
+}
+
+// A string metadata field, or "".
+std::string metadataString(const json& node, const char* key) {
+  auto meta = node.find("metadata");
+  if (meta == node.end() || !meta->is_object()) return "";
+  auto it = meta->find(key);
+  return it != meta->end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+// Splits on `sep` at bracket depth 0, as torch's deserializer does (module
+// type names may hold commas inside [] or ()).
+std::vector<std::string> splitTopLevel(const std::string& text, char sep) {
+  std::vector<std::string> parts;
+  std::string current;
+  int depth = 0;
+  for (char c : text) {
+    if (c == '[' || c == '(') ++depth;
+    if (c == ']' || c == ')') --depth;
+    if (c == sep && depth == 0) {
+      parts.push_back(current);
+      current.clear();
+      continue;
+    }
+    current += c;
+  }
+  parts.push_back(current);
+  return parts;
+}
+
+at::ScalarType scalarTypeOf(int code, const std::string& what) {
+  // torch/_export/serde/schema.py ScalarType (not c10's numbering).
+  switch (code) {
+    case 1: return at::kByte;
+    case 2: return at::kChar;
+    case 3: return at::kShort;
+    case 4: return at::kInt;
+    case 5: return at::kLong;
+    case 6: return at::kHalf;
+    case 7: return at::kFloat;
+    case 8: return at::kDouble;
+    case 9: return at::kComplexHalf;
+    case 10: return at::kComplexFloat;
+    case 11: return at::kComplexDouble;
+    case 12: return at::kBool;
+    case 13: return at::kBFloat16;
+#if PIPEFORGE_TORCH_AT_LEAST(2, 3)  // LibTorch 1.13 has neither float8 nor the wide unsigned types
+    case 28: return at::kUInt16;
+    case 29: return at::kFloat8_e4m3fn;
+    case 30: return at::kFloat8_e5m2;
+    case 31: return at::kFloat8_e4m3fnuz;
+    case 32: return at::kFloat8_e5m2fnuz;
+    case 34: return at::kUInt32;
+    case 35: return at::kUInt64;
+#endif
+    default: break;
+  }
+  throw Pt2Error(fmt::format("{} has dtype code {}, which this reader does not know; export the model with "
+                             "float, integer or bool tensors",
+                             what, code));
+}
+
+int64_t symIntValue(const json& sym, const std::string& fqn) {
+  if (sym.contains("as_int")) return sym.at("as_int").get<int64_t>();
+  throw Pt2Error(fmt::format("weight '{}' has a symbolic size or stride ({}); weights must have static shapes",
+                             fqn, sym.dump()));
+}
+
+std::vector<int64_t> symInts(const json& list, const std::string& fqn) {
+  std::vector<int64_t> out;
+  for (const auto& s : list) out.push_back(symIntValue(s, fqn));
+  return out;
+}
+
+}  // namespace
+
+ArchiveKind detectArchiveKind(const std::string& path) {
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    if (reader.hasRecord("archive_format") && trim(readText(reader, "archive_format")) == "pt2") {
+      return ArchiveKind::kPt2;
+    }
+    return ArchiveKind::kTorchScript;
+  } catch (const c10::Error&) {
+    // Not openable by PyTorchStreamReader: the legacy flat zip has no root folder.
+  }
+  if (tailMentions(path, kLegacyJsonName)) return ArchiveKind::kLegacyExport;
+  if (endsWith(path, ".pt2")) return ArchiveKind::kPt2;  // let the PT2 reader explain what is broken
+  return ArchiveKind::kTorchScript;
+}
+
+int c10ScalarTypeOf(int pt2_code, const std::string& what) {
+  return static_cast<int>(scalarTypeOf(pt2_code, what));
+}
+
+std::vector<Pt2ModuleFrame> parseModuleStack(const std::string& text) {
+  std::vector<Pt2ModuleFrame> frames;
+  if (text.empty()) return frames;
+  for (const std::string& entry : splitTopLevel(text, ';')) {
+    auto fields = splitTopLevel(entry, ',');
+    if (fields.size() < 3) continue;
+    Pt2ModuleFrame f{fields[0], fields[1], fields[2]};
+    for (size_t i = 3; i < fields.size(); ++i) f.type += "," + fields[i];
+    // Export passes mark nodes they add with a frame that names no module.
+    if (f.key == "_empty_nn_module_stack_from_metadata_hook") continue;
+    frames.push_back(std::move(f));
+  }
+  return frames;
+}
+
+struct Pt2Archive::Impl {
+  std::string path;
+  std::string model_name;
+  std::string schema_version;
+  std::string torch_version;
+  std::vector<std::string> verifiers;
+  json program;
+  Pt2Signature signature;
+  std::vector<Pt2Node> nodes;
+  std::vector<std::string> module_call_graph;
+  std::vector<Pt2TensorEntry> entries;
+  std::map<std::string, at::Tensor> tensors;
+};
+
+namespace {
+
+void checkHeader(caffe2::serialize::PyTorchStreamReader& reader, const std::string& path) {
+  if (!reader.hasRecord("archive_format")) {
+    throw Pt2Error(fmt::format("'{}' is a zip without an archive_format record, so not a torch.export archive; "
+                               "save the model with torch.export.save(torch.export.export(model, args), path)",
+                               path));
+  }
+  std::string format = trim(readText(reader, "archive_format"));
+  if (format != "pt2") {
+    throw Pt2Error(fmt::format("'{}' has archive_format '{}', expected 'pt2'; save the model with torch.export.save",
+                               path, format));
+  }
+  std::string version = reader.hasRecord("archive_version") ? trim(readText(reader, "archive_version")) : "";
+  if (version != kArchiveVersion) {
+    throw Pt2Error(fmt::format("'{}' has archive_version '{}', but this Pipeforge reads PT2 archive version {} "
+                               "(torch 2.8-2.13); re-save the model with torch.export.save under torch 2.13",
+                               path, version.empty() ? "(missing)" : version, kArchiveVersion));
+  }
+  if (reader.hasRecord("byteorder")) {
+    std::string order = trim(readText(reader, "byteorder"));
+    if (order != "little") {
+      throw Pt2Error(fmt::format("'{}' was written on a {}-endian machine; its raw weights cannot be read here. "
+                                 "Re-save it on a little-endian machine",
+                                 path, order));
+    }
+  }
+}
+
+std::string findModelJson(caffe2::serialize::PyTorchStreamReader& reader, const std::string& path) {
+  std::vector<std::string> models;
+  bool aoti = false;
+  for (const auto& name : reader.getAllRecords()) {
+    if (startsWith(name, "models/") && endsWith(name, ".json")) models.push_back(name);
+    if (startsWith(name, "data/aotinductor/")) aoti = true;
+  }
+  if (models.empty() && aoti) {
+    throw Pt2Error(fmt::format(
+        "'{}' is an AOTInductor package (compiled code under data/aotinductor/, no exported graph); Pipeforge "
+        "splits the graph itself. Save the ExportedProgram instead: torch.export.save(ep, 'model.pt2') rather "
+        "than torch._inductor.aoti_compile_and_package(ep)",
+        path));
+  }
+  if (models.empty()) {
+    throw Pt2Error(fmt::format("'{}' holds no models/<name>.json, so no exported graph; save the model with "
+                               "torch.export.save",
+                               path));
+  }
+  std::sort(models.begin(), models.end());
+  if (models.size() == 1) return models[0];
+  if (std::find(models.begin(), models.end(), "models/model.json") != models.end()) return "models/model.json";
+  std::string names;
+  for (const auto& m : models) names += (names.empty() ? "" : ", ") + m;
+  throw Pt2Error(fmt::format("'{}' packages several programs ({}) and none is named 'model'; save one program "
+                             "per file with torch.export.save",
+                             path, names));
+}
+
+void checkSchema(const json& program, const std::string& path) {
+  if (!program.is_object() || !program.contains("graph_module") || !program.contains("schema_version")) {
+    throw Pt2Error(fmt::format("'{}': the exported program JSON has no graph_module or schema_version; the file "
+                               "is not an ExportedProgram (re-save with torch.export.save)",
+                               path));
+  }
+  const json& v = program.at("schema_version");
+  int major = v.value("major", -1);
+  int minor = v.value("minor", -1);
+  if (major != kSchemaMajor) {
+    throw Pt2Error(fmt::format("'{}' uses export schema version {}.{}, but this Pipeforge reads schema {}.x "
+                               "(torch 2.5-2.13 write it); re-export the model with torch 2.13",
+                               path, major, minor, kSchemaMajor));
+  }
+}
+
+Pt2Signature parseSignature(const json& sig) {
+  Pt2Signature out;
+  static const std::map<std::string, Pt2InputKind> input_kinds = {
+      {"user_input", Pt2InputKind::kUserInput},       {"parameter", Pt2InputKind::kParameter},
+      {"buffer", Pt2InputKind::kBuffer},              {"tensor_constant", Pt2InputKind::kTensorConstant},
+      {"custom_obj", Pt2InputKind::kCustomObject},    {"token", Pt2InputKind::kToken},
+      {"constant_input", Pt2InputKind::kConstantInput}};
+  static const std::map<std::string, std::pair<Pt2OutputKind, const char*>> output_kinds = {
+      {"user_output", {Pt2OutputKind::kUserOutput, ""}},
+      {"loss_output", {Pt2OutputKind::kLossOutput, ""}},
+      {"buffer_mutation", {Pt2OutputKind::kBufferMutation, "buffer_name"}},
+      {"parameter_mutation", {Pt2OutputKind::kParameterMutation, "parameter_name"}},
+      {"gradient_to_parameter", {Pt2OutputKind::kGradientToParameter, "parameter_name"}},
+      {"gradient_to_user_input", {Pt2OutputKind::kGradientToUserInput, "user_input_name"}},
+      {"user_input_mutation", {Pt2OutputKind::kUserInputMutation, "user_input_name"}},
+      {"token", {Pt2OutputKind::kToken, ""}}};
+  for (const json& spec : sig.at("input_specs")) {
+    auto [tag, body] = *spec.items().begin();
+    auto kind = input_kinds.find(tag);
+    if (kind == input_kinds.end()) {
+      throw Pt2Error("graph signature: unknown input kind '" + tag + "'; re-export the model with torch 2.13");
+    }
+    Pt2InputSpec in;
+    in.kind = kind->second;
+    const json& arg = body.contains("arg") ? body.at("arg") : json::object();
+    if (in.kind == Pt2InputKind::kUserInput) {
+      // An Argument union: as_tensor {name}, or a symbolic value as_sym_* {as_name}.
+      // A user input with neither (a baked constant) keeps an empty value.
+      if (arg.contains("as_tensor")) {
+        in.value = arg.at("as_tensor").at("name").get<std::string>();
+      } else if (!arg.empty() && arg.begin().value().is_object() && arg.begin().value().contains("as_name")) {
+        in.value = arg.begin().value().at("as_name").get<std::string>();
+      }
+    } else if (arg.is_object() && arg.contains("name")) {
+      in.value = arg.at("name").get<std::string>();
+    }
+    if (in.kind == Pt2InputKind::kConstantInput) in.value = body.value("name", "");
+    for (const char* field : {"parameter_name", "buffer_name", "tensor_constant_name", "custom_obj_name"}) {
+      if (body.contains(field)) in.target = body.at(field).get<std::string>();
+    }
+    if (body.contains("persistent") && body.at("persistent").is_boolean()) in.persistent = body.at("persistent");
+    out.inputs.push_back(std::move(in));
+  }
+  for (const json& spec : sig.at("output_specs")) {
+    auto [tag, body] = *spec.items().begin();
+    auto kind = output_kinds.find(tag);
+    if (kind == output_kinds.end()) {
+      throw Pt2Error("graph signature: unknown output kind '" + tag + "'; re-export the model with torch 2.13");
+    }
+    Pt2OutputSpec o;
+    o.kind = kind->second.first;
+    const json& arg = body.at("arg");
+    if (arg.contains("as_tensor")) {
+      o.value = arg.at("as_tensor").at("name").get<std::string>();
+    } else if (arg.contains("name")) {
+      o.value = arg.at("name").get<std::string>();  // TensorArgument directly (mutation outputs)
+    } else {
+      o.literal = arg.dump();
+    }
+    if (*kind->second.second) o.target = body.value(kind->second.second, "");
+    out.outputs.push_back(std::move(o));
+  }
+  return out;
+}
+
+// Reads one payload config (weights or constants) into tensors; views of one
+// storage with the same layout become one tensor object (tied weights).
+struct Payloads {
+  std::string path;  // the archive, for messages
+  std::vector<Pt2TensorEntry> entries;
+  std::map<std::string, at::Tensor> tensors;
+};
+
+void loadPayloads(caffe2::serialize::PyTorchStreamReader& reader, const std::string& folder,
+                  const std::string& model, bool constants, Payloads& impl) {
+  std::string config_name = fmt::format("{}/{}_{}_config.json", folder, model, constants ? "constants" : "weights");
+  if (!reader.hasRecord(config_name)) {
+    if (reader.hasRecord(fmt::format("{}/{}.pt", folder, model))) {
+      throw Pt2Error(fmt::format("'{}' stores its {} as one pickled {}/{}.pt (torch 2.8's layout); Pipeforge reads the "
+                                 "raw layout of torch >= 2.9. Re-save it under torch 2.13: "
+                                 "torch.export.save(torch.export.load(path), path)",
+                                 impl.path, constants ? "constants" : "weights", folder, model));
+    }
+    return;  // no weights at all (a parameterless model)
+  }
+  json config;
+  try {
+    config = json::parse(readText(reader, config_name));
+  } catch (const json::exception& e) {
+    throw Pt2Error(fmt::format("'{}': {} is not valid JSON ({}); the archive is corrupt, re-save it", impl.path,
+                               config_name, e.what()));
+  }
+  // One Storage per record, so every view of it (tied weights, slices) aliases it.
+  std::map<std::string, c10::Storage> storages;
+  std::map<std::tuple<std::string, int, std::vector<int64_t>, std::vector<int64_t>, int64_t>, at::Tensor> views;
+  for (const auto& [fqn, payload] : config.at("config").items()) {
+    std::string file = payload.at("path_name").get<std::string>();
+    if (payload.value("use_pickle", false)) {
+      throw Pt2Error(fmt::format("'{}': '{}' is stored pickled (a tensor subclass or script object); Pipeforge reads "
+                                 "plain tensors only. Export the model with plain tensor parameters and buffers",
+                                 impl.path, fqn));
+    }
+    const json& meta = payload.at("tensor_meta");
+    if (meta.value("layout", 7) != 7) {
+      throw Pt2Error(fmt::format("'{}': '{}' has a non-strided layout (code {}); only dense tensors can be split",
+                                 impl.path, fqn, meta.value("layout", 7)));
+    }
+    int dtype_code = meta.at("dtype").get<int>();
+    at::ScalarType dtype = scalarTypeOf(dtype_code, "tensor '" + fqn + "'");
+    auto sizes = symInts(meta.at("sizes"), fqn);
+    auto strides = symInts(meta.at("strides"), fqn);
+    int64_t offset = meta.contains("storage_offset") && !meta.at("storage_offset").is_null()
+                         ? symIntValue(meta.at("storage_offset"), fqn)
+                         : 0;
+    auto key = std::make_tuple(file, dtype_code, sizes, strides, offset);
+    at::Tensor tensor;
+    if (auto it = views.find(key); it != views.end()) {
+      tensor = it->second;
+    } else {
+      std::string record = folder + "/" + file;
+      if (!reader.hasRecord(record)) {
+        throw Pt2Error(fmt::format("'{}': '{}' points to {}, which the archive does not hold; the file is "
+                                   "incomplete, re-save it",
+                                   impl.path, fqn, record));
+      }
+      auto storage_it = storages.find(file);
+      if (storage_it == storages.end()) {
+        auto [data, bytes] = reader.getRecord(record);
+        storage_it = storages.emplace(file, c10::Storage(c10::Storage::use_byte_size_t(), bytes, std::move(data),
+                                                         /*allocator=*/nullptr, /*resizable=*/false))
+                         .first;
+      }
+      size_t bytes = storage_it->second.nbytes();
+      bool empty = std::find(sizes.begin(), sizes.end(), 0) != sizes.end();
+      int64_t last = offset;  // index of the last element the view reaches
+      for (size_t d = 0; d < sizes.size() && d < strides.size(); ++d) last += (sizes[d] - 1) * strides[d];
+      size_t needed = empty ? 0 : static_cast<size_t>(last + 1) * c10::elementSize(dtype);
+      if (bytes == 0 && needed > 0) {
+        tensor = at::zeros(sizes, at::TensorOptions().dtype(dtype));  // a weightless (fake) export
+      } else if (needed > bytes) {
+        throw Pt2Error(fmt::format("'{}': '{}' needs {} bytes of {} but the record holds {}; the file is truncated "
+                                   "or corrupt, re-save it",
+                                   impl.path, fqn, needed, record, bytes));
+      } else {
+        tensor = at::empty({0}, at::TensorOptions().dtype(dtype));
+        tensor.set_(storage_it->second, offset, sizes, strides);
+      }
+      views[key] = tensor;
+    }
+    bool is_param = payload.value("is_param", false);
+    if (is_param && meta.value("requires_grad", false) && at::isFloatingType(dtype)) tensor.set_requires_grad(true);
+    impl.entries.push_back({fqn, is_param, constants});
+    impl.tensors[fqn] = tensor;
+  }
+}
+
+}  // namespace
+
+Pt2Archive Pt2Archive::open(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw Pt2Error("model file '" + path + "' does not exist; check the path");
+  if (detectArchiveKind(path) == ArchiveKind::kLegacyExport) throw Pt2Error(legacyMessage(path));
+
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
+  try {
+    reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
+  } catch (const c10::Error& e) {
+    throw Pt2Error(fmt::format("cannot open '{}' as a PT2 archive: {}; re-save the model with torch.export.save",
+                               path, zipProblem(e.what_without_backtrace())));
+  }
+  try {
+    checkHeader(*reader, path);
+    std::string model_json = findModelJson(*reader, path);
+    impl->model_name = model_json.substr(7, model_json.size() - 7 - 5);
+    try {
+      impl->program = json::parse(readText(*reader, model_json));
+    } catch (const json::exception& e) {
+      throw Pt2Error(fmt::format("'{}': {} is not valid JSON ({}); the archive is corrupt, re-save it", path,
+                                 model_json, e.what()));
+    }
+    checkSchema(impl->program, path);
+    const json& v = impl->program.at("schema_version");
+    impl->schema_version = fmt::format("{}.{}", v.value("major", 0), v.value("minor", 0));
+    impl->torch_version = impl->program.value("torch_version", "<=2.4");
+    if (impl->program.contains("verifiers") && impl->program.at("verifiers").is_array()) {
+      for (const auto& s : impl->program.at("verifiers")) impl->verifiers.push_back(s.get<std::string>());
+    }
+    const json& gm = impl->program.at("graph_module");
+    impl->signature = parseSignature(gm.at("signature"));
+    for (const json& node : gm.at("graph").at("nodes")) {
+      Pt2Node n;
+      n.name = node.contains("name") && node.at("name").is_string() ? node.at("name").get<std::string>() : "";
+      n.target = node.at("target").get<std::string>();
+      n.module_stack = parseModuleStack(metadataString(node, "nn_module_stack"));
+      impl->nodes.push_back(std::move(n));
+    }
+    if (gm.contains("module_call_graph")) {
+      for (const json& entry : gm.at("module_call_graph")) impl->module_call_graph.push_back(entry.value("fqn", ""));
+    }
+    Payloads payloads{path, {}, {}};
+    loadPayloads(*reader, "data/weights", impl->model_name, /*constants=*/false, payloads);
+    loadPayloads(*reader, "data/constants", impl->model_name, /*constants=*/true, payloads);
+    impl->entries = std::move(payloads.entries);
+    impl->tensors = std::move(payloads.tensors);
+  } catch (const json::exception& e) {
+    throw Pt2Error(fmt::format("'{}': the exported program does not have the expected structure ({}); re-export the "
+                               "model with torch 2.13",
+                               path, e.what()));
+  } catch (const c10::Error& e) {
+    throw Pt2Error(fmt::format("cannot read '{}' (truncated or corrupt?): {}; re-save the model with "
+                               "torch.export.save",
+                               path, firstLine(e.what_without_backtrace())));
+  }
+  return Pt2Archive(std::move(impl));
+}
+
+Pt2Archive::Pt2Archive(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Pt2Archive::~Pt2Archive() = default;
+Pt2Archive::Pt2Archive(Pt2Archive&&) noexcept = default;
+Pt2Archive& Pt2Archive::operator=(Pt2Archive&&) noexcept = default;
+
+const std::string& Pt2Archive::path() const { return impl_->path; }
+const std::string& Pt2Archive::modelName() const { return impl_->model_name; }
+const std::string& Pt2Archive::schemaVersion() const { return impl_->schema_version; }
+const std::string& Pt2Archive::torchVersion() const { return impl_->torch_version; }
+const std::vector<std::string>& Pt2Archive::verifiers() const { return impl_->verifiers; }
+const Pt2Signature& Pt2Archive::signature() const { return impl_->signature; }
+const std::vector<Pt2Node>& Pt2Archive::nodes() const { return impl_->nodes; }
+const std::vector<std::string>& Pt2Archive::moduleCallGraph() const { return impl_->module_call_graph; }
+const nlohmann::ordered_json& Pt2Archive::graphJson() const { return impl_->program.at("graph_module").at("graph"); }
+const nlohmann::ordered_json& Pt2Archive::programJson() const { return impl_->program; }
+const std::vector<Pt2TensorEntry>& Pt2Archive::tensors() const { return impl_->entries; }
+bool Pt2Archive::hasTensor(const std::string& fqn) const { return impl_->tensors.count(fqn) > 0; }
+
+const at::Tensor& Pt2Archive::tensor(const std::string& fqn) const {
+  auto it = impl_->tensors.find(fqn);
+  if (it == impl_->tensors.end()) {
+    throw Pt2Error(fmt::format("'{}': the graph signature names '{}', but no weights or constants config holds it; "
+                               "the archive is incomplete, re-save it",
+                               impl_->path, fqn));
+  }
+  return it->second;
+}
+
+}  // namespace pipeforge::frontend

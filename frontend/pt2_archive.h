@@ -1,0 +1,136 @@
+// Reading a torch.export `.pt2` archive: the ExportedProgram JSON, its graph
+// signature, per-node module stacks, and its weights and constants as tensors.
+//
+// The zip is opened with LibTorch's own PyTorchStreamReader, the JSON parsed
+// with nlohmann-json. Only what torch >= 2.9 writes is read (archive_format
+// `pt2`, archive_version 0, raw weights with a payload config, schema 8.x);
+// everything else is refused with a Pt2Error that names the fix.
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "frontend/load_model.h"
+
+namespace at {
+class Tensor;
+}
+
+namespace pipeforge::frontend {
+
+// A problem with a `.pt2` file. A ModelError, so the CLI reports it the same way.
+class Pt2Error : public ModelError {
+ public:
+  using ModelError::ModelError;
+};
+
+// What a zip holds, decided by its content (the file name only breaks ties
+// for files too broken to open).
+enum class ArchiveKind {
+  kTorchScript,     // anything that is not a torch.export archive
+  kPt2,             // <root>/archive_format == "pt2" (torch >= 2.8), or a broken `.pt2`
+  kLegacyExport,    // torch 2.1-2.7: serialized_exported_program.json at the top level
+};
+
+ArchiveKind detectArchiveKind(const std::string& path);
+
+// One frame of a node's `nn_module_stack`, outermost first.
+struct Pt2ModuleFrame {
+  std::string key;   // tracer key, e.g. "L__self__blocks.0"; "@<n>" marks repeated calls
+  std::string path;  // module FQN, "" for the root
+  std::string type;  // "<module>.<qualname>", e.g. "torch.nn.modules.linear.Linear"
+};
+
+enum class Pt2InputKind { kUserInput, kParameter, kBuffer, kTensorConstant, kCustomObject, kToken, kConstantInput };
+enum class Pt2OutputKind {
+  kUserOutput,
+  kLossOutput,
+  kBufferMutation,
+  kParameterMutation,
+  kGradientToParameter,
+  kGradientToUserInput,
+  kUserInputMutation,
+  kToken,
+};
+
+struct Pt2InputSpec {
+  Pt2InputKind kind = Pt2InputKind::kUserInput;
+  std::string value;   // the graph value (placeholder) name: "x", "p_fc_weight"
+  std::string target;  // FQN of the parameter / buffer / constant; "" for user inputs
+  bool persistent = true;
+};
+
+struct Pt2OutputSpec {
+  Pt2OutputKind kind = Pt2OutputKind::kUserOutput;
+  std::string value;   // the graph value returned; "" when the output is not a tensor
+  std::string target;  // FQN the output mutates (buffer/parameter/user input), else ""
+  std::string literal; // for a non-tensor output: its argument as JSON text
+};
+
+struct Pt2Signature {
+  std::vector<Pt2InputSpec> inputs;    // 1:1 with the graph's placeholders, in order
+  std::vector<Pt2OutputSpec> outputs;  // 1:1 with the graph's outputs, in order
+};
+
+struct Pt2Node {
+  std::string name;    // graph-unique; "" in schemas without node names
+  std::string target;  // "torch.ops.aten.linear.default", "torch.ops.higher_order.cond", "_operator.mul"
+  std::vector<Pt2ModuleFrame> module_stack;  // empty when the node carries none
+};
+
+struct Pt2TensorEntry {
+  std::string fqn;
+  bool is_parameter = false;  // else a buffer or constant
+  bool is_constant = false;   // from the constants config (lifted tensor constants, non-persistent buffers)
+};
+
+class Pt2Archive {
+ public:
+  // Opens and checks `path`; loads every weight and constant. Throws Pt2Error.
+  static Pt2Archive open(const std::string& path);
+
+  ~Pt2Archive();
+  Pt2Archive(Pt2Archive&&) noexcept;
+  Pt2Archive& operator=(Pt2Archive&&) noexcept;
+
+  const std::string& path() const;
+  const std::string& modelName() const;            // "model" for torch.export.save
+  const std::string& schemaVersion() const;        // "8.20"
+  const std::string& torchVersion() const;         // writer's torch, "2.13.0+cpu"
+  const std::vector<std::string>& verifiers() const;  // ["TRAINING"] for the default export IR
+
+  const Pt2Signature& signature() const;
+  // Top-level graph nodes in graph order (a topological order).
+  const std::vector<Pt2Node>& nodes() const;
+  // Module FQNs from module_call_graph ("" first), in the model's definition order.
+  const std::vector<std::string>& moduleCallGraph() const;
+
+  // Raw JSON, for the importer: the top-level Graph object and the whole program.
+  const nlohmann::ordered_json& graphJson() const;
+  const nlohmann::ordered_json& programJson() const;
+
+  // Weights then constants, in config order. Names of one storage view (tied
+  // weights: wte.weight and lm_head.weight) map to the same tensor object.
+  const std::vector<Pt2TensorEntry>& tensors() const;
+  const at::Tensor& tensor(const std::string& fqn) const;  // throws Pt2Error when absent
+  bool hasTensor(const std::string& fqn) const;
+
+ private:
+  struct Impl;
+  explicit Pt2Archive(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The c10::ScalarType, as its integer, of a PT2 schema dtype code (the
+// schema numbers dtypes its own way: 5 is int64 there, Half in c10). `what`
+// names the tensor or node for the error on an unknown code.
+int c10ScalarTypeOf(int pt2_code, const std::string& what);
+
+// Parses one `nn_module_stack` metadata string ("key,path,type;key,path,type").
+// Frames added by export passes without module information are dropped.
+std::vector<Pt2ModuleFrame> parseModuleStack(const std::string& text);
+
+}  // namespace pipeforge::frontend

@@ -1,0 +1,1052 @@
+#include "frontend/pt2_import.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/runtime/operator.h>
+#include <torch/script.h>
+#include <torch/version.h>
+
+#include <climits>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "frontend/module_paths.h"
+#include "frontend/pipe_split_op.h"
+#include "frontend/pt2_archive.h"
+
+// Note [PT2 as nested TorchScript]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The rest of Pipeforge (OpenedModel, the DAG, the partitioner, the stage
+// builder, inspect, the runtime) works on a torch::jit::Module whose forward
+// calls submodules by prim::CallMethod and reads parameters by prim::GetAttr
+// chains from `self`. An exported program is one flat ATen graph whose nodes
+// carry `nn_module_stack` (the module calls they ran inside) and whose
+// parameters are lifted to placeholders. We rebuild the first from the second:
+//
+//   PT2 nodes (nn_module_stack)          rebuilt module
+//   linear   [blocks.0, blocks.0.fc]     Root.forward(self, x):
+//   relu     [blocks.0]                    %b = GetAttr[blocks](%self); %b0 = GetAttr[0](%b)
+//   linear_1 [blocks.0, blocks.0.fc2]      %h = CallMethod[forward](%b0, %x)
+//                                        blocks.0.forward(self, x):
+//                                          %fc = GetAttr[fc](%self); %l = CallMethod[forward](%fc, %x)
+//                                          %r = aten::relu(%l) ...
+//                                        blocks.0.fc.forward(self, x):
+//                                          %w = GetAttr[weight](%self); aten::linear(%x, %w, %bias)
+//
+// Each maximal run of nodes inside one module call (one nn_module_stack key)
+// becomes a method of that module: its arguments are the values the run reads
+// from outside, its results the values read after it. Parameters and buffers
+// are read with GetAttr when they live inside the called module (or a tied
+// alias does: the GPT head reads `lm_head.weight`, the embedding `wte.weight`,
+// one tensor), else they are passed in like any other value. ATen nodes become
+// TorchScript builtin calls of the same operator (TorchScript's registry holds
+// every dispatcher op with the same schema); pippy's and our pipe_split both
+// become our marker op. torch.cond becomes a prim::If and while_loop a
+// prim::Loop, whose bodies stay whole inside one stage like any scripted `if`
+// or loop; a subgraph that reads one submodule's parameters is made a method
+// of that submodule, so a split point there is refused as "inside a loop or
+// if body". In the functional (ATEN) IR, a buffer_mutation output is written
+// back with aten::copy_ right after the node that computes it, in the call
+// that owns the buffer (the training IR updates buffers in place already).
+//
+// Why not a dispatcher interpreter over the exported graph: the splitter,
+// stage writer and runtime would each need a second code path for a second IR,
+// stage files would stop being loadable with torch.jit.load, and opening calls
+// to any depth (a split at `blocks.0.attn`) would have to be re-implemented on
+// nn_module_stack. Rebuilding keeps all of that unchanged; the cost is this
+// file, and only what TorchScript can express imports (higher-order ops other
+// than cond and while_loop are refused by name).
+
+namespace pipeforge::frontend {
+namespace {
+
+// Ordered: weights keep the file's order (nlohmann::json would sort the keys).
+using json = nlohmann::ordered_json;
+using torch::jit::Graph;
+using torch::jit::Node;
+using torch::jit::Value;
+
+constexpr const char* kOpsPrefix = "torch.ops.";
+constexpr const char* kHigherOrderPrefix = "torch.ops.higher_order.";
+
+bool isMarkerTarget(const std::string& target) {
+  return target == "torch.ops.pippy._pipe_split.default" || target == "torch.ops.pipeforge.pipe_split.default";
+}
+
+struct OpName {
+  std::string ns, name, overload;
+  std::string qualified() const { return ns + "::" + name; }
+  std::string display() const { return qualified() + "." + overload; }
+};
+
+// "torch.ops.aten.add.Tensor" -> {aten, add, Tensor}.
+std::optional<OpName> parseOpTarget(const std::string& target) {
+  if (target.rfind(kOpsPrefix, 0) != 0) return std::nullopt;
+  std::string rest = target.substr(std::string(kOpsPrefix).size());
+  auto first = rest.find('.');
+  auto last = rest.rfind('.');
+  if (first == std::string::npos || first == last) return std::nullopt;
+  return OpName{rest.substr(0, first), rest.substr(first + 1, last - first - 1), rest.substr(last + 1)};
+}
+
+bool operatorExists(const OpName& op) {
+  std::string overload = op.overload == "default" ? "" : op.overload;
+  if (c10::Dispatcher::singleton().findSchema({op.qualified(), overload})) return true;
+  for (const auto& candidate : torch::jit::getAllOperatorsFor(c10::Symbol::fromQualString(op.qualified()))) {
+    if (candidate->schema().overload_name() == overload) return true;
+  }
+  return false;
+}
+
+// Python's symbolic-shape helpers in export graphs, as TorchScript builtins.
+const std::map<std::string, std::string>& symbolicOps() {
+  static const std::map<std::string, std::string> table = {
+      {"_operator.add", "aten::add"},       {"_operator.sub", "aten::sub"},
+      {"_operator.mul", "aten::mul"},       {"_operator.floordiv", "aten::floordiv"},
+      {"_operator.mod", "aten::remainder"}, {"_operator.truediv", "aten::div"},
+      {"_operator.neg", "aten::neg"},       {"_operator.pow", "aten::pow"},
+      {"_operator.eq", "aten::eq"},         {"_operator.ne", "aten::ne"},
+      {"_operator.lt", "aten::lt"},         {"_operator.le", "aten::le"},
+      {"_operator.gt", "aten::gt"},         {"_operator.ge", "aten::ge"},
+      {"_operator.and_", "aten::__and__"},  {"_operator.or_", "aten::__or__"},
+      {"_operator.not_", "aten::__not__"},  {"torch.sym_not", "aten::__not__"},
+      {"torch.sym_max", "prim::max"},       {"torch.sym_min", "prim::min"},
+      {"torch.sym_float", "aten::Float"},   {"torch.sym_int", "aten::Int"},
+      {"math.trunc", "aten::Int"},          {"math.ceil", "aten::ceil"},
+      {"math.floor", "aten::floor"},        {"math.sqrt", "aten::sqrt"},
+  };
+  return table;
+}
+
+// Every value name an Argument (or list of them) reads; subgraphs excluded.
+void collectNames(const json& j, std::vector<std::string>& out) {
+  if (j.is_array()) {
+    for (const auto& e : j) collectNames(e, out);
+    return;
+  }
+  if (!j.is_object()) return;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "as_graph") continue;
+    if ((key == "as_tensor" || key == "as_optional_tensor") && value.is_object() && value.contains("name") &&
+        value.at("name").is_string()) {
+      out.push_back(value.at("name").get<std::string>());
+    } else if (key == "as_tensors" && value.is_array()) {
+      for (const auto& t : value) {
+        if (t.is_object() && t.contains("name")) out.push_back(t.at("name").get<std::string>());
+      }
+    } else if (key == "as_name" && value.is_string()) {
+      out.push_back(value.get<std::string>());
+    } else {
+      collectNames(value, out);
+    }
+  }
+}
+
+std::vector<std::string> nodeUses(const json& node) {
+  std::vector<std::string> out;
+  for (const auto& in : node.at("inputs")) collectNames(in.at("arg"), out);
+  return out;
+}
+
+std::vector<std::string> nodeDefs(const json& node) {
+  std::vector<std::string> out;
+  collectNames(node.at("outputs"), out);
+  return out;
+}
+
+std::string parentOf(const std::string& fqn) {
+  auto dot = fqn.rfind('.');
+  return dot == std::string::npos ? "" : fqn.substr(0, dot);
+}
+
+std::string leafOf(const std::string& fqn) {
+  auto dot = fqn.rfind('.');
+  return dot == std::string::npos ? fqn : fqn.substr(dot + 1);
+}
+
+std::vector<std::string> pathParts(const std::string& path) {
+  std::vector<std::string> parts;
+  if (path.empty()) return parts;
+  size_t start = 0;
+  while (true) {
+    size_t dot = path.find('.', start);
+    parts.push_back(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return parts;
+}
+
+// "a.b.c" relative to "a" -> "b.c".
+std::string relativePath(const std::string& path, const std::string& base) {
+  if (base.empty()) return path;
+  if (path == base) return "";
+  return path.substr(base.size() + 1);
+}
+
+// A TorchScript identifier made from an export value name.
+std::string identifier(const std::string& raw) {
+  std::string out;
+  for (char c : raw) out += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  if (out.empty() || std::isdigit(static_cast<unsigned char>(out[0]))) out = "v_" + out;
+  return out;
+}
+
+// A class name atom list from a Python type ("generate_zoo.Block").
+std::string typeName(const std::string& python_type) {
+  std::string out = "__torch__.pipeforge_pt2";
+  for (const auto& part : pathParts(python_type)) out += "." + identifier(part);
+  if (python_type.empty()) out += ".Module";
+  return out;
+}
+
+double floatOf(const json& j) {
+  if (j.is_string()) {
+    std::string s = j.get<std::string>();
+    if (s == "Infinity" || s == "inf") return std::numeric_limits<double>::infinity();
+    if (s == "-Infinity" || s == "-inf") return -std::numeric_limits<double>::infinity();
+    if (s == "NaN" || s == "nan") return std::numeric_limits<double>::quiet_NaN();
+    throw Pt2Error("float argument '" + s + "' is not a number");
+  }
+  return j.get<double>();
+}
+
+// One maximal run of nodes inside one module call.
+struct Region {
+  std::string path;
+  std::string key;
+  std::string type;
+  int parent = -1;
+  std::vector<std::pair<bool, int>> items;  // (is_region, node position or region index)
+  int first = INT_MAX;
+  int last = -1;
+  std::vector<std::string> inputs;
+  std::vector<std::string> outputs;
+};
+
+// Where a graph is being written: the method's module and its value names.
+struct Scope {
+  Graph* graph = nullptr;
+  Value* self = nullptr;
+  std::string path;  // FQN of the module whose method this is
+  std::unordered_map<std::string, Value*> env;
+  bool top_level = true;  // names of the exported graph's placeholders resolve here
+};
+
+// An input of a higher-order op's subgraph: an export value by name, or a
+// value already made (a loop-carried value inside the loop body).
+struct Operand {
+  std::string name;
+  Value* value = nullptr;
+};
+
+class Importer {
+ public:
+  explicit Importer(const Pt2Archive& archive) : archive_(archive), graph_(archive.graphJson()) {}
+
+  torch::jit::Module run() {
+    ensurePipeSplitRegistered();
+    checkOperators(graph_);
+    checkSignature();
+    buildModules();
+    buildRegions();
+    emitRoot();
+    return modules_.at("");
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& message) const { throw Pt2Error("'" + archive_.path() + "': " + message); }
+
+  // --- checks ---------------------------------------------------------------
+
+  void collectMissing(const json& graph, std::set<std::string>& missing) const {
+    for (const auto& node : graph.at("nodes")) {
+      std::string target = node.at("target").get<std::string>();
+      for (const auto& in : node.at("inputs")) {
+        if (in.at("arg").contains("as_graph")) collectMissing(in.at("arg").at("as_graph").at("graph"), missing);
+      }
+      if (isMarkerTarget(target) || target.rfind(kHigherOrderPrefix, 0) == 0) continue;
+      if (auto op = parseOpTarget(target)) {
+        if (!operatorExists(*op)) missing.insert(op->display());
+      }
+    }
+  }
+
+  void checkOperators(const json& graph) const {
+    std::set<std::string> missing;
+    collectMissing(graph, missing);
+    if (missing.empty()) return;
+    std::string names;
+    for (const auto& m : missing) names += (names.empty() ? "" : ", ") + m;
+    fail(fmt::format("the graph calls operators that this LibTorch ({}) does not have: {}. A custom op must be "
+                     "registered in C++ (TORCH_LIBRARY) and linked into pipeforge; an ATen op missing here means "
+                     "the model was exported by a newer torch than the LibTorch pipeforge links: re-export with "
+                     "torch {}",
+                     TORCH_VERSION, names, TORCH_VERSION));
+  }
+
+  void checkSignature() {
+    const auto& sig = archive_.signature();
+    for (const auto& in : sig.inputs) {
+      switch (in.kind) {
+        case Pt2InputKind::kUserInput:
+          if (in.value.empty()) fail("a user input is not a tensor or symbolic value; export with tensor inputs");
+          user_inputs_.push_back(in.value);
+          break;
+        case Pt2InputKind::kParameter:
+        case Pt2InputKind::kBuffer:
+        case Pt2InputKind::kTensorConstant:
+          archive_.tensor(in.target);  // throws when the payload is missing
+          placeholder_fqn_[in.value] = in.target;
+          fqn_placeholder_[in.target] = in.value;
+          break;
+        case Pt2InputKind::kConstantInput:
+          break;  // baked into the graph by export; not a runtime input
+        case Pt2InputKind::kCustomObject:
+          fail("input '" + in.value + "' is a TorchBind script object (" + in.target +
+               "); pipeforge splits models whose state is tensors only");
+        case Pt2InputKind::kToken:
+          fail("the program threads effect tokens (ops with side effects); export without effectful custom ops");
+      }
+    }
+    for (size_t i = 0; i < sig.outputs.size(); ++i) {
+      const auto& out = sig.outputs[i];
+      switch (out.kind) {
+        case Pt2OutputKind::kUserOutput:
+          if (out.value.empty()) {
+            fail(fmt::format("forward's output {} is {}, not a tensor; pipeforge splits models whose outputs are "
+                             "tensors: return only tensors from forward (compute sizes outside the model)",
+                             user_outputs_.size(), out.literal));
+          }
+          user_outputs_.push_back(out.value);
+          break;
+        case Pt2OutputKind::kBufferMutation:
+        case Pt2OutputKind::kParameterMutation:
+          mutations_[out.value] = out.target;
+          break;
+        case Pt2OutputKind::kLossOutput:
+        case Pt2OutputKind::kGradientToParameter:
+        case Pt2OutputKind::kGradientToUserInput:
+          fail("the file holds a joint forward-backward graph (loss/gradient outputs); export the forward only "
+               "with torch.export.export(model, args)");
+        case Pt2OutputKind::kUserInputMutation:
+          fail("forward mutates its input '" + out.target + "' in place; pipeforge stages cannot write back to "
+               "inputs, so return the new value instead");
+        case Pt2OutputKind::kToken:
+          fail("the program threads effect tokens (ops with side effects); export without effectful custom ops");
+      }
+    }
+  }
+
+  // --- module tree ----------------------------------------------------------
+
+  torch::jit::Module& moduleAt(const std::string& path) {
+    auto it = modules_.find(path);
+    if (it != modules_.end()) return it->second;
+    auto type_it = types_.find(path);
+    torch::jit::Module m(c10::QualifiedName(typeName(type_it == types_.end() ? "" : type_it->second)), cu_,
+                         /*shouldMangle=*/true);
+    if (!m.hasattr("training")) m.register_attribute("training", c10::BoolType::get(), true);
+    if (!path.empty()) moduleAt(parentOf(path)).register_module(leafOf(path), m);
+    return modules_.emplace(path, m).first->second;
+  }
+
+  void buildModules() {
+    cu_ = std::make_shared<torch::jit::CompilationUnit>();
+    std::vector<std::string> paths{""};
+    for (const auto& node : archive_.nodes()) {
+      for (const auto& f : node.module_stack) {
+        types_.emplace(f.path, f.type);
+        paths.push_back(f.path);
+      }
+    }
+    std::vector<std::string> ordered = archive_.moduleCallGraph();
+    ordered.insert(ordered.end(), paths.begin(), paths.end());
+    for (const auto& entry : archive_.tensors()) ordered.push_back(parentOf(entry.fqn));
+    for (const auto& path : ordered) moduleAt(path);
+    for (const auto& entry : archive_.tensors()) {
+      torch::jit::Module& owner = moduleAt(parentOf(entry.fqn));
+      std::string name = leafOf(entry.fqn);
+      if (owner.hasattr(name)) fail("tensor '" + entry.fqn + "' has the name of a submodule; rename one of them");
+      owner.register_parameter(name, archive_.tensor(entry.fqn), /*is_buffer=*/!entry.is_parameter);
+    }
+    // Tied names: FQNs holding the same tensor object.
+    for (const auto& a : archive_.tensors()) {
+      for (const auto& b : archive_.tensors()) {
+        if (archive_.tensor(a.fqn).is_same(archive_.tensor(b.fqn))) aliases_[a.fqn].push_back(b.fqn);
+      }
+    }
+  }
+
+  // --- regions --------------------------------------------------------------
+
+  void buildRegions() {
+    const auto& nodes = archive_.nodes();
+    regions_.push_back(Region{});
+    std::vector<int> open{0};
+    for (int pos = 0; pos < static_cast<int>(nodes.size()); ++pos) {
+      const auto& stack = nodes[pos].module_stack;
+      if (!stack.empty()) {
+        // The calls this node runs in that can be reached by attribute chains
+        // from their caller; a frame for a module that is not a descendant of
+        // its caller (a shared module called from elsewhere) is folded into the caller.
+        std::vector<const Pt2ModuleFrame*> frames;
+        for (const auto& f : stack) {
+          const std::string& caller = frames.empty() ? std::string() : frames.back()->path;
+          if (f.path.empty() || f.path == caller || !isWithin(f.path, caller)) continue;
+          frames.push_back(&f);
+        }
+        size_t keep = 0;
+        while (keep < frames.size() && keep + 1 < open.size() &&
+               regions_[open[keep + 1]].key == frames[keep]->key + "|" + frames[keep]->path) {
+          ++keep;
+        }
+        open.resize(keep + 1);
+        for (size_t i = keep; i < frames.size(); ++i) {
+          Region r;
+          r.path = frames[i]->path;
+          r.key = frames[i]->key + "|" + frames[i]->path;
+          r.type = frames[i]->type;
+          r.parent = open.back();
+          regions_.push_back(r);
+          int index = static_cast<int>(regions_.size()) - 1;
+          regions_[open.back()].items.push_back({true, index});
+          open.push_back(index);
+        }
+      }
+      regions_[open.back()].items.push_back({false, pos});
+      for (int r : open) {
+        regions_[r].first = std::min(regions_[r].first, pos);
+        regions_[r].last = std::max(regions_[r].last, pos);
+      }
+    }
+
+    // Where each value is made and last read (user outputs: read at the end).
+    // Mutation outputs are not: they are written back where they are made.
+    const json& graph_nodes = graph_.at("nodes");
+    std::unordered_map<std::string, int> def_pos;
+    std::unordered_map<std::string, int> last_use;
+    std::vector<std::vector<std::string>> uses(nodes.size());
+    for (int pos = 0; pos < static_cast<int>(nodes.size()); ++pos) {
+      const json& node = graph_nodes.at(pos);
+      uses[pos] = nodeUses(node);
+      for (const auto& d : nodeDefs(node)) def_pos[d] = pos;
+      for (const auto& u : uses[pos]) last_use[u] = std::max(last_use[u], pos);
+    }
+    // A functional buffer update is written back (aten::copy_) after the node
+    // that computes it and after the last read of the old value, whichever is
+    // later; the node there reads both.
+    for (const auto& [value, target] : mutations_) {
+      std::string buffer = placeholderFor(target);
+      auto made = def_pos.find(value);
+      if (made == def_pos.end()) fail("mutation output '" + value + "' is not computed by any node");
+      auto read = last_use.find(buffer);
+      int at = std::max(made->second, read == last_use.end() ? -1 : read->second);
+      writes_[at].push_back(value);
+      for (const auto& u : {value, buffer}) {
+        uses[at].push_back(u);
+        last_use[u] = std::max(last_use[u], at);
+      }
+    }
+    for (const auto& out : user_outputs_) last_use[out] = INT_MAX;
+
+    for (size_t r = 1; r < regions_.size(); ++r) {
+      Region& region = regions_[r];
+      std::set<std::string> seen;
+      for (int pos = region.first; pos <= region.last; ++pos) {
+        for (const auto& u : uses[pos]) {
+          if (seen.count(u)) continue;
+          auto d = def_pos.find(u);
+          bool outside = d == def_pos.end() || d->second < region.first;
+          if (!outside) continue;
+          auto fqn = placeholder_fqn_.find(u);
+          if (fqn != placeholder_fqn_.end() && reachableAlias(fqn->second, region.path)) continue;
+          seen.insert(u);
+          region.inputs.push_back(u);
+        }
+      }
+      for (int pos = region.first; pos <= region.last; ++pos) {
+        for (const auto& d : nodeDefs(graph_nodes.at(pos))) {
+          auto lu = last_use.find(d);
+          if (lu != last_use.end() && lu->second > region.last) region.outputs.push_back(d);
+        }
+      }
+    }
+  }
+
+  std::string placeholderFor(const std::string& fqn) const {
+    auto it = fqn_placeholder_.find(fqn);
+    if (it == fqn_placeholder_.end()) fail("a mutation output names '" + fqn + "', which is not a graph input");
+    return it->second;
+  }
+
+  // An FQN naming `fqn`'s tensor that lies inside module `path` (fqn itself first).
+  std::optional<std::string> reachableAlias(const std::string& fqn, const std::string& path) const {
+    if (isWithin(fqn, path)) return fqn;
+    auto it = aliases_.find(fqn);
+    if (it == aliases_.end()) return std::nullopt;
+    for (const auto& alias : it->second) {
+      if (isWithin(alias, path)) return alias;
+    }
+    return std::nullopt;
+  }
+
+  // --- emission -------------------------------------------------------------
+
+  // torch/_export/serde/schema.py MemoryFormat and Layout -> c10.
+  c10::MemoryFormat memoryFormatOf(int code, const std::string& where) const {
+    switch (code) {
+      case 1: return c10::MemoryFormat::Contiguous;
+      case 2: return c10::MemoryFormat::ChannelsLast;
+      case 3: return c10::MemoryFormat::ChannelsLast3d;
+      case 4: return c10::MemoryFormat::Preserve;
+      default: fail(fmt::format("{}: unknown memory format code {}", where, code));
+    }
+  }
+
+  c10::Layout layoutOf(int code, const std::string& where) const {
+    switch (code) {
+      case 1: return c10::kSparse;
+      case 2: return c10::kSparseCsr;
+      case 3: return c10::kSparseCsc;
+      case 4: return c10::kSparseBsr;
+      case 5: return c10::kSparseBsc;
+      case 6: return c10::kMkldnn;
+      case 7: return c10::kStrided;
+      default: fail(fmt::format("{}: unknown layout code {}", where, code));
+    }
+  }
+
+  Value* attributeChain(Scope& scope, const std::string& relative) {
+    Value* v = scope.self;
+    for (const auto& part : pathParts(relative)) v = scope.graph->insertGetAttr(v, part);
+    return v;
+  }
+
+  Value* resolve(Scope& scope, const std::string& name) {
+    auto it = scope.env.find(name);
+    if (it != scope.env.end()) return it->second;
+    if (scope.top_level) {
+      auto fqn = placeholder_fqn_.find(name);
+      if (fqn != placeholder_fqn_.end()) {
+        auto alias = reachableAlias(fqn->second, scope.path);
+        if (alias) {
+          Value* v = attributeChain(scope, relativePath(*alias, scope.path));
+          scope.env[name] = v;
+          return v;
+        }
+      }
+    }
+    fail("internal: value '" + name + "' is read before it is defined in the rebuilt graph");
+  }
+
+  Value* constantList(Scope& scope, const json& list, const c10::TypePtr& elem,
+                      const std::function<Value*(const json&)>& one) {
+    std::vector<Value*> values;
+    for (const auto& e : list) values.push_back(one(e));
+    return scope.graph->insertNode(scope.graph->createList(elem, values))->output();
+  }
+
+  Value* symValue(Scope& scope, const json& sym) {
+    if (sym.contains("as_name")) return resolve(scope, sym.at("as_name").get<std::string>());
+    if (sym.contains("as_int")) return scope.graph->insertConstant(sym.at("as_int").get<int64_t>());
+    if (sym.contains("as_bool")) return scope.graph->insertConstant(sym.at("as_bool").get<bool>());
+    if (sym.contains("as_float")) return scope.graph->insertConstant(floatOf(sym.at("as_float")));
+    fail("unknown symbolic value " + sym.dump());
+  }
+
+  // An Argument as a TorchScript value (constants inserted where needed).
+  Value* argument(Scope& scope, const json& arg, const std::string& where) {
+    if (!arg.is_object() || arg.size() != 1) fail(where + ": malformed argument " + arg.dump());
+    const auto& [tag, v] = *arg.items().begin();
+    Graph& g = *scope.graph;
+    if (tag == "as_none") return g.insertConstant(c10::IValue());
+    if (tag == "as_tensor") return resolve(scope, v.at("name").get<std::string>());
+    if (tag == "as_int") return g.insertConstant(v.get<int64_t>());
+    // The schema numbers these enums its own way; TorchScript wants c10's.
+    if (tag == "as_scalar_type") return g.insertConstant(static_cast<int64_t>(c10ScalarTypeOf(v.get<int>(), where)));
+    if (tag == "as_memory_format") return g.insertConstant(static_cast<int64_t>(memoryFormatOf(v.get<int>(), where)));
+    if (tag == "as_layout") return g.insertConstant(static_cast<int64_t>(layoutOf(v.get<int>(), where)));
+    if (tag == "as_float") return g.insertConstant(floatOf(v));
+    if (tag == "as_bool") return g.insertConstant(v.get<bool>());
+    if (tag == "as_string") return g.insertConstant(v.get<std::string>());
+    if (tag == "as_ints") return g.insertConstant(c10::List<int64_t>(v.get<std::vector<int64_t>>()));
+    if (tag == "as_floats") {
+      std::vector<double> fs;
+      for (const auto& f : v) fs.push_back(floatOf(f));
+      return g.insertConstant(c10::List<double>(fs));
+    }
+    if (tag == "as_bools") {
+      c10::List<bool> bs;
+      for (const auto& b : v) bs.push_back(b.get<bool>());
+      return g.insertConstant(bs);
+    }
+    if (tag == "as_strings") return g.insertConstant(c10::List<std::string>(v.get<std::vector<std::string>>()));
+    if (tag == "as_device") {
+      std::string device = v.at("type").get<std::string>();
+      if (v.contains("index") && !v.at("index").is_null()) device += ":" + std::to_string(v.at("index").get<int>());
+      return g.insertConstant(c10::Device(device));
+    }
+    if (tag == "as_sym_int" || tag == "as_sym_bool" || tag == "as_sym_float") return symValue(scope, v);
+    if (tag == "as_sym_ints") {
+      return constantList(scope, v, c10::IntType::get(), [&](const json& e) { return symValue(scope, e); });
+    }
+    if (tag == "as_sym_bools") {
+      return constantList(scope, v, c10::BoolType::get(), [&](const json& e) { return symValue(scope, e); });
+    }
+    if (tag == "as_sym_floats") {
+      return constantList(scope, v, c10::FloatType::get(), [&](const json& e) { return symValue(scope, e); });
+    }
+    if (tag == "as_tensors") {
+      return constantList(scope, v, c10::TensorType::get(),
+                          [&](const json& e) { return resolve(scope, e.at("name").get<std::string>()); });
+    }
+    if (tag == "as_optional_tensor") {
+      return v.contains("as_tensor") ? resolve(scope, v.at("as_tensor").at("name").get<std::string>())
+                                     : g.insertConstant(c10::IValue());
+    }
+    if (tag == "as_optional_tensors") {
+      return constantList(scope, v, c10::OptionalType::create(c10::TensorType::get()), [&](const json& e) {
+        return e.contains("as_tensor") ? resolve(scope, e.at("as_tensor").at("name").get<std::string>())
+                                       : g.insertConstant(c10::IValue());
+      });
+    }
+    if (tag == "as_complex") {
+      return g.insertConstant(c10::complex<double>(floatOf(v.at("real")), floatOf(v.at("imag"))));
+    }
+    fail(where + ": argument kind '" + tag + "' cannot be expressed in TorchScript; export without it");
+  }
+
+  // Names the PT2 outputs of `node` on the values TorchScript produced.
+  void bindOutputs(Scope& scope, const json& node, Value* result, const std::string& where) {
+    const json& outputs = node.at("outputs");
+    if (outputs.empty()) {
+      // A no-result op (an assert): schema matching packs its nothing into `()`.
+      Node* packed = result ? result->node() : nullptr;
+      if (packed && packed->kind() == c10::prim::TupleConstruct && packed->inputs().empty() && !result->hasUses()) {
+        packed->destroy();
+      }
+      return;
+    }
+    auto bind = [&](const json& out, Value* v) {
+      std::vector<std::string> names;
+      collectNames(out, names);
+      if (out.contains("as_tensors")) {
+        auto* unpack = scope.graph->insertNode(scope.graph->createListUnpack(v, names.size()));
+        for (size_t i = 0; i < names.size(); ++i) {
+          unpack->output(i)->setDebugName(identifier(names[i]));
+          scope.env[names[i]] = unpack->output(i);
+        }
+        return;
+      }
+      if (names.empty()) return;  // as_none
+      v->setDebugName(identifier(names[0]));
+      scope.env[names[0]] = v;
+    };
+    if (outputs.size() == 1) {
+      bind(outputs[0], result);
+      return;
+    }
+    Node* tuple = result->node();
+    if (tuple->kind() != c10::prim::TupleConstruct || tuple->inputs().size() != outputs.size()) {
+      fail(fmt::format("{}: expected {} results, TorchScript's operator returns {}", where, outputs.size(),
+                       result->type()->repr_str()));
+    }
+    std::vector<Value*> parts(tuple->inputs().begin(), tuple->inputs().end());
+    if (!result->hasUses()) tuple->destroy();
+    for (size_t i = 0; i < outputs.size(); ++i) bind(outputs[i], parts[i]);
+  }
+
+  std::string describe(const json& node) const {
+    return fmt::format("node '{}' ({})", node.value("name", std::string("?")), node.at("target").get<std::string>());
+  }
+
+  void emitNode(Scope& scope, const json& node) {
+    std::string target = node.at("target").get<std::string>();
+    std::string where = describe(node);
+    Graph& g = *scope.graph;
+    if (isMarkerTarget(target)) {
+      g.insertNode(g.create(c10::Symbol::fromQualString(kPipeSplitOpName), {}, 0));
+      return;
+    }
+    if (target == "torch.ops.higher_order.cond") {
+      emitCond(scope, node);
+      return;
+    }
+    if (target == "torch.ops.higher_order.while_loop") {
+      emitWhileLoop(scope, node);
+      return;
+    }
+    if (target.rfind(kHigherOrderPrefix, 0) == 0) {
+      fail(fmt::format("{}: the higher-order op '{}' is not supported (cond and while_loop are); rewrite that part of forward "
+                       "without it, or keep it out of the exported model",
+                       where, target.substr(std::string(kHigherOrderPrefix).size())));
+    }
+    std::string symbol;
+    std::vector<torch::jit::NamedValue> args;
+    std::vector<torch::jit::NamedValue> kwargs;
+    if (auto op = parseOpTarget(target)) {
+      symbol = op->qualified();
+      // By name: export leaves out arguments equal to their default, so
+      // positions are not reliable; schema matching fills the defaults.
+      for (const auto& in : node.at("inputs")) {
+        kwargs.emplace_back(in.at("name").get<std::string>(), argument(scope, in.at("arg"), where));
+      }
+    } else if (auto sym = symbolicOps().find(target); sym != symbolicOps().end()) {
+      symbol = sym->second;
+      for (const auto& in : node.at("inputs")) args.emplace_back(argument(scope, in.at("arg"), where));
+    } else {
+      fail(fmt::format("{}: the call target '{}' has no TorchScript equivalent here; export without it", where,
+                       target));
+    }
+    Value* result = nullptr;
+    try {
+      result = g.insert(c10::Symbol::fromQualString(symbol), args, kwargs);
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      fail(fmt::format("{}: TorchScript has no overload of {} for these arguments: {}", where, symbol,
+                       what.substr(0, what.find('\n'))));
+    }
+    bindOutputs(scope, node, result, where);
+  }
+
+  // The deepest module, inside the current one, that owns every parameter
+  // and buffer among `names` (the branch's lifted operands); nullopt if none.
+  std::optional<std::string> commonOwner(const std::vector<std::string>& names, const std::string& within) const {
+    std::optional<std::string> common;
+    for (const auto& n : names) {
+      auto fqn = placeholder_fqn_.find(n);
+      if (fqn == placeholder_fqn_.end()) continue;
+      std::string owner = parentOf(fqn->second);
+      if (!common) {
+        common = owner;
+        continue;
+      }
+      while (!isWithin(owner, *common)) *common = parentOf(*common);
+    }
+    if (!common || common->empty() || !isWithin(*common, within) || *common == within) return std::nullopt;
+    return common;
+  }
+
+  // Writes `subgraph` (a cond branch) reading `operand_names` of the scope;
+  // returns its results in `scope`.
+  std::vector<Value*> emitBranch(Scope& scope, const json& subgraph, const std::vector<Operand>& operands,
+                                 const std::string& method_base, const std::string& where) {
+    const json& inputs = subgraph.at("inputs");
+    if (inputs.size() != operands.size()) {
+      fail(fmt::format("{}: a subgraph takes {} inputs but the op passes {}", where, inputs.size(), operands.size()));
+    }
+    // Every branch receives every operand of the cond (both branches' lifted
+    // parameters); ownership is decided by the operands this branch reads.
+    std::set<std::string> used;
+    for (const auto& node : subgraph.at("nodes")) {
+      for (const auto& u : nodeUses(node)) used.insert(u);
+    }
+    std::vector<std::string> branch_outputs;
+    collectNames(subgraph.at("outputs"), branch_outputs);
+    used.insert(branch_outputs.begin(), branch_outputs.end());
+    std::vector<std::string> sub_names;
+    std::vector<std::string> used_operands;
+    for (size_t i = 0; i < operands.size(); ++i) {
+      std::vector<std::string> names;
+      collectNames(inputs[i], names);
+      if (names.size() != 1) fail(where + ": a subgraph input is not a single value");
+      sub_names.push_back(names[0]);
+      if (used.count(names[0]) && !operands[i].value) used_operands.push_back(operands[i].name);
+    }
+    auto owner = commonOwner(used_operands, scope.path);
+    Scope inner;
+    std::vector<Value*> call_args;
+    std::shared_ptr<Graph> method_graph;
+    if (owner) {
+      method_graph = std::make_shared<Graph>();
+      inner.graph = method_graph.get();
+      inner.path = *owner;
+      inner.self = method_graph->addInput("self");
+      inner.self->setType(modules_.at(*owner).type());
+    } else {
+      inner.graph = scope.graph;
+      inner.path = scope.path;
+      inner.self = scope.self;
+    }
+    inner.top_level = false;
+    for (size_t i = 0; i < operands.size(); ++i) {
+      const std::string& sub_name = sub_names[i];
+      if (!used.count(sub_name)) continue;
+      const Operand& operand = operands[i];
+      auto fqn = operand.value ? placeholder_fqn_.end() : placeholder_fqn_.find(operand.name);
+      if (owner && fqn != placeholder_fqn_.end()) {
+        if (auto alias = reachableAlias(fqn->second, *owner)) {
+          inner.env[sub_name] = attributeChain(inner, relativePath(*alias, *owner));
+          continue;
+        }
+      }
+      Value* outer_value = operand.value ? operand.value : resolve(scope, operand.name);
+      if (owner) {
+        Value* in = method_graph->addInput(identifier(sub_name));
+        in->setType(outer_value->type());
+        inner.env[sub_name] = in;
+        call_args.push_back(outer_value);
+      } else {
+        inner.env[sub_name] = outer_value;
+      }
+    }
+    for (const auto& node : subgraph.at("nodes")) emitNode(inner, node);
+    std::vector<Value*> results;
+    for (const auto& out : subgraph.at("outputs")) results.push_back(argument(inner, out, where));
+    if (!owner) return results;
+
+    // The subgraph as a method of its owner, called from inside the if / loop body.
+    Value* ret = results.size() == 1 ? results[0]
+                                     : method_graph->insertNode(method_graph->createTuple(results))->output();
+    method_graph->registerOutput(ret);
+    std::string method = defineMethod(*owner, method_base, method_graph);
+    std::vector<Value*> call_inputs{attributeChain(scope, relativePath(*owner, scope.path))};
+    call_inputs.insert(call_inputs.end(), call_args.begin(), call_args.end());
+    return callMethod(scope, call_inputs, method, ret->type(), results.size());
+  }
+
+  void emitCond(Scope& scope, const json& node) {
+    std::string where = describe(node);
+    const json& inputs = node.at("inputs");
+    if (inputs.size() != 4) fail(where + ": expected cond(pred, true_fn, false_fn, operands)");
+    Graph& g = *scope.graph;
+    Value* pred = toBool(scope, argument(scope, inputs[0].at("arg"), where));
+    std::vector<std::string> operand_names;
+    collectNames(inputs[3].at("arg"), operand_names);
+    std::vector<Operand> operands;
+    for (const auto& name : operand_names) operands.push_back({name, nullptr});
+
+    size_t num_outputs = node.at("outputs").size();
+    Node* if_node = g.insertNode(g.create(c10::prim::If, {pred}, num_outputs));
+    std::vector<c10::TypePtr> types(num_outputs);
+    for (int branch = 1; branch <= 2; ++branch) {
+      torch::jit::Block* block = if_node->addBlock();
+      torch::jit::WithInsertPoint guard(block);
+      Scope body = scope;  // values made in the body stay in the body
+      auto results =
+          emitBranch(body, inputs[branch].at("arg").at("as_graph").at("graph"), operands, "pt2_cond_branch", where);
+      if (results.size() != num_outputs) fail(where + ": a branch returns a different number of values");
+      for (size_t i = 0; i < results.size(); ++i) {
+        block->registerOutput(results[i]);
+        types[i] = results[i]->type();
+      }
+    }
+    for (size_t i = 0; i < num_outputs; ++i) if_node->output(i)->setType(types[i]);
+    const json& outputs = node.at("outputs");
+    for (size_t i = 0; i < num_outputs; ++i) {
+      std::vector<std::string> names;
+      collectNames(outputs[i], names);
+      if (names.size() != 1) continue;
+      if_node->output(i)->setDebugName(identifier(names[0]));
+      scope.env[names[0]] = if_node->output(i);
+    }
+  }
+
+  Value* toBool(Scope& scope, Value* v) {
+    return v->type()->cast<c10::TensorType>() ? scope.graph->insert(c10::aten::Bool, {v}) : v;
+  }
+
+  // while_loop(cond_fn, body_fn, carried, additional) as a prim::Loop:
+  //   %c0 = cond(carried, additional)
+  //   %out... = prim::Loop(INT64_MAX, %c0, carried...)
+  //     block(%i, %h...): %new... = body(%h..., additional); -> (cond(%new..., additional), %new...)
+  void emitWhileLoop(Scope& scope, const json& node) {
+    std::string where = describe(node);
+    const json& inputs = node.at("inputs");
+    if (inputs.size() != 4) fail(where + ": expected while_loop(cond_fn, body_fn, carried_inputs, additional_inputs)");
+    const json& cond_graph = inputs[0].at("arg").at("as_graph").at("graph");
+    const json& body_graph = inputs[1].at("arg").at("as_graph").at("graph");
+    std::vector<std::string> carried_names;
+    std::vector<std::string> additional_names;
+    collectNames(inputs[2].at("arg"), carried_names);
+    collectNames(inputs[3].at("arg"), additional_names);
+    std::vector<Operand> first;
+    for (const auto& n : carried_names) first.push_back({n, nullptr});
+    for (const auto& n : additional_names) first.push_back({n, nullptr});
+    Graph& g = *scope.graph;
+    Value* start = toBool(scope, emitBranch(scope, cond_graph, first, "pt2_while_cond", where).at(0));
+    std::vector<Value*> loop_inputs{g.insertConstant(std::numeric_limits<int64_t>::max()), start};
+    for (const auto& n : carried_names) loop_inputs.push_back(resolve(scope, n));
+    Node* loop = g.insertNode(g.create(c10::prim::Loop, loop_inputs, carried_names.size()));
+    torch::jit::Block* body = loop->addBlock();
+    body->addInput()->setType(c10::IntType::get());
+    std::vector<Operand> step;
+    for (size_t i = 0; i < carried_names.size(); ++i) {
+      Value* h = body->addInput(identifier(carried_names[i]) + "_loop");
+      h->setType(loop_inputs[i + 2]->type());
+      step.push_back({"", h});
+    }
+    for (const auto& n : additional_names) step.push_back({n, nullptr});
+    {
+      torch::jit::WithInsertPoint guard(body);
+      Scope inner = scope;
+      auto next = emitBranch(inner, body_graph, step, "pt2_while_body", where);
+      if (next.size() != carried_names.size()) fail(where + ": the body returns a different number of values");
+      std::vector<Operand> again;
+      for (Value* v : next) again.push_back({"", v});
+      for (const auto& n : additional_names) again.push_back({n, nullptr});
+      Value* more = toBool(inner, emitBranch(inner, cond_graph, again, "pt2_while_cond", where).at(0));
+      body->registerOutput(more);
+      for (Value* v : next) body->registerOutput(v);
+    }
+    const json& outputs = node.at("outputs");
+    for (size_t i = 0; i < carried_names.size(); ++i) {
+      loop->output(i)->setType(loop_inputs[i + 2]->type());
+      if (i >= outputs.size()) continue;
+      std::vector<std::string> names;
+      collectNames(outputs[i], names);
+      if (names.size() != 1) continue;
+      loop->output(i)->setDebugName(identifier(names[0]));
+      scope.env[names[0]] = loop->output(i);
+    }
+  }
+
+  std::string defineMethod(const std::string& path, const std::string& base, std::shared_ptr<Graph> graph) {
+    int& count = method_counts_[path + "|" + base];
+    std::string name = count == 0 ? base : fmt::format("{}_{}", base, count);
+    ++count;
+    auto type = modules_.at(path).type();
+    auto* fn = cu_->create_function(c10::QualifiedName(*type->name(), name), std::move(graph));
+    type->addMethod(fn);
+    return name;
+  }
+
+  std::vector<Value*> callMethod(Scope& scope, const std::vector<Value*>& inputs, const std::string& method,
+                                 const c10::TypePtr& ret, size_t num_results) {
+    Graph& g = *scope.graph;
+    Node* call = g.insertNode(g.create(c10::prim::CallMethod, inputs, 1));
+    call->s_(c10::attr::name, method);
+    call->output()->setType(ret);
+    if (num_results == 1) return {call->output()};
+    if (num_results == 0) return {};
+    Node* unpack = g.insertNode(g.createTupleUnpack(call->output()));
+    return {unpack->outputs().begin(), unpack->outputs().end()};
+  }
+
+  void emitItems(Scope& scope, const Region& region) {
+    const json& graph_nodes = graph_.at("nodes");
+    for (const auto& [is_region, index] : region.items) {
+      if (is_region) {
+        emitCall(scope, regions_[index]);
+        continue;
+      }
+      const json& node = graph_nodes.at(index);
+      emitNode(scope, node);
+      auto writes = writes_.find(index);
+      if (writes == writes_.end()) continue;
+      for (const auto& value : writes->second) {
+        // Functional IR: the new buffer value is written back in place.
+        Value* buffer = resolve(scope, placeholderFor(mutations_.at(value)));
+        scope.graph->insert(c10::aten::copy_, {buffer, resolve(scope, value)});
+      }
+    }
+  }
+
+  void emitCall(Scope& scope, const Region& region) {
+    auto graph = std::make_shared<Graph>();
+    Scope inner;
+    inner.graph = graph.get();
+    inner.path = region.path;
+    inner.self = graph->addInput("self");
+    inner.self->setType(modules_.at(region.path).type());
+    std::vector<Value*> call_inputs{attributeChain(scope, relativePath(region.path, scope.path))};
+    for (const auto& name : region.inputs) {
+      Value* outer = resolve(scope, name);
+      Value* in = graph->addInput(identifier(name));
+      in->setType(outer->type());
+      inner.env[name] = in;
+      call_inputs.push_back(outer);
+    }
+    emitItems(inner, region);
+    std::vector<Value*> results;
+    for (const auto& name : region.outputs) results.push_back(resolve(inner, name));
+    Value* ret = nullptr;
+    if (results.empty()) {
+      ret = graph->insertConstant(c10::IValue());
+    } else if (results.size() == 1) {
+      ret = results[0];
+    } else {
+      ret = graph->insertNode(graph->createTuple(results))->output();
+    }
+    graph->registerOutput(ret);
+    std::string method = defineMethod(region.path, "forward", graph);
+    auto values = callMethod(scope, call_inputs, method, ret->type(), results.size());
+    for (size_t i = 0; i < region.outputs.size(); ++i) {
+      values[i]->setDebugName(identifier(region.outputs[i]));
+      scope.env[region.outputs[i]] = values[i];
+    }
+  }
+
+  void emitRoot() {
+    auto graph = std::make_shared<Graph>();
+    Scope scope;
+    scope.graph = graph.get();
+    scope.path = "";
+    scope.self = graph->addInput("self");
+    scope.self->setType(modules_.at("").type());
+    for (const auto& name : user_inputs_) {
+      Value* in = graph->addInput(identifier(name));
+      const json& tensors = graph_.at("tensor_values");
+      if (tensors.contains(name)) {
+        in->setType(c10::TensorType::get());
+      } else if (graph_.contains("sym_int_values") && graph_.at("sym_int_values").contains(name)) {
+        in->setType(c10::IntType::get());
+      } else if (graph_.contains("sym_bool_values") && graph_.at("sym_bool_values").contains(name)) {
+        in->setType(c10::BoolType::get());
+      } else if (graph_.contains("sym_float_values") && graph_.at("sym_float_values").contains(name)) {
+        in->setType(c10::FloatType::get());
+      } else {
+        in->setType(c10::TensorType::get());
+      }
+      scope.env[name] = in;
+    }
+    emitItems(scope, regions_[0]);
+    std::vector<Value*> outs;
+    for (const auto& name : user_outputs_) outs.push_back(resolve(scope, name));
+    if (outs.size() == 1) {
+      graph->registerOutput(outs[0]);
+    } else {
+      graph->registerOutput(graph->insertNode(graph->createTuple(outs))->output());
+    }
+    defineMethod("", "forward", graph);
+  }
+
+  const Pt2Archive& archive_;
+  const json& graph_;
+  std::shared_ptr<torch::jit::CompilationUnit> cu_;
+  std::map<std::string, torch::jit::Module> modules_;
+  std::map<std::string, std::string> types_;
+  std::map<std::string, std::vector<std::string>> aliases_;
+  std::unordered_map<std::string, std::string> placeholder_fqn_;
+  std::unordered_map<std::string, std::string> fqn_placeholder_;
+  std::vector<std::string> user_inputs_;
+  std::vector<std::string> user_outputs_;
+  std::map<std::string, std::string> mutations_;  // graph value -> buffer/parameter FQN it becomes
+  std::map<int, std::vector<std::string>> writes_;  // node position -> mutation values written back after it
+  std::vector<Region> regions_;
+  std::map<std::string, int> method_counts_;
+};
+
+}  // namespace
+
+torch::jit::Module importPt2(const Pt2Archive& archive) {
+  try {
+    return Importer(archive).run();
+  } catch (const nlohmann::ordered_json::exception& e) {
+    throw Pt2Error(fmt::format("'{}': the exported graph does not have the expected structure ({}); re-export the "
+                               "model with torch {}",
+                               archive.path(), e.what(), TORCH_VERSION));
+  } catch (const c10::Error& e) {
+    std::string what = e.what_without_backtrace();
+    throw Pt2Error(fmt::format("'{}': cannot rebuild the exported graph: {}", archive.path(),
+                               what.substr(0, what.find('\n'))));
+  }
+}
+
+torch::jit::Module loadPt2Model(const std::string& path) { return importPt2(Pt2Archive::open(path)); }
+
+}  // namespace pipeforge::frontend

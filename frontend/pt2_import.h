@@ -1,0 +1,26 @@
+// Turning a torch.export program (`.pt2`) into the TorchScript module the
+// frontend splits: submodules under their original FQNs holding the original
+// parameters and buffers, and one method per module call whose graph is the
+// exported ATen nodes of that call (see Note [PT2 as nested TorchScript] in
+// pt2_import.cpp).
+#pragma once
+
+#include <string>
+
+namespace torch::jit {
+struct Module;
+}
+
+namespace pipeforge::frontend {
+
+class Pt2Archive;
+
+// Rebuilds `archive`'s program as a module. Throws Pt2Error (a ModelError)
+// naming the node and the fix for what cannot be rebuilt: operators this
+// LibTorch lacks, non-tensor outputs, unsupported higher-order ops.
+torch::jit::Module importPt2(const Pt2Archive& archive);
+
+// Pt2Archive::open + importPt2.
+torch::jit::Module loadPt2Model(const std::string& path);
+
+}  // namespace pipeforge::frontend
