@@ -31,6 +31,7 @@
 #include "schedules/format_grid.h"
 #include "schedules/generate.h"
 #include "schedules/lower.h"
+#include "schedules/program.h"
 #include "schedules/simulate_cost.h"
 #include "schedules/simulate_unit.h"
 #include "schedules/svg_timeline.h"
@@ -76,15 +77,6 @@ std::string lowercase(std::string text) {
 
 std::string plural(int n, const char* noun) {
   return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s");
-}
-
-bool isLowered(const sch::Program& program) {
-  for (const auto& row : program.actions) {
-    for (const auto& cell : row) {
-      if (cell && !sch::isCompute(cell->type)) return true;
-    }
-  }
-  return false;
 }
 
 // Writes next to the target, then renames over it: readers never see half a file.
@@ -276,7 +268,7 @@ int runSchedule(const ScheduleOptions& o) {
     }
     if (o.layout != "loop") throw UsageError("--layout only applies to --name auto");
     program = sch::loadCsvFile(o.load);
-    const bool lowered = isLowered(program);
+    const bool lowered = !sch::isComputeOnly(program);
     if (o.format == "compute_only" && lowered) {
       throw sch::ScheduleError(fmt::format(
           "{} holds communication actions (SEND/RECV, UNSHARD, ...), so it is not "
@@ -304,10 +296,10 @@ int runSchedule(const ScheduleOptions& o) {
   std::optional<sch::CostSimulation> timed;
   if (costs) timed = sch::simulateCost(program, *costs);
   if (o.simulate) {
-    const sch::Program lowered = isLowered(program) ? program : sch::lowerForExecution(program);
+    const sch::Program lowered = !sch::isComputeOnly(program) ? program : sch::lowerForExecution(program);
     const sch::UnitSimulation unit = sch::simulateUnit(lowered);
     std::cout << fmt::format("unit-time simulation: {} steps{}\n", unit.num_steps,
-                             isLowered(program) ? "" : " (after lowering to SEND/RECV)");
+                             !sch::isComputeOnly(program) ? "" : " (after lowering to SEND/RECV)");
     if (timed) {
       std::cout << fmt::format("cost simulation ({}):\n", sch::describeCostModel(*costs));
       std::cout << fmt::format("  makespan        {:.6g}\n", timed->makespan);

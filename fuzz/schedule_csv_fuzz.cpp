@@ -21,15 +21,6 @@ namespace pf = pipeforge;
 namespace sch = pf::schedules;
 constexpr const char* kTarget = "schedule_csv";
 
-bool isLowered(const sch::Program& program) {
-  for (const auto& row : program.actions) {
-    for (const auto& cell : row) {
-      if (cell && !sch::isCompute(cell->type)) return true;
-    }
-  }
-  return false;
-}
-
 void checkGridRoundTrip(const std::string& text) {
   sch::ActionGrid grid;
   try {
@@ -55,7 +46,7 @@ void runLoadedProgram(const sch::Program& loaded) {
   try {
     sch::validateProgram(loaded);
     (void)sch::formatGrid(loaded);
-    if (isLowered(loaded)) {
+    if (!sch::isComputeOnly(loaded)) {
       (void)sch::simulateUnit(loaded);
       return;
     }

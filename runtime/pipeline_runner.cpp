@@ -17,28 +17,11 @@
 #include "runtime/schedule_executor.h"
 #include "schedules/generate.h"
 #include "schedules/lower.h"
+#include "schedules/program.h"
 #include "stage/manifest.h"
 
 namespace pipeforge::runtime {
 namespace {
-
-bool isLowered(const schedules::Program& program) {
-  for (const auto& actions : program.actions) {
-    for (const auto& a : actions) {
-      if (!a) continue;
-      switch (a->type) {
-        case schedules::ActionType::kSendF:
-        case schedules::ActionType::kRecvF:
-        case schedules::ActionType::kSendB:
-        case schedules::ActionType::kRecvB:
-          return true;
-        default:
-          break;
-      }
-    }
-  }
-  return false;
-}
 
 std::string resolveDevice(const std::string& device, int local_rank) {
   if (device == "cuda") return fmt::format("cuda:{}", local_rank);
@@ -176,7 +159,7 @@ class PipelineRunner::Impl {
       sc.num_microbatches = options_.num_microbatches;
       program_ = schedules::generateSchedule(options_.schedule, sc);
     }
-    if (!isLowered(program_)) program_ = schedules::lowerForExecution(program_);
+    if (!schedules::hasSendRecv(program_)) program_ = schedules::lowerForExecution(program_);
     if (program_.num_ranks != pp_size_ || program_.num_stages != stages ||
         static_cast<int>(program_.stage_to_rank.size()) != stages) {
       throw RuntimeError(fmt::format("the program has {} ranks and {} stages but the job has {} pipeline ranks and "

@@ -1,18 +1,20 @@
 // addSendRecv: PyTorch's `_add_send_recv`.
 //
 // Ranks take turns (0, 1, ..., one list entry each per round). A rank places
-// its next action once the action's input is available on the rank: an F of
-// stage s needs RECV_F of s or F of s-1 already placed there, an I/B of stage
-// s needs RECV_B of s or I/B of s+1. Placing an F whose next stage is on
-// another rank appends SEND_F after it and puts the matching RECV_F on the
-// receiving rank at once (likewise SEND_B/RECV_B for I and B), so every rank's
+// its next action once the inputs it reads from other stages (DependencyRule)
+// are on the rank: the input's RECV, or its producer on the same rank, already
+// placed there. Placing an action whose product another rank reads (an F's
+// activation, an I/B's input gradient) appends SEND_F (SEND_B) after it and
+// puts the matching RECV_F (RECV_B) on the reading rank at once, so every rank's
 // receives appear in the order the senders produce. An idle step only uses up
 // the rank's turn. Stages on the same rank hand data over directly (no comms).
 #include <deque>
 #include <unordered_set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include "schedules/dependencies.h"
 #include "schedules/format_grid.h"
 #include "schedules/lower.h"
 
@@ -35,7 +37,7 @@ Program addSendRecv(const Program& compute) {
     }
   }
 
-  const int last_stage = compute.num_stages - 1;
+  const DependencyRule rule(compute.num_stages);
   const auto& owner = compute.stage_to_rank;
   using KeySet = std::unordered_set<ActionKey, ActionKeyHash>;
   std::vector<KeySet> placed(compute.num_ranks);
@@ -43,26 +45,21 @@ Program addSendRecv(const Program& compute) {
     return placed[rank].count(ActionKey{stage, type, mb}) > 0;
   };
 
-  auto hasComms = [&](const Action& a) {
-    if (a.type == ActionType::kForward) {
-      return a.stage != last_stage && owner[a.stage + 1] != owner[a.stage];
-    }
-    if (a.type == ActionType::kBackwardInput || a.type == ActionType::kFullBackward) {
-      return a.stage != 0 && owner[a.stage - 1] != owner[a.stage];
+  // Only inputs from another stage are waited for here: the order within a
+  // stage is the compute schedule's own (validate checks it). Such an input is
+  // on `rank` once its RECV or a producer on the same rank was placed there.
+  auto arrived = [&](int rank, const Action& a, const Input& in) {
+    const int mb = a.microbatch.value_or(-1);
+    if (in.stage == a.stage) return true;
+    if (has(rank, a.stage, recvTypeFor(in.product), mb)) return true;
+    for (ActionType producer : producersOf(in.product)) {
+      if (has(rank, in.stage, producer, mb)) return true;
     }
     return false;
   };
   auto ready = [&](int rank, const Action& a) {
-    int mb = a.microbatch.value_or(-1);
-    if (a.type == ActionType::kForward && a.stage != 0) {
-      return has(rank, a.stage, ActionType::kRecvF, mb) ||
-             has(rank, a.stage - 1, ActionType::kForward, mb);
-    }
-    if ((a.type == ActionType::kBackwardInput || a.type == ActionType::kFullBackward) &&
-        a.stage != last_stage) {
-      return has(rank, a.stage, ActionType::kRecvB, mb) ||
-             has(rank, a.stage + 1, ActionType::kBackwardInput, mb) ||
-             has(rank, a.stage + 1, ActionType::kFullBackward, mb);
+    for (const Input& in : rule.inputsOf(a.type, a.stage)) {
+      if (!arrived(rank, a, in)) return false;
     }
     return true;
   };
@@ -91,17 +88,18 @@ Program addSendRecv(const Program& compute) {
         out.actions[rank].push_back(*cell);
         for (const auto& part : parts) {
           placed[rank].insert(keyOf(part));
-          if (!hasComms(part)) continue;
-          bool forward = part.type == ActionType::kForward;
-          Action send{part.stage, forward ? ActionType::kSendF : ActionType::kSendB,
-                      part.microbatch, {}};
-          Action recv{forward ? part.stage + 1 : part.stage - 1,
-                      forward ? ActionType::kRecvF : ActionType::kRecvB, part.microbatch, {}};
-          out.actions[rank].push_back(send);
-          placed[rank].insert(keyOf(send));
-          int peer = owner[recv.stage];
-          out.actions[peer].push_back(recv);
-          placed[peer].insert(keyOf(recv));
+          for (Product product : productsOf(part.type)) {
+            for (int reader : rule.readersOf(product, part.stage)) {
+              const int peer = owner[reader];
+              if (peer == rank) continue;
+              Action send{part.stage, sendTypeFor(product), part.microbatch, {}};
+              Action recv{reader, recvTypeFor(product), part.microbatch, {}};
+              out.actions[rank].push_back(send);
+              placed[rank].insert(keyOf(send));
+              out.actions[peer].push_back(recv);
+              placed[peer].insert(keyOf(recv));
+            }
+          }
         }
       }
       ++next[rank];
@@ -116,13 +114,14 @@ Program addSendRecv(const Program& compute) {
         waits += fmt::format("\n  rank {} at step {}: {} waits for its input", rank, next[rank],
                              formatAction(a));
         for (const auto& part : leaves(a)) {
-          if (ready(rank, part)) continue;
-          int mb = part.microbatch.value_or(-1);
-          if (part.type == ActionType::kForward) {
-            waits += fmt::format(" ({}F{} has not run before it)", part.stage - 1, mb);
-          } else {
-            waits += fmt::format(" ({}I{} or {}B{} has not run before it)", part.stage + 1, mb,
-                                 part.stage + 1, mb);
+          const int mb = part.microbatch.value_or(-1);
+          for (const Input& in : rule.inputsOf(part.type, part.stage)) {
+            if (arrived(rank, part, in)) continue;
+            std::vector<std::string> producers;
+            for (ActionType type : producersOf(in.product)) {
+              producers.push_back(formatAction(Action{in.stage, type, mb, {}}));
+            }
+            waits += fmt::format(" ({} has not run before it)", fmt::join(producers, " or "));
           }
         }
       }

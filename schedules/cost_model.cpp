@@ -57,6 +57,21 @@ double CostModel::duration(const Action& action) const {
   }
 }
 
+double CostModel::memoryChange(ActionType type, int stage_index) const {
+  switch (type) {
+    case ActionType::kForward:
+      return stage(stage_index).activation_memory;
+    case ActionType::kBackwardInput:
+      return -(stage(stage_index).activation_memory * (1.0 - weight_memory_share));
+    case ActionType::kBackwardWeight:
+      return -(stage(stage_index).activation_memory * weight_memory_share);
+    case ActionType::kFullBackward:
+      return -stage(stage_index).activation_memory;
+    default:
+      return 0.0;
+  }
+}
+
 namespace {
 
 void checkFinite(double value, std::string_view what, bool positive) {

@@ -61,6 +61,13 @@ struct CostModel {
   // halves for OVERLAP_F_B, zero for communication, UNSHARD, RESHARD and REDUCE_GRAD.
   double duration(const Action& action) const;
 
+  // How an action of `type` on `stage` changes its rank's activation memory:
+  // F allocates the stage's activation_memory, I releases all but
+  // weight_memory_share of it, W that share, B all of it; 0 for other types
+  // (ask per sub-action for OVERLAP_F_B). simulateCost, the OrderEvaluator and
+  // the list scheduler all account memory with it.
+  double memoryChange(ActionType type, int stage) const;
+
   // Throws ScheduleError when the model cannot describe a program with
   // `num_stages` stages: a per-stage list of another length, a negative or
   // non-finite cost, a non-positive F/I/W/B duration, a share outside [0, 1].

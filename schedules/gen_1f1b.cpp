@@ -43,7 +43,7 @@ Program generate1F1B(const ScheduleConfig& config) {
                        "microbatches, or GPipe",
                        m, p, p));
   }
-  std::vector<std::vector<Action>> orders(p);
+  std::vector<RankOps> orders(p);
   for (int rank = 0; rank < p; ++rank) {
     // The runtime's order (Schedule1F1B._step_microbatches): stage `rank` runs
     // min(m, p - rank) warm-up forwards, then alternates B (oldest first) and

@@ -38,7 +38,7 @@ Program generateMegatronInterleaved(const ScheduleConfig& config) {
   }
 
   const MegatronScheduleTable table = getScheduleTable(m, chunks, group);
-  std::vector<std::vector<Action>> orders(p);
+  std::vector<RankOps> orders(p);
   for (int rank = 0; rank < p; ++rank) {
     int warmup = megatronNumWarmupMicrobatches(p, rank, chunks, group, m);
     std::vector<int> forward_count(chunks, 0);

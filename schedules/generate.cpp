@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <unordered_set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "schedules/dependencies.h"
 #include "schedules/format_grid.h"
 #include "schedules/generators_internal.h"
 
@@ -30,28 +32,23 @@ Program makeProgram(const ScheduleConfig& config, StageLayout layout,
   return program;
 }
 
-std::vector<RankOps> alignToSteps(const std::vector<std::vector<Action>>& orders,
-                                  int num_stages) {
-  std::unordered_set<ActionKey, ActionKeyHash> done;
-  auto isDone = [&](int stage, ActionType type, int mb) {
-    return done.count(ActionKey{stage, type, mb}) > 0;
+std::vector<RankOps> alignToSteps(const std::vector<RankOps>& orders, int num_stages,
+                                  StepWait wait) {
+  const DependencyRule rule(num_stages);
+  // (product, stage, microbatch) made at an earlier step.
+  std::unordered_set<std::uint64_t> done;
+  auto productKey = [](Product product, int stage, int mb) {
+    return (static_cast<std::uint64_t>(stage) * kNumProducts + static_cast<std::uint64_t>(product))
+               << 32 |
+           static_cast<std::uint32_t>(mb);
   };
   auto ready = [&](const Action& a) {
-    int s = a.stage;
-    int mb = a.microbatch.value_or(-1);
-    switch (a.type) {
-      case ActionType::kForward:
-        return s == 0 || isDone(s - 1, ActionType::kForward, mb);
-      case ActionType::kBackwardInput:
-      case ActionType::kFullBackward:
-        return isDone(s, ActionType::kForward, mb) &&
-               (s == num_stages - 1 || isDone(s + 1, ActionType::kFullBackward, mb) ||
-                isDone(s + 1, ActionType::kBackwardInput, mb));
-      case ActionType::kBackwardWeight:
-        return isDone(s, ActionType::kBackwardInput, mb);
-      default:
-        return true;
+    if (wait == StepWait::kForwardOnly && a.type != ActionType::kForward) return true;
+    const int mb = a.microbatch.value_or(-1);
+    for (const Input& in : rule.inputsOf(a.type, a.stage)) {
+      if (done.count(productKey(in.product, in.stage, mb)) == 0) return false;
     }
+    return true;
   };
 
   std::vector<RankOps> out(orders.size());
@@ -59,11 +56,23 @@ std::vector<RankOps> alignToSteps(const std::vector<std::vector<Action>>& orders
   while (true) {
     bool pending = false;
     bool progressed = false;
-    std::vector<ActionKey> produced;
+    std::vector<std::uint64_t> produced;
+    auto produce = [&](const Action& a) {
+      for (Product product : productsOf(a.type)) {
+        produced.push_back(productKey(product, a.stage, a.microbatch.value_or(-1)));
+      }
+    };
     for (std::size_t r = 0; r < orders.size(); ++r) {
       if (next[r] >= orders[r].size()) continue;
       pending = true;
-      const Action& a = orders[r][next[r]];
+      const auto& cell = orders[r][next[r]];
+      if (!cell) {  // an idle step the order already holds
+        out[r].emplace_back();
+        ++next[r];
+        progressed = true;
+        continue;
+      }
+      const Action& a = *cell;
       bool ok = a.type == ActionType::kOverlapFB
                     ? std::all_of(a.sub_actions.begin(), a.sub_actions.end(), ready)
                     : ready(a);
@@ -73,9 +82,9 @@ std::vector<RankOps> alignToSteps(const std::vector<std::vector<Action>>& orders
       }
       out[r].push_back(a);
       if (a.type == ActionType::kOverlapFB) {
-        for (const auto& sub : a.sub_actions) produced.push_back(keyOf(sub));
+        for (const auto& sub : a.sub_actions) produce(sub);
       } else {
-        produced.push_back(keyOf(a));
+        produce(a);
       }
       ++next[r];
       progressed = true;
@@ -89,7 +98,7 @@ std::vector<RankOps> alignToSteps(const std::vector<std::vector<Action>>& orders
           "(each waits for an input that no rank produces before it)\n\n{}",
           stuck_step, formatGrid(out, stuck_step)));
     }
-    for (const auto& key : produced) done.insert(key);
+    for (auto key : produced) done.insert(key);
   }
   return out;
 }

@@ -27,12 +27,21 @@ inline Action act(int stage, ActionType type, int microbatch) {
 // Wraps per-rank action lists into a Program with the config's shape.
 Program makeProgram(const ScheduleConfig& config, StageLayout layout, std::vector<RankOps> actions);
 
+// Which actions alignToSteps delays until their inputs exist.
+enum class StepWait {
+  kEveryInput,  // every compute action waits for all its inputs (Note [One dependency rule])
+  // PyTorch's `_add_bubbles_to_actions`: only F waits; I and W are never
+  // delayed. (PyTorch also checks B, which the orders it aligns never hold.)
+  kForwardOnly,
+};
+
 // Lays per-rank orders out on unit time steps: at every step each rank runs
-// its next action if that action's inputs were produced at an earlier step
-// (F after F of the previous stage; I/B after F of the same stage and I/B of
-// the next stage; W after I), and idles (empty cell) otherwise. Trailing idle
-// steps are not added. Throws ScheduleError if the orders deadlock.
-std::vector<RankOps> alignToSteps(const std::vector<std::vector<Action>>& orders, int num_stages);
+// its next action if that action's inputs (DependencyRule) were produced at an
+// earlier step, and idles (empty cell) otherwise. An empty cell already in an
+// order stays one idle step. Trailing idle steps are not added. Throws
+// ScheduleError if the orders deadlock.
+std::vector<RankOps> alignToSteps(const std::vector<RankOps>& orders, int num_stages,
+                                  StepWait wait = StepWait::kEveryInput);
 
 // PyTorch's `_get_warmup_ops` and `_get_1f1b_rank_ops` (interleaved 1F1B and
 // its zero-bubble variant share them).

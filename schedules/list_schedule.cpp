@@ -7,6 +7,8 @@
 #include <tuple>
 #include <utility>
 
+#include "schedules/dependencies.h"
+
 namespace pipeforge::schedules {
 
 namespace {
@@ -28,7 +30,8 @@ class ListScheduler {
         policy_(policy),
         P_(problem.num_ranks),
         S_(static_cast<int>(problem.stage_to_rank.size())),
-        M_(problem.num_microbatches) {}
+        M_(problem.num_microbatches),
+        rule_(S_) {}
 
   std::optional<RankOrders> run();
 
@@ -51,16 +54,20 @@ class ListScheduler {
     return 0.0;
   }
   double act(int stage) const { return pb_.costs.stage(stage).activation_memory; }
+  double& doneAt(Product product, int stage, int mb) {
+    return done_[static_cast<std::size_t>(product)][static_cast<std::size_t>(stage) * M_ + mb];
+  }
+  std::optional<double> arrival(ActionType type, int stage, int mb);
   void decide(int r, double now);
   void start(int r, const Candidate& c, double now);
 
   const ListScheduleProblem& pb_;
   const ListSchedulePolicy& policy_;
   int P_, S_, M_;
+  DependencyRule rule_;
   std::vector<std::vector<int>> local_;
   std::vector<double> chain_act_;  // per rank: activations of one microbatch on all its stages
-  std::vector<double> fwd_end_;
-  std::vector<double> grad_end_;
+  std::vector<double> done_[kNumProducts];  // [product][stage * M + mb]: when it was made
   std::vector<int> f_next_;
   std::vector<int> i_next_;
   std::vector<std::deque<std::pair<int, int>>> pending_w_;
@@ -76,6 +83,18 @@ class ListScheduler {
       wake_;
   RankOrders orders_;
 };
+
+// When the last input of `type` of (stage, mb) arrives on its rank, or nullopt
+// while one of them is not made yet.
+std::optional<double> ListScheduler::arrival(ActionType type, int stage, int mb) {
+  double ready = 0.0;
+  for (const Input& in : rule_.inputsOf(type, stage)) {
+    const double t = doneAt(in.product, in.stage, mb);
+    if (t == kUnknown) return std::nullopt;
+    ready = std::max(ready, t + latency(in.stage, stage));
+  }
+  return ready;
+}
 
 void ListScheduler::decide(int r, double now) {
   const int cls_i = policy_.backward_first ? 0 : 1;
@@ -97,7 +116,9 @@ void ListScheduler::decide(int r, double now) {
   const int first = local_[r].front();
   for (int s : local_[r]) {
     const int fi = f_next_[s];
-    if (fi < M_ && (s == 0 || fwd_end_[(s - 1) * M_ + fi] != kUnknown)) {
+    const std::optional<double> f_ready =
+        fi < M_ ? arrival(ActionType::kForward, s, fi) : std::nullopt;
+    if (f_ready) {
       bool allowed = true;
       if (s == first && !policy_.admission_cap.empty() &&
           admitted_[r] >= policy_.admission_cap[r]) {
@@ -123,7 +144,7 @@ void ListScheduler::decide(int r, double now) {
       if (allowed) {
         Candidate c;
         c.op = Op{OpKind::kF, s, fi};
-        c.ready = s == 0 ? 0.0 : fwd_end_[(s - 1) * M_ + fi] + latency(s - 1, s);
+        c.ready = *f_ready;
         c.cls = cls_f;
         switch (policy_.forward_pick) {
           case ListSchedulePolicy::ForwardPick::kDeepestStage:
@@ -140,14 +161,12 @@ void ListScheduler::decide(int r, double now) {
       }
     }
     const int bi = i_next_[s];
-    if (bi < M_ && fwd_end_[s * M_ + bi] != kUnknown &&
-        (s == S_ - 1 || grad_end_[(s + 1) * M_ + bi] != kUnknown)) {
+    const std::optional<double> i_ready =
+        bi < M_ ? arrival(ActionType::kBackwardInput, s, bi) : std::nullopt;
+    if (i_ready) {
       Candidate c;
       c.op = Op{OpKind::kI, s, bi};
-      c.ready = fwd_end_[s * M_ + bi];
-      if (s < S_ - 1) {
-        c.ready = std::max(c.ready, grad_end_[(s + 1) * M_ + bi] + latency(s + 1, s));
-      }
+      c.ready = *i_ready;
       c.cls = cls_i;
       c.order = {bi, -s};
       consider(c);
@@ -157,7 +176,7 @@ void ListScheduler::decide(int r, double now) {
     const auto [s, i] = pending_w_[r].front();
     Candidate c;
     c.op = Op{OpKind::kW, s, i};
-    c.ready = grad_end_[s * M_ + i];
+    c.ready = *arrival(ActionType::kBackwardWeight, s, i);  // queued once its I ran
     c.cls = cls_w;
     consider(c);
   }
@@ -185,14 +204,15 @@ void ListScheduler::start(int r, const Candidate& c, double now) {
   const Op& op = c.op;
   const int s = op.stage;
   const int i = op.microbatch;
+  const ActionType type = toActionType(op.kind);
   const double end = now + duration(op);
   orders_.ops[r].push_back(op);
   free_at_[r] = end;
   --remaining_[r];
   wake_.push({end, r});
+  memory_[r] += pb_.costs.memoryChange(type, s);
   switch (op.kind) {
     case OpKind::kF:
-      fwd_end_[s * M_ + i] = end;
       ++f_next_[s];
       {
         double& left = left_act_[static_cast<std::size_t>(r) * M_ + i];
@@ -212,27 +232,25 @@ void ListScheduler::start(int r, const Candidate& c, double now) {
           left = 0.0;
         }
       }
-      memory_[r] += act(s);
-      if (s + 1 < S_ && pb_.stage_to_rank[s + 1] != r) {
-        wake_.push({end + latency(s, s + 1), pb_.stage_to_rank[s + 1]});
-      }
       break;
     case OpKind::kI:
-      grad_end_[s * M_ + i] = end;
       ++i_next_[s];
-      memory_[r] -= act(s) * (1.0 - pb_.costs.weight_memory_share);
       pending_w_[r].emplace_back(s, i);
       if (s == local_[r].front()) --admitted_[r];
-      if (s > 0 && pb_.stage_to_rank[s - 1] != r) {
-        wake_.push({end + latency(s, s - 1), pb_.stage_to_rank[s - 1]});
-      }
       break;
     case OpKind::kW:
-      memory_[r] -= act(s) * pb_.costs.weight_memory_share;
       pending_w_[r].pop_front();
       break;
     case OpKind::kB:
       break;  // the greedy always splits the backward
+  }
+  // Wake the ranks that wait for what this op makes.
+  for (Product product : productsOf(type)) {
+    doneAt(product, s, i) = end;
+    for (int reader : rule_.readersOf(product, s)) {
+      const int peer = pb_.stage_to_rank[reader];
+      if (peer != r) wake_.push({end + latency(s, reader), peer});
+    }
   }
 }
 
@@ -241,8 +259,7 @@ std::optional<RankOrders> ListScheduler::run() {
   for (int s = 0; s < S_; ++s) local_[pb_.stage_to_rank[s]].push_back(s);
   chain_act_.assign(P_, 0.0);
   for (int s = 0; s < S_; ++s) chain_act_[pb_.stage_to_rank[s]] += act(s);
-  fwd_end_.assign(static_cast<std::size_t>(S_) * M_, kUnknown);
-  grad_end_.assign(static_cast<std::size_t>(S_) * M_, kUnknown);
+  for (auto& done : done_) done.assign(static_cast<std::size_t>(S_) * M_, kUnknown);
   f_next_.assign(S_, 0);
   i_next_.assign(S_, 0);
   pending_w_.assign(P_, {});

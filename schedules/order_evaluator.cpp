@@ -6,7 +6,8 @@ namespace pipeforge::schedules {
 
 namespace {
 
-enum Slot : int { kForwardDone, kGradDone, kInputDone, kNumSlots };
+// One slot per Product (dependencies.h) of each (stage, microbatch).
+constexpr int kNumSlots = kNumProducts;
 constexpr double kNotYet = -1.0;
 
 }  // namespace
@@ -16,18 +17,19 @@ OrderEvaluator::OrderEvaluator(const RankOrders& shape, const CostModel& costs)
       S_(shape.num_stages),
       M_(shape.num_microbatches),
       stage_to_rank_(shape.stage_to_rank),
-      comm_(costs.comm_latency),
-      share_(costs.weight_memory_share) {
+      rule_(shape.num_stages),
+      comm_(costs.comm_latency) {
   costs.check(S_);
   dur_.resize(4 * static_cast<std::size_t>(S_));
+  mem_.resize(4 * static_cast<std::size_t>(S_));
   act_.resize(S_);
   for (int s = 0; s < S_; ++s) {
-    const StageCost& c = costs.stage(s);
-    dur_[static_cast<int>(OpKind::kF) * S_ + s] = c.forward;
-    dur_[static_cast<int>(OpKind::kI) * S_ + s] = c.backward_input;
-    dur_[static_cast<int>(OpKind::kW) * S_ + s] = c.backward_weight;
-    dur_[static_cast<int>(OpKind::kB) * S_ + s] = c.fullBackward();
-    act_[s] = c.activation_memory;
+    for (OpKind kind : {OpKind::kF, OpKind::kI, OpKind::kW, OpKind::kB}) {
+      const int at = static_cast<int>(kind) * S_ + s;
+      dur_[at] = costs.duration(toAction(Op{kind, s, 0}));
+      mem_[at] = costs.memoryChange(toActionType(kind), s);
+    }
+    act_[s] = costs.stage(s).activation_memory;
   }
   const std::size_t keys = static_cast<std::size_t>(kNumSlots) * S_ * M_;
   done_time_.resize(keys);
@@ -45,7 +47,9 @@ double OrderEvaluator::duration(const Op& op) const {
 
 void OrderEvaluator::evaluate(const RankOrders& orders, OrderEvaluation& out,
                               bool with_timeline) {
-  auto key = [this](int slot, int stage, int mb) { return (slot * S_ + stage) * M_ + mb; };
+  auto key = [this](Product product, int stage, int mb) {
+    return (static_cast<int>(product) * S_ + stage) * M_ + mb;
+  };
   std::fill(done_time_.begin(), done_time_.end(), kNotYet);
   std::fill(wait_head_.begin(), wait_head_.end(), -1);
   std::fill(pos_.begin(), pos_.end(), 0);
@@ -65,46 +69,30 @@ void OrderEvaluator::evaluate(const RankOrders& orders, OrderEvaluation& out,
   work_.clear();
   for (int r = P_ - 1; r >= 0; --r) work_.push_back(r);
 
-  struct Dep {
-    int key;
-    double latency;
-  };
   while (!work_.empty()) {
     const int r = work_.back();
     work_.pop_back();
     const auto& row = orders.ops[r];
     while (pos_[r] < row.size()) {
       const Op& op = row[pos_[r]];
+      const ActionType type = toActionType(op.kind);
       const int s = op.stage;
       const int i = op.microbatch;
-      Dep deps[2];
-      int n = 0;
-      switch (op.kind) {
-        case OpKind::kF:
-          if (s > 0) deps[n++] = {key(kForwardDone, s - 1, i), latency(s - 1, s)};
-          break;
-        case OpKind::kI:
-        case OpKind::kB:
-          deps[n++] = {key(kForwardDone, s, i), 0.0};
-          if (s + 1 < S_) deps[n++] = {key(kGradDone, s + 1, i), latency(s + 1, s)};
-          break;
-        case OpKind::kW:
-          deps[n++] = {key(kInputDone, s, i), 0.0};
-          break;
-      }
+      const std::vector<Input>& inputs = rule_.inputsOf(type, s);
       double start = clock_[r];
       int binding = pos_[r] > 0 ? static_cast<int>(out.offset[r] + pos_[r] - 1) : -1;
       int missing = -1;
-      for (int d = 0; d < n; ++d) {
-        const double t = done_time_[deps[d].key];
+      for (const Input& in : inputs) {
+        const int k = key(in.product, in.stage, i);
+        const double t = done_time_[k];
         if (t == kNotYet) {
-          missing = deps[d].key;
+          missing = k;
           break;
         }
-        const double arrival = t + deps[d].latency;
+        const double arrival = t + (crossesRanks(in, s, stage_to_rank_) ? comm_ : 0.0);
         if (arrival > start) {
           start = arrival;
-          binding = done_op_[deps[d].key];
+          binding = done_op_[k];
         }
       }
       if (missing >= 0) {
@@ -126,25 +114,9 @@ void OrderEvaluator::evaluate(const RankOrders& orders, OrderEvaluation& out,
         for (int w = wait_head_[k]; w >= 0; w = wait_next_[w]) work_.push_back(w);
         wait_head_[k] = -1;
       };
-      switch (op.kind) {
-        case OpKind::kF:
-          memory_[r] += act_[s];
-          out.peak_memory[r] = std::max(out.peak_memory[r], memory_[r]);
-          mark(key(kForwardDone, s, i));
-          break;
-        case OpKind::kI:
-          memory_[r] -= act_[s] * (1.0 - share_);
-          mark(key(kGradDone, s, i));
-          mark(key(kInputDone, s, i));
-          break;
-        case OpKind::kW:
-          memory_[r] -= act_[s] * share_;
-          break;
-        case OpKind::kB:
-          memory_[r] -= act_[s];
-          mark(key(kGradDone, s, i));
-          break;
-      }
+      memory_[r] += mem_[static_cast<int>(op.kind) * S_ + s];
+      if (op.kind == OpKind::kF) out.peak_memory[r] = std::max(out.peak_memory[r], memory_[r]);
+      for (Product product : productsOf(type)) mark(key(product, s, i));
       clock_[r] = end;
       ++pos_[r];
     }

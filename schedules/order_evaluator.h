@@ -1,13 +1,17 @@
 // Fast timing of RankOrders under a CostModel, for the inner loop of the
 // auto scheduler. Same rules and the same arithmetic as simulateCost on a
-// compute-only program (Note [Cost simulation]), so both report identical
-// makespans and peaks; this one allocates nothing per call and records, per
-// op, which predecessor set its start (for critical-path moves).
+// compute-only program (Note [Cost simulation]): both take the inputs from
+// DependencyRule, durations from CostModel::duration, memory from
+// CostModel::memoryChange and latency from crossesRanks, so both report
+// identical start/end times and peaks (simulate_cost_test pins it). This one
+// allocates nothing per call and records, per op, which predecessor set its
+// start (for critical-path moves).
 #pragma once
 
 #include <vector>
 
 #include "schedules/cost_model.h"
+#include "schedules/dependencies.h"
 #include "schedules/rank_orders.h"
 
 namespace pipeforge::schedules {
@@ -45,10 +49,11 @@ class OrderEvaluator {
  private:
   int P_, S_, M_;
   std::vector<int> stage_to_rank_;
+  DependencyRule rule_;
   std::vector<double> dur_;  // [kind * S + stage]
+  std::vector<double> mem_;  // [kind * S + stage]: CostModel::memoryChange
   std::vector<double> act_;
   double comm_;
-  double share_;
   // scratch
   std::vector<double> done_time_;
   std::vector<int> done_op_;

@@ -22,6 +22,33 @@ std::vector<int> makeStageToRank(int num_ranks, int num_stages, StageLayout layo
   return mapping;
 }
 
+bool hasSendRecv(const Program& program) {
+  for (const auto& row : program.actions) {
+    for (const auto& cell : row) {
+      if (!cell) continue;
+      switch (cell->type) {
+        case ActionType::kSendF:
+        case ActionType::kRecvF:
+        case ActionType::kSendB:
+        case ActionType::kRecvB:
+          return true;
+        default:
+          break;
+      }
+    }
+  }
+  return false;
+}
+
+bool isComputeOnly(const Program& program) {
+  for (const auto& row : program.actions) {
+    for (const auto& cell : row) {
+      if (cell && !isCompute(cell->type)) return false;
+    }
+  }
+  return true;
+}
+
 std::vector<int> stagesOf(const Action& action) {
   if (action.type != ActionType::kOverlapFB) return {action.stage};
   std::vector<int> stages;

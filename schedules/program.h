@@ -51,6 +51,14 @@ std::vector<int> makeStageToRank(int num_ranks, int num_stages, StageLayout layo
 // ("addSendRecv input") in the message. Lowering passes check their input with it.
 void checkProgramShape(const Program& program, std::string_view context);
 
+// Whether the program already carries its communication (any SEND_F, RECV_F,
+// SEND_B or RECV_B): addSendRecv ran, so cross-rank data travels by message.
+bool hasSendRecv(const Program& program);
+
+// Whether every action runs stage code (F, I, W, B, OVERLAP_F_B): nothing a
+// lowering pass adds (SEND/RECV, UNSHARD/RESHARD, REDUCE_GRAD) is present.
+bool isComputeOnly(const Program& program);
+
 // The stage indices an action touches: its own, or its sub-actions' for OVERLAP_F_B.
 std::vector<int> stagesOf(const Action& action);
 

@@ -10,24 +10,25 @@ std::size_t RankOrders::size() const {
   return total;
 }
 
+ActionType toActionType(OpKind kind) {
+  switch (kind) {
+    case OpKind::kF:
+      return ActionType::kForward;
+    case OpKind::kI:
+      return ActionType::kBackwardInput;
+    case OpKind::kW:
+      return ActionType::kBackwardWeight;
+    case OpKind::kB:
+      return ActionType::kFullBackward;
+  }
+  return ActionType::kForward;
+}
+
 Action toAction(const Op& op) {
   Action action;
   action.stage = op.stage;
   action.microbatch = op.microbatch;
-  switch (op.kind) {
-    case OpKind::kF:
-      action.type = ActionType::kForward;
-      break;
-    case OpKind::kI:
-      action.type = ActionType::kBackwardInput;
-      break;
-    case OpKind::kW:
-      action.type = ActionType::kBackwardWeight;
-      break;
-    case OpKind::kB:
-      action.type = ActionType::kFullBackward;
-      break;
-  }
+  action.type = toActionType(op.kind);
   return action;
 }
 

@@ -32,6 +32,7 @@ struct RankOrders {
   std::size_t size() const;  // number of ops over all ranks
 };
 
+ActionType toActionType(OpKind kind);
 Action toAction(const Op& op);
 
 // The compute-only Program with these orders (no empty cells).

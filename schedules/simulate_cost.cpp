@@ -2,8 +2,12 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "schedules/dependencies.h"
 
 #include "schedules/format_grid.h"
 
@@ -21,13 +25,14 @@ namespace {
 
 // Note [Cost simulation]: every fact an action can wait for is one slot of one
 // (stage, microbatch); the slot records when (and by which event) it became true.
+// The first slots are the Products of dependencies.h, in their order.
 enum Slot : int {
-  kForwardDone,   // F (or the F half of OVERLAP_F_B) ended
-  kGradDone,      // I or B ended: the input gradient exists
-  kInputDone,     // I ended (W may run)
+  kForwardDone,   // Product::kActivation: F (or the F half of OVERLAP_F_B) ended
+  kGradDone,      // Product::kInputGrad: I or B ended
+  kInputDone,     // Product::kWeightGradReady: I ended (W may run)
   kWeightDone,    // W ended (only to catch repeats)
-  kSendF,         // SEND_F ran: the output travels to stage s+1
-  kSendB,         // SEND_B ran: the input gradient travels to stage s-1
+  kSendF,         // SEND_F ran: the activation travels to the stages reading it
+  kSendB,         // SEND_B ran: the input gradient travels back to its sources
   kRecvF,         // RECV_F posted on the receiving rank
   kRecvB,         // RECV_B posted
   kNumSlots,
@@ -40,11 +45,23 @@ struct Dep {
 
 constexpr double kNotYet = -1.0;
 
+Slot slotOf(Product product) { return static_cast<Slot>(product); }
+
+Slot slotOfMessage(ActionType type) {
+  return type == ActionType::kSendF   ? kSendF
+         : type == ActionType::kSendB ? kSendB
+         : type == ActionType::kRecvF ? kRecvF
+                                      : kRecvB;
+}
 
 class Simulator {
  public:
   Simulator(const Program& program, const CostModel& costs)
-      : program_(program), costs_(costs), S_(program.num_stages), M_(program.num_microbatches) {}
+      : program_(program),
+        costs_(costs),
+        rule_(program.num_stages),
+        S_(program.num_stages),
+        M_(program.num_microbatches) {}
 
   CostSimulation run();
 
@@ -52,7 +69,6 @@ class Simulator {
   int key(Slot slot, int stage, int mb) const { return (slot * S_ + stage) * M_ + mb; }
   std::string describeKey(int key) const;
   void checkAction(const Action& action, int rank, int step) const;
-  bool isLowered() const;
   void collectDeps(const Action& action, std::vector<Dep>& deps) const;
   bool producedBy(const Action& action, int key) const;
   void markDone(Slot slot, int stage, int mb, double time, std::size_t event, int rank,
@@ -65,6 +81,7 @@ class Simulator {
 
   const Program& program_;
   const CostModel& costs_;
+  DependencyRule rule_;
   int S_;
   int M_;
   bool lowered_ = false;
@@ -76,24 +93,6 @@ class Simulator {
   std::vector<double> peak_;
   std::vector<TimedAction> events_;
 };
-
-bool Simulator::isLowered() const {
-  for (const auto& row : program_.actions) {
-    for (const auto& cell : row) {
-      if (!cell) continue;
-      switch (cell->type) {
-        case ActionType::kSendF:
-        case ActionType::kRecvF:
-        case ActionType::kSendB:
-        case ActionType::kRecvB:
-          return true;
-        default:
-          break;
-      }
-    }
-  }
-  return false;
-}
 
 void Simulator::checkAction(const Action& action, int rank, int step) const {
   auto where = [&] {
@@ -144,44 +143,27 @@ void Simulator::checkAction(const Action& action, int rank, int step) const {
 void Simulator::collectDeps(const Action& action, std::vector<Dep>& deps) const {
   const int s = action.stage;
   const double comm = costs_.comm_latency;
-  auto rank = [&](int stage) { return program_.stage_to_rank[stage]; };
   switch (action.type) {
-    case ActionType::kForward: {
-      const int i = *action.microbatch;
-      if (s == 0) return;
-      if (rank(s - 1) == rank(s)) {
-        deps.push_back({key(kForwardDone, s - 1, i), 0.0});
-      } else if (lowered_) {
-        deps.push_back({key(kRecvF, s, i), 0.0});
-        deps.push_back({key(kSendF, s - 1, i), comm});
-      } else {
-        deps.push_back({key(kForwardDone, s - 1, i), comm});
-      }
-      return;
-    }
+    case ActionType::kForward:
     case ActionType::kBackwardInput:
+    case ActionType::kBackwardWeight:
     case ActionType::kFullBackward: {
       const int i = *action.microbatch;
-      deps.push_back({key(kForwardDone, s, i), 0.0});
-      if (s == S_ - 1) return;
-      if (rank(s + 1) == rank(s)) {
-        deps.push_back({key(kGradDone, s + 1, i), 0.0});
-      } else if (lowered_) {
-        deps.push_back({key(kRecvB, s, i), 0.0});
-        deps.push_back({key(kSendB, s + 1, i), comm});
-      } else {
-        deps.push_back({key(kGradDone, s + 1, i), comm});
+      for (const Input& in : rule_.inputsOf(action.type, s)) {
+        if (!crossesRanks(in, s, program_.stage_to_rank)) {
+          deps.push_back({key(slotOf(in.product), in.stage, i), 0.0});
+        } else if (lowered_) {
+          deps.push_back({key(slotOfMessage(recvTypeFor(in.product)), s, i), 0.0});
+          deps.push_back({key(slotOfMessage(sendTypeFor(in.product)), in.stage, i), comm});
+        } else {
+          deps.push_back({key(slotOf(in.product), in.stage, i), comm});
+        }
       }
       return;
     }
-    case ActionType::kBackwardWeight:
-      deps.push_back({key(kInputDone, s, *action.microbatch), 0.0});
-      return;
     case ActionType::kSendF:
-      deps.push_back({key(kForwardDone, s, *action.microbatch), 0.0});
-      return;
     case ActionType::kSendB:
-      deps.push_back({key(kGradDone, s, *action.microbatch), 0.0});
+      deps.push_back({key(slotOf(*productCarriedBy(action.type)), s, *action.microbatch), 0.0});
       return;
     case ActionType::kOverlapFB: {
       // The halves run back to back: a dependency one half fills for the other is internal.
@@ -203,73 +185,56 @@ void Simulator::collectDeps(const Action& action, std::vector<Dep>& deps) const 
 
 bool Simulator::producedBy(const Action& a, int k) const {
   if (!a.microbatch) return false;
-  const int s = a.stage;
-  const int i = *a.microbatch;
-  switch (a.type) {
-    case ActionType::kForward:
-      return k == key(kForwardDone, s, i);
-    case ActionType::kBackwardInput:
-      return k == key(kGradDone, s, i) || k == key(kInputDone, s, i);
-    case ActionType::kFullBackward:
-      return k == key(kGradDone, s, i);
-    default:
-      return false;
+  for (Product product : productsOf(a.type)) {
+    if (k == key(slotOf(product), a.stage, *a.microbatch)) return true;
   }
+  return false;
+}
+
+// The action types that fill `slot`.
+std::vector<ActionType> typesFilling(Slot slot) {
+  switch (slot) {
+    case kForwardDone:
+    case kGradDone:
+    case kInputDone:
+      return producersOf(static_cast<Product>(slot));
+    case kWeightDone:
+      return {ActionType::kBackwardWeight};
+    case kSendF:
+      return {ActionType::kSendF};
+    case kSendB:
+      return {ActionType::kSendB};
+    case kRecvF:
+      return {ActionType::kRecvF};
+    case kRecvB:
+      return {ActionType::kRecvB};
+    case kNumSlots:
+      break;
+  }
+  return {};
 }
 
 std::string Simulator::describeKey(int k) const {
   const int mb = k % M_;
   const int stage = (k / M_) % S_;
   const auto slot = static_cast<Slot>(k / (M_ * S_));
-  switch (slot) {
-    case kForwardDone:
-      return fmt::format("`{}F{}`", stage, mb);
-    case kGradDone:
-      return fmt::format("`{}I{}` or `{}B{}`", stage, mb, stage, mb);
-    case kInputDone:
-      return fmt::format("`{}I{}`", stage, mb);
-    case kWeightDone:
-      return fmt::format("`{}W{}`", stage, mb);
-    case kSendF:
-      return fmt::format("`{}SEND_F{}`", stage, mb);
-    case kSendB:
-      return fmt::format("`{}SEND_B{}`", stage, mb);
-    case kRecvF:
-      return fmt::format("`{}RECV_F{}` posted earlier on the same rank", stage, mb);
-    case kRecvB:
-      return fmt::format("`{}RECV_B{}` posted earlier on the same rank", stage, mb);
-    default:
-      return "?";
+  std::vector<std::string> names;
+  for (ActionType type : typesFilling(slot)) {
+    names.push_back(fmt::format("`{}`", formatAction(Action{stage, type, mb, {}})));
   }
+  const bool posted = slot == kRecvF || slot == kRecvB;
+  return fmt::format("{}{}", fmt::join(names, " or "),
+                     posted ? " posted earlier on the same rank" : "");
 }
 
 // Where the action that fills `key` sits in the program: (rank, step).
 std::optional<std::pair<int, int>> Simulator::findProducer(int k) const {
   const int mb = k % M_;
   const int stage = (k / M_) % S_;
-  const auto slot = static_cast<Slot>(k / (M_ * S_));
+  const std::vector<ActionType> types = typesFilling(static_cast<Slot>(k / (M_ * S_)));
   auto matches = [&](const Action& a) {
-    if (a.stage != stage || a.microbatch != mb) return false;
-    switch (slot) {
-      case kForwardDone:
-        return a.type == ActionType::kForward;
-      case kGradDone:
-        return a.type == ActionType::kBackwardInput || a.type == ActionType::kFullBackward;
-      case kInputDone:
-        return a.type == ActionType::kBackwardInput;
-      case kWeightDone:
-        return a.type == ActionType::kBackwardWeight;
-      case kSendF:
-        return a.type == ActionType::kSendF;
-      case kSendB:
-        return a.type == ActionType::kSendB;
-      case kRecvF:
-        return a.type == ActionType::kRecvF;
-      case kRecvB:
-        return a.type == ActionType::kRecvB;
-      default:
-        return false;
-    }
+    return a.stage == stage && a.microbatch == mb &&
+           std::find(types.begin(), types.end(), a.type) != types.end();
   };
   for (int r = 0; r < program_.num_ranks; ++r) {
     const auto& row = program_.actions[r];
@@ -339,42 +304,28 @@ void Simulator::markDone(Slot slot, int stage, int mb, double time, std::size_t 
 
 void Simulator::complete(const Action& a, double start, double end, std::size_t event, int rank,
                          int step) {
-  const double act =
-      a.type == ActionType::kOverlapFB ? 0.0 : costs_.stage(a.stage).activation_memory;
-  const double share = costs_.weight_memory_share;
   switch (a.type) {
     case ActionType::kForward:
-      memory_[rank] += act;
-      peak_[rank] = std::max(peak_[rank], memory_[rank]);
-      markDone(kForwardDone, a.stage, *a.microbatch, end, event, rank, step, a);
-      break;
     case ActionType::kBackwardInput:
-      memory_[rank] -= act * (1.0 - share);
-      markDone(kGradDone, a.stage, *a.microbatch, end, event, rank, step, a);
-      markDone(kInputDone, a.stage, *a.microbatch, end, event, rank, step, a);
+    case ActionType::kFullBackward:
+      memory_[rank] += costs_.memoryChange(a.type, a.stage);
+      if (a.type == ActionType::kForward) peak_[rank] = std::max(peak_[rank], memory_[rank]);
+      for (Product product : productsOf(a.type)) {
+        markDone(slotOf(product), a.stage, *a.microbatch, end, event, rank, step, a);
+      }
       break;
     case ActionType::kBackwardWeight:
-      memory_[rank] -= act * share;
+      memory_[rank] += costs_.memoryChange(a.type, a.stage);
       markDone(kWeightDone, a.stage, *a.microbatch, end, event, rank, step, a);
-      break;
-    case ActionType::kFullBackward:
-      memory_[rank] -= act;
-      markDone(kGradDone, a.stage, *a.microbatch, end, event, rank, step, a);
       break;
     case ActionType::kOverlapFB:
       for (const Action& sub : a.sub_actions) complete(sub, start, end, event, rank, step);
       break;
     case ActionType::kSendF:
-      markDone(kSendF, a.stage, *a.microbatch, end, event, rank, step, a);
-      break;
     case ActionType::kSendB:
-      markDone(kSendB, a.stage, *a.microbatch, end, event, rank, step, a);
-      break;
     case ActionType::kRecvF:
-      markDone(kRecvF, a.stage, *a.microbatch, end, event, rank, step, a);
-      break;
     case ActionType::kRecvB:
-      markDone(kRecvB, a.stage, *a.microbatch, end, event, rank, step, a);
+      markDone(slotOfMessage(a.type), a.stage, *a.microbatch, end, event, rank, step, a);
       break;
     default:
       break;
@@ -403,7 +354,7 @@ CostSimulation Simulator::run() {
     }
   }
   costs_.check(S_);
-  lowered_ = isLowered();
+  lowered_ = hasSendRecv(program_);
 
   const std::size_t num_keys = static_cast<std::size_t>(kNumSlots) * S_ * M_;
   done_time_.assign(num_keys, kNotYet);

@@ -4,12 +4,9 @@
 //
 // Model (Note [Cost simulation]):
 //  * each rank runs its actions one at a time, in its list order; empty cells are skipped;
-//  * an action starts when its rank is free and its inputs have arrived:
-//      F  of stage s, mb i  needs the output of F of stage s-1, mb i;
-//      I/B of stage s, mb i needs F of stage s, mb i and the input gradient of
-//                           I/B of stage s+1, mb i;
-//      W  of stage s, mb i  needs I of stage s, mb i;
-//      OVERLAP_F_B          needs what both halves need and lasts as long as both;
+//  * an action starts when its rank is free and its inputs (DependencyRule,
+//    Note [One dependency rule]) have arrived; OVERLAP_F_B needs what both
+//    halves need and lasts as long as both;
 //  * a dependency between ranks arrives comm_latency after its producer ends;
 //    one between stages on the same rank arrives immediately;
 //  * lowered programs (any SEND/RECV present) take their cross-rank data from

@@ -4,13 +4,16 @@
 #include <unordered_set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "schedules/dependencies.h"
 
 namespace pipeforge::schedules {
 
 UnitSimulation simulateUnit(const Program& program) {
   checkProgramShape(program, "simulateUnit input");
   const int num_ranks = program.num_ranks;
-  const int last_stage = program.num_stages - 1;
+  const DependencyRule rule(program.num_stages);
   const auto& owner = program.stage_to_rank;
 
   std::vector<std::vector<const Action*>> queues(num_ranks);
@@ -30,47 +33,56 @@ UnitSimulation simulateUnit(const Program& program) {
     return ran[rank].count(ActionKey{stage, type, mb}) > 0;
   };
 
+  // Names the actions that make `product` of `stage`: "1I0/1B0" (joined by `sep`).
+  auto producersText = [](Product product, int stage, int mb, const char* sep) {
+    std::vector<std::string> names;
+    for (ActionType type : producersOf(product)) {
+      names.push_back(formatAction(Action{stage, type, mb, {}}));
+    }
+    return fmt::format("{}", fmt::join(names, sep));
+  };
+  auto madeOn = [&](int rank, Product product, int stage, int mb) {
+    for (ActionType type : producersOf(product)) {
+      if (ranOn(rank, stage, type, mb)) return true;
+    }
+    return false;
+  };
+
   // Why `a` cannot run yet, or nullopt when it can.
   auto blocker = [&](const Action& a) -> std::optional<std::string> {
     const int s = a.stage;
     const int mb = a.microbatch.value_or(-1);
     const int own = owner[s];
-    switch (a.type) {
-      case ActionType::kForward:
-        if (s == 0 || ranOn(own, s, ActionType::kRecvF, mb) ||
-            ranOn(own, s - 1, ActionType::kForward, mb)) {
-          return std::nullopt;
-        }
-        return fmt::format("{}RECV_F{} (or {}F{} on the same rank)", s, mb, s - 1, mb);
-      case ActionType::kBackwardInput:
-      case ActionType::kFullBackward:
-        if (s == last_stage || ranOn(own, s, ActionType::kRecvB, mb) ||
-            ranOn(own, s + 1, ActionType::kBackwardInput, mb) ||
-            ranOn(own, s + 1, ActionType::kFullBackward, mb)) {
-          return std::nullopt;
-        }
-        return fmt::format("{}RECV_B{} (or {}I{}/{}B{} on the same rank)", s, mb, s + 1, mb, s + 1,
-                           mb);
-      case ActionType::kSendF:
-        if (ranOn(own, s, ActionType::kForward, mb)) return std::nullopt;
-        return fmt::format("{}F{} to run first", s, mb);
-      case ActionType::kSendB:
-        if (ranOn(own, s, ActionType::kBackwardInput, mb) ||
-            ranOn(own, s, ActionType::kFullBackward, mb)) {
-          return std::nullopt;
-        }
-        return fmt::format("{}I{} or {}B{} to run first", s, mb, s, mb);
-      case ActionType::kRecvF:
-        if (s == 0) return std::string("a sender, but stage 0 has no previous stage");
-        if (ranOn(owner[s - 1], s - 1, ActionType::kSendF, mb)) return std::nullopt;
-        return fmt::format("{}SEND_F{} on rank {}", s - 1, mb, owner[s - 1]);
-      case ActionType::kRecvB:
-        if (s == last_stage) return std::string("a sender, but the last stage has no next stage");
-        if (ranOn(owner[s + 1], s + 1, ActionType::kSendB, mb)) return std::nullopt;
-        return fmt::format("{}SEND_B{} on rank {}", s + 1, mb, owner[s + 1]);
-      default:
-        return std::nullopt;  // W, UNSHARD, RESHARD, REDUCE_GRAD
+    if (isCompute(a.type)) {
+      // Inputs from another stage only (W waits for nothing here): the RECV
+      // that delivers one, or its producer on the same rank.
+      for (const Input& in : rule.inputsOf(a.type, s)) {
+        if (in.stage == s) continue;
+        const ActionType recv = recvTypeFor(in.product);
+        if (ranOn(own, s, recv, mb) || madeOn(own, in.product, in.stage, mb)) continue;
+        return fmt::format("{} (or {} on the same rank)", formatAction(Action{s, recv, mb, {}}),
+                           producersText(in.product, in.stage, mb, "/"));
+      }
+      return std::nullopt;
     }
+    const std::optional<Product> carried = productCarriedBy(a.type);
+    if (!carried) return std::nullopt;  // UNSHARD, RESHARD, REDUCE_GRAD
+    if (a.type == ActionType::kSendF || a.type == ActionType::kSendB) {
+      if (madeOn(own, *carried, s, mb)) return std::nullopt;
+      return fmt::format("{} to run first", producersText(*carried, s, mb, " or "));
+    }
+    // RECV_F, RECV_B: the SEND of the stage it reads from. Note [Skip edges]:
+    // a RECV names no peer stage, so lowered programs keep one source per stage.
+    const auto& sources = rule.sourcesOf(*carried, s);
+    if (sources.empty()) {
+      return std::string(*carried == Product::kActivation
+                             ? "a sender, but stage 0 has no previous stage"
+                             : "a sender, but the last stage has no next stage");
+    }
+    const int from = sources.front();
+    const ActionType send = sendTypeFor(*carried);
+    if (ranOn(owner[from], from, send, mb)) return std::nullopt;
+    return fmt::format("{} on rank {}", formatAction(Action{from, send, mb, {}}), owner[from]);
   };
   auto whyNotReady = [&](const Action& a) -> std::optional<std::string> {
     if (a.type != ActionType::kOverlapFB) return blocker(a);

@@ -3,10 +3,11 @@
 // one step, a rank idles when its next action is not ready yet, and a
 // schedule whose ranks all wait at once is a deadlock.
 //
-// Readiness (per PyTorch):
-//   F  of stage s:  s = 0, or RECV_F of s, or F of s-1 (same rank) already ran;
-//   I/B of stage s: s last, or RECV_B of s, or I/B of s+1 (same rank) already ran;
-//   W:              always;
+// Readiness (per PyTorch), from the inputs DependencyRule gives:
+//   F/I/B of stage s: each input from another stage (F: s-1's activation,
+//                   I/B: s+1's input gradient) arrived by its RECV, or its
+//                   producer ran on the same rank; inputs from the stage
+//                   itself are not checked (so W is always ready);
 //   SEND_F / SEND_B: the F / (I or B) it sends already ran;
 //   RECV_F of s:    SEND_F of s-1 already ran on its rank (RECV_B: SEND_B of s+1);
 //   OVERLAP_F_B:    every sub-action is ready (PyTorch's simulator rejects it);

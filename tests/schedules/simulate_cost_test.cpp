@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -82,6 +83,17 @@ TEST(CostModel, JsonRoundTripAndPerStageCosts) {
 // --- compute-only programs ---------------------------------------------------
 
 // 1F1B on 2 ranks, F=1, B=2: the textbook picture.
+TEST(CostModel, MemoryChangePerActionType) {
+  CostModel c = CostModel::uniform(1, 1, 1);
+  c.stages[0].activation_memory = 2.0;
+  c.weight_memory_share = 0.25;
+  EXPECT_EQ(c.memoryChange(ActionType::kForward, 3), 2.0);
+  EXPECT_EQ(c.memoryChange(ActionType::kBackwardInput, 3), -1.5);
+  EXPECT_EQ(c.memoryChange(ActionType::kBackwardWeight, 3), -0.5);
+  EXPECT_EQ(c.memoryChange(ActionType::kFullBackward, 3), -2.0);
+  EXPECT_EQ(c.memoryChange(ActionType::kSendF, 3), 0.0);
+}
+
 TEST(SimulateCost, OneFOneBOnTwoRanks) {
   Program p = programFromCsv("0F0,0F1,0B0,0F2,0B1,0B2\n1F0,1B0,1F1,1B1,1F2,1B2\n");
   CostModel c = CostModel::uniform(1, 1, 1);
@@ -258,6 +270,69 @@ TEST(SimulateCost, OrderEvaluatorAgreesWithTheSimulator) {
     EXPECT_DOUBLE_EQ(e.makespan, sim.makespan) << name;
     EXPECT_EQ(e.peak_memory, sim.peak_memory) << name;
   }
+}
+
+// Note [Cost simulation]: the OrderEvaluator must time every op exactly as
+// simulateCost does (same inputs, durations, latency and memory arithmetic),
+// over every named schedule, both layouts' shapes, and uniform and per-stage costs.
+TEST(SimulateCost, OrderEvaluatorTimesEveryOpLikeTheSimulator) {
+  CostModel uniform = CostModel::uniform(1, 1.3, 0.7, 0.1);
+  uniform.weight_memory_share = 0.4;
+  CostModel per_stage;
+  per_stage.comm_latency = 0.25;
+  per_stage.weight_memory_share = 0.3;
+  int checked = 0;
+  for (const std::string& name : scheduleNames()) {
+    for (int ranks : {2, 4}) {
+      for (int spr : {1, 2}) {
+        for (int m : {4, 8}) {
+          Program p;
+          try {
+            p = generateSchedule(name, {ranks, spr, m});
+          } catch (const ScheduleError&) {
+            continue;  // a shape this schedule rejects
+          }
+          bool overlaps = false;  // OVERLAP_F_B is one event in the simulator, two ops here
+          for (const auto& row : p.actions) {
+            for (const auto& cell : row) {
+              overlaps = overlaps || (cell && cell->type == ActionType::kOverlapFB);
+            }
+          }
+          if (overlaps) continue;
+          per_stage.stages.clear();
+          for (int s = 0; s < p.num_stages; ++s) {
+            StageCost c;
+            c.forward = 1.0 + 0.1 * s;
+            c.backward_input = 1.5 - 0.05 * s;
+            c.backward_weight = 0.5 + 0.02 * s;
+            if (s % 3 == 0) c.full_backward = 1.7;
+            c.activation_memory = 1.0 + 0.5 * (s % 2);
+            per_stage.stages.push_back(c);
+          }
+          for (const CostModel* costs : {&uniform, &per_stage}) {
+            const std::string where = fmt::format("{} {}x{} m={} comm={}", name, ranks, spr, m,
+                                                  costs->comm_latency);
+            CostSimulation sim = simulateCost(p, *costs);
+            RankOrders orders = fromProgram(p);
+            OrderEvaluator evaluator(orders, *costs);
+            OrderEvaluation e;
+            evaluator.evaluate(orders, e, true);
+            ASSERT_FALSE(e.deadlocked) << where;
+            EXPECT_EQ(e.makespan, sim.makespan) << where;
+            EXPECT_EQ(e.peak_memory, sim.peak_memory) << where;
+            // Events come by rank, then list order: the same order as the ops.
+            ASSERT_EQ(sim.events.size(), orders.size()) << where;
+            for (std::size_t k = 0; k < sim.events.size(); ++k) {
+              EXPECT_EQ(e.start[k], sim.events[k].start) << where << " op " << k;
+              EXPECT_EQ(e.end[k], sim.events[k].end) << where << " op " << k;
+            }
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 40);
 }
 
 // --- known bubbles -----------------------------------------------------------------
