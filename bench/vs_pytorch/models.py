@@ -1,0 +1,152 @@
+"""The benchmark's models, their cuts and their data, shared by both sides.
+
+Each model is one eager module class. Pipeforge gets it as TorchScript (the
+zoo's `gpt_demo.pt`, or a `.pt` scripted here); PyTorch builds the same class
+eagerly and loads that file's state_dict, so both sides start from the same
+weights. `cuts(model, num_stages)` are the FQNs both sides split at
+(SplitPoint.BEGINNING / `BEGINNING` in a Pipeforge split spec).
+"""
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, List, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "tests", "models"))
+import generate_zoo  # noqa: E402  (GPT, GPT_DEMO: the zoo's own definitions)
+
+
+# A CIFAR-style ResNet: a stem, 8 basic blocks (BatchNorm after every conv),
+# global average pooling and a linear classifier. Cuts go between blocks, so
+# one tensor crosses each.
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.down = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(h)) + self.down(x))
+
+
+class ResNet(nn.Module):
+    WIDTHS = (16, 16, 32, 32, 64, 64, 128, 128)
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        blocks, cin = [], 16
+        for i, w in enumerate(self.WIDTHS):
+            blocks.append(BasicBlock(cin, w, 2 if w != cin else 1))
+            cin = w
+        self.blocks = nn.ModuleList(blocks)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    describe: str
+    build: Callable[[], nn.Module]  # the eager module (weights replaced by the .pt's)
+    zoo_file: str                   # a file of the zoo to use as is; "" = script build() here
+    input_shape: Tuple[int, ...]    # one row
+    input_kind: str                 # "tokens" | "image"
+    vocab: int = 0                  # tokens: id range and classes; image: classes
+    units: List[str] = field(default_factory=list)  # FQNs at which a cut may go, in order
+
+
+def _gpt_units(layers: int) -> List[str]:
+    """Cut points of a GPT: before each block, and inside it before `ln_2`
+    (after the attention half), so 4 blocks give 8 stages. Only the residual
+    stream crosses either cut."""
+    units = []
+    for i in range(layers):
+        if i > 0:
+            units.append(f"blocks.{i}")
+        units.append(f"blocks.{i}.ln_2")
+    return units
+
+
+def _gpt(layers: int, **cfg):
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return generate_zoo.GPT(n_layer=layers, **cfg)
+    return build
+
+
+GPT24 = dict(vocab=256, n_embd=256, n_head=8, block_size=64)
+
+MODELS = {
+    "gpt_demo": ModelSpec("gpt_demo", "demo GPT: 4 blocks, d=64, T=64 (build/zoo/gpt_demo.pt)",
+                          _gpt(4, **generate_zoo.GPT_DEMO), "gpt_demo.pt", (generate_zoo.GPT_DEMO["block_size"],),
+                          "tokens", generate_zoo.GPT_DEMO["vocab"], _gpt_units(4)),
+    "gpt24": ModelSpec("gpt24", "GPT: 24 blocks, d=256, 8 heads, T=64", _gpt(24, **GPT24), "",
+                       (GPT24["block_size"],), "tokens", GPT24["vocab"], _gpt_units(24)),
+    "resnet": ModelSpec("resnet", "ResNet: 8 basic blocks with BatchNorm, 3x32x32, 10 classes",
+                        lambda: (torch.manual_seed(0), ResNet())[1], "", (3, 32, 32), "image", 10,
+                        [f"blocks.{i}" for i in range(1, 8)]),
+}
+
+
+def cuts(spec: ModelSpec, num_stages: int) -> List[str]:
+    """num_stages - 1 cut FQNs spread evenly over the model's cut points.
+    GPT: the cut points interleave block and half-block cuts, so an even
+    spread of a 24-block GPT into 4 stages cuts before blocks 6, 12 and 18."""
+    n = len(spec.units) + 1  # pieces the cut points make
+    if n % num_stages != 0:
+        raise ValueError(f"{spec.name}: {n} pieces do not divide into {num_stages} equal stages")
+    step = n // num_stages
+    return [spec.units[k * step - 1] for k in range(1, num_stages)]
+
+
+def make_model_file(spec: ModelSpec, zoo: str, work: str) -> str:
+    """The TorchScript file both sides start from."""
+    if spec.zoo_file:
+        path = os.path.join(zoo, spec.zoo_file)
+        if not os.path.exists(path):
+            raise SystemExit(f"{path} is missing: build the zoo first (bash scripts/build.sh, or cmake --build build)")
+        return path
+    path = os.path.join(work, spec.name + ".pt")
+    torch.jit.script(spec.build().train()).save(path)
+    return path
+
+
+def load_eager(spec: ModelSpec, model_file: str) -> nn.Module:
+    """The eager module with the weights and buffers of `model_file`."""
+    model = spec.build()
+    model.load_state_dict(torch.jit.load(model_file).state_dict())
+    return model.train()
+
+
+def make_data(spec: ModelSpec, rows: int, path: str) -> None:
+    """A `data.format: tensors` file: {"inputs", "targets"} of `rows` rows."""
+    g = torch.Generator().manual_seed(7)
+    if spec.input_kind == "tokens":
+        tokens = torch.randint(0, spec.vocab, (rows, spec.input_shape[0] + 1), generator=g)
+        data = {"inputs": tokens[:, :-1].contiguous(), "targets": tokens[:, 1:].contiguous()}
+    else:
+        data = {"inputs": torch.randn(rows, *spec.input_shape, generator=g),
+                "targets": torch.randint(0, spec.vocab, (rows,), generator=g)}
+    torch.save(data, path)
+
+
+def loss_fn(output, target):
+    """Pipeforge's `loss: cross_entropy`: logits [..., V] against integer targets, ignore_index -1."""
+    out = output[0] if isinstance(output, tuple) else output
+    return F.cross_entropy(out.reshape(-1, out.size(-1)), target.reshape(-1), ignore_index=-1)

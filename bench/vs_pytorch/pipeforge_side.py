@@ -1,0 +1,117 @@
+"""The Pipeforge side: `pipeforge split`, then `pipeforge train --nproc P`.
+
+Step times are Pipeforge's own: rank 0's `step_s` in metrics.jsonl with
+`log_every: 1` (train/trainer.cpp, runStep: batch, schedule, non-finite
+check, optimizer steps, zero_grad). Rank 0 writes the record of step k only
+after step k+1 (Note [Deferred reports]), so the driver stamps each record
+when it appears and takes "end of step 1" as the appearance of record 1
+minus step 2's step_s. The rank processes are the launcher's children (their
+RANK variable says which); procstat watches them.
+"""
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import procstat
+
+
+def write_spec(path: str, cuts: list) -> None:
+    with open(path, "w") as f:
+        f.write("split_points:\n" + "".join(f"  {fqn}: BEGINNING\n" for fqn in cuts))
+
+
+def write_config(path: str, job: dict, split_dir: str, out_dir: str) -> None:
+    opt = job["optimizer"]
+    with open(path, "w") as f:
+        f.write(f"""model: {{split_dir: {split_dir}}}
+pipeline: {{schedule: {job['schedule']}, microbatches: {job['microbatches']}, stages_per_rank: {job['stages_per_rank']}}}
+loss: cross_entropy
+optimizer: {{name: adamw, lr: {opt['lr']}, betas: {opt['betas']}, eps: {opt['eps']}, weight_decay: {opt['weight_decay']}}}
+lr_schedule: {{decay: constant, warmup_steps: 0}}
+data: {{format: tensors, path: {job['data']}, val_fraction: 0.0}}
+training: {{steps: {len(job['rows'])}, global_batch_size: {job['batch']}, seed: {job['seed']}, eval_every: 0}}
+distributed: {{timeout_s: 120}}
+output: {{dir: {out_dir}, log_every: 1, trace: false}}
+""")
+
+
+class _MetricsTail:
+    """Stamps each new train record of metrics.jsonl with the time it was
+    seen and the ranks' CPU seconds then."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = ""
+        self.records = []  # (seen monotonic, {rank: cpu s}, record)
+
+    def __call__(self, now: float, watcher: procstat.RankWatcher) -> None:
+        try:
+            with open(self.path) as f:
+                f.seek(self._offset)
+                text = f.read()
+                self._offset = f.tell()
+        except OSError:
+            return
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if line.strip():
+                record = json.loads(line)
+                if record.get("event") == "train":
+                    self.records.append((now, dict(watcher.cpu_s), record))
+
+
+def run(binary: str, job: dict, work: str) -> dict:
+    name = job["name"]
+    spec, split_dir = os.path.join(work, name + ".spec.yaml"), os.path.join(work, name + ".stages")
+    config, out_dir = os.path.join(work, name + ".train.yaml"), os.path.join(work, name + ".out")
+    write_spec(spec, job["cuts"])
+    env = dict(os.environ, OMP_NUM_THREADS=str(job["threads"]))
+
+    t0 = time.monotonic()
+    r = subprocess.run([binary, "split", job["model_file"], "--spec", spec, "--out", split_dir, "--force"],
+                       capture_output=True, text=True, env=env)
+    split_s = time.monotonic() - t0
+    if r.returncode != 0:
+        raise RuntimeError(f"pipeforge split exited {r.returncode}:\n{r.stdout}{r.stderr}")
+
+    write_config(config, job, split_dir, out_dir)
+    shutil.rmtree(out_dir, ignore_errors=True)  # metrics.jsonl is appended to
+    tail = _MetricsTail(os.path.join(out_dir, "metrics.jsonl"))
+    log = open(os.path.join(work, name + ".train.log"), "w")
+    t_launch = time.monotonic()
+    proc = subprocess.Popen([binary, "train", "--config", config, "--nproc", str(job["ranks"])],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def find_ranks() -> dict:
+        found = {}
+        for pid in procstat.children(proc.pid):
+            rank = procstat.env_var(pid, "RANK")
+            if rank is not None:
+                found[int(rank)] = pid
+        return found
+
+    with procstat.RankWatcher(find_ranks, tail) as watcher:
+        rc = proc.wait()
+    log.close()
+    if rc != 0:
+        with open(log.name) as f:
+            raise RuntimeError(f"pipeforge train exited {rc}:\n{f.read()[-4000:]}")
+
+    by_step = {rec["step"]: (seen, cpu, rec) for seen, cpu, rec in tail.records}
+    steps = len(job["rows"])
+    if sorted(by_step) != list(range(1, steps + 1)):
+        raise RuntimeError(f"metrics.jsonl has train records for steps {sorted(by_step)}, expected 1..{steps}")
+    step_s = [by_step[k][2]["step_s"] for k in range(1, steps + 1)]
+    # Record k appears when step k+1 ends; CPU from the end of step warmup+1 to the end of the last step.
+    w = job["warmup"]
+    (t_a, cpu_a, _), (t_b, cpu_b, _) = by_step[w], by_step[steps - 1]
+    cpu = sum(cpu_b[r] - cpu_a.get(r, 0.0) for r in cpu_b)
+    first_step_end = by_step[1][0] - step_s[1]
+    return {"step_s": step_s, "peak_kib": [watcher.peak_kib.get(r) for r in range(job["ranks"])],
+            "split_s": split_s, "first_step_s": split_s + (first_step_end - t_launch),
+            "parallelism": cpu / (t_b - t_a),
+            "cpu_per_step": cpu / (steps - 1 - w), "first_loss": by_step[1][2]["loss"]}

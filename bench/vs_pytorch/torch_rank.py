@@ -1,0 +1,95 @@
+"""One rank of the PyTorch side: torch.distributed.pipelining end to end.
+
+Usage: torch_rank.py JOB.json RANK   (the driver starts one process per rank)
+
+What it does, all of it inside "time to first step": import torch, join the
+Gloo group on 127.0.0.1, build the eager model and load the weights of the
+model file Pipeforge splits, split it with `pipeline()` at the same FQNs
+(SplitPoint.BEGINNING), wrap this rank's stage modules in PipelineStage (1F1B: stage r; the V
+schedules: stages r and 2P-1-r, as Pipeforge places them), then train.
+
+One timed step = what `pipeforge train` times as one step (train/trainer.cpp,
+runStep): take the batch, run the schedule (forward, backward, PyTorch's
+gradient scaling), one AdamW update per local stage, zero the gradients.
+Writes JOB.rank<R>.json: per-step wall times and monotonic end stamps, CPU
+seconds of this process at each step end, the step-1 loss (on the rank with
+the last stage) and ru_maxrss.
+"""
+import json
+import os
+import resource
+import sys
+import time
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.pipelining import PipelineStage, SplitPoint, pipeline, schedules  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402
+
+
+def local_stages(rank: int, ranks: int, per_rank: int) -> list:
+    return [rank] if per_rank == 1 else [rank, 2 * ranks - 1 - rank]
+
+
+def main() -> None:
+    job_path, rank = sys.argv[1], int(sys.argv[2])
+    with open(job_path) as f:
+        job = json.load(f)
+    torch.set_num_threads(job["threads"])
+    ranks, per_rank, m = job["ranks"], job["stages_per_rank"], job["microbatches"]
+    num_stages = ranks * per_rank
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{job['port']}", rank=rank, world_size=ranks)
+
+    spec = models.MODELS[job["model"]]
+    data = torch.load(job["data"])
+    inputs, targets = data["inputs"], data["targets"]
+    model = models.load_eager(spec, job["model_file"])
+    example = inputs[: job["batch"] // m]
+    pipe = pipeline(model, (example,), split_spec={fqn: SplitPoint.BEGINNING for fqn in job["cuts"]})
+    if pipe.num_stages != num_stages:
+        raise SystemExit(f"pipeline() made {pipe.num_stages} stages from cuts {job['cuts']}, expected {num_stages}")
+    mine = local_stages(rank, ranks, per_rank)
+    # Note [Stages from pipeline()]: pipe.build_stage(s) returns a _PipelineStage,
+    # whose legacy P2P warm-up in torch 2.13 (schedules.py, _warmup_p2p) posts a
+    # Gloo send/recv between the two stages a V schedule puts on one rank, which
+    # fails ("Pair is not connected"). PipelineStage over the same stage module
+    # (the class the interop tests use) warms up by its vote protocol instead.
+    stages = [PipelineStage(pipe.get_stage_module(s), s, num_stages, torch.device("cpu")) for s in mine]
+    del pipe, model  # what other ranks' stages hold can go
+    cls = getattr(schedules, "Schedule" + job["schedule"])
+    schedule = cls(stages[0] if per_rank == 1 else stages, m, loss_fn=models.loss_fn)
+    opt = job["optimizer"]
+    optimizers = [torch.optim.AdamW(st.submod.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
+                                    weight_decay=opt["weight_decay"], foreach=False) for st in stages]
+    has_first, has_last = 0 in mine, num_stages - 1 in mine
+
+    step_s, end_t, end_cpu, first_loss = [], [], [], None
+    for step, rows in enumerate(job["rows"]):
+        t0 = time.monotonic()
+        idx = torch.tensor(rows)
+        x, y = inputs.index_select(0, idx), targets.index_select(0, idx)
+        losses = []
+        schedule.step(*((x,) if has_first else ()), **({"target": y, "losses": losses} if has_last else {}))
+        for o in optimizers:
+            o.step()
+            o.zero_grad(set_to_none=True)
+        t1 = time.monotonic()
+        step_s.append(t1 - t0)
+        end_t.append(t1)
+        end_cpu.append(time.process_time())
+        if step == 0 and losses:
+            first_loss = sum(l.item() for l in losses) / len(losses)
+    dist.barrier()
+    out = {"rank": rank, "step_s": step_s, "end_t": end_t, "end_cpu": end_cpu, "first_loss": first_loss,
+           "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+    with open(f"{job_path}.rank{rank}.json", "w") as f:
+        json.dump(out, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
