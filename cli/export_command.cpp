@@ -1,6 +1,7 @@
-// `pipeforge export CKPT --model ORIGINAL.pt --out trained.pt`.
+// `pipeforge export CKPT --model ORIGINAL.pt|.pt2 --out trained.pt|.pt2`.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <iostream>
 #include <memory>
@@ -20,13 +21,19 @@ void addExportCommand(CLI::App& app, int& exit_code) {
   sub->add_option("checkpoint", request->checkpoint, "checkpoint folder (its `latest`) or one step_<N> folder")
       ->required();
   sub->add_option("--model", request->model_path, "the model the run was split from")->required();
-  sub->add_option("--out", request->out_path, "output .pt file")->required();
+  sub->add_option("--out", request->out_path,
+                  "output file: .pt (TorchScript), or .pt2 (torch.export) when the model is a .pt2")
+      ->required();
   sub->add_flag("--force", request->force, "replace an existing output file");
   sub->callback([request, &exit_code] {
     exit_code = runGuarded("export", [&] {
       auto s = train::exportTrainedModel(*request);
       std::cout << fmt::format("exported step {} of {} ({} parameters, {} buffers, {} tied groups) -> {}\n", s.step,
                                s.checkpoint_dir, s.parameters, s.buffers, s.tied_groups, request->out_path);
+      if (!s.kept_unused.empty()) {
+        std::cout << fmt::format("kept {} parameters/buffers that forward never reads as they are in '{}': {}\n",
+                                 s.kept_unused.size(), request->model_path, fmt::join(s.kept_unused, ", "));
+      }
       return kExitOk;
     });
   });

@@ -2,12 +2,14 @@
 
 #include <caffe2/serialize/inline_container.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <ATen/ATen.h>
 
 #include "compat/torch_compat.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -140,7 +142,7 @@ at::ScalarType scalarTypeOf(int code, const std::string& what) {
 }
 
 int64_t symIntValue(const json& sym, const std::string& fqn) {
-  if (sym.contains("as_int")) return sym.at("as_int").get<int64_t>();
+  if (sym.contains("as_int")) return pt2Int64(sym.at("as_int"), "a size or stride of weight '" + fqn + "'");
   throw Pt2Error(fmt::format("weight '{}' has a symbolic size or stride ({}); weights must have static shapes",
                              fqn, sym.dump()));
 }
@@ -166,6 +168,27 @@ ArchiveKind detectArchiveKind(const std::string& path) {
   if (tailMentions(path, kLegacyJsonName)) return ArchiveKind::kLegacyExport;
   if (endsWith(path, ".pt2")) return ArchiveKind::kPt2;  // let the PT2 reader explain what is broken
   return ArchiveKind::kTorchScript;
+}
+
+int64_t pt2Int64(const json& value, const std::string& what) {
+  const bool fits = value.is_number_integer() &&
+                    (!value.is_number_unsigned() || value.get<uint64_t>() <= uint64_t{INT64_MAX});
+  if (!fits) {
+    throw Pt2Error(fmt::format("{} must be an integer, got {}; the exported program is corrupt, re-export the "
+                               "model with torch.export.save",
+                               what, value.is_number() ? value.dump() : std::string(value.type_name())));
+  }
+  return value.get<int64_t>();
+}
+
+int pt2Int(const json& value, const std::string& what) {
+  int64_t v = pt2Int64(value, what);
+  if (v < INT_MIN || v > INT_MAX) {
+    throw Pt2Error(fmt::format("{} is {}, out of range; the exported program is corrupt, re-export the model with "
+                               "torch.export.save",
+                               what, v));
+  }
+  return static_cast<int>(v);
 }
 
 int c10ScalarTypeOf(int pt2_code, const std::string& what) {
@@ -266,13 +289,23 @@ void checkSchema(const json& program, const std::string& path) {
                                path));
   }
   const json& v = program.at("schema_version");
-  int major = v.value("major", -1);
-  int minor = v.value("minor", -1);
+  int major = v.contains("major") ? pt2Int(v.at("major"), "'" + path + "': schema_version.major") : -1;
+  int minor = v.contains("minor") ? pt2Int(v.at("minor"), "'" + path + "': schema_version.minor") : -1;
   if (major != kSchemaMajor) {
     throw Pt2Error(fmt::format("'{}' uses export schema version {}.{}, but this Pipeforge reads schema {}.x "
                                "(torch 2.5-2.13 write it); re-export the model with torch 2.13",
                                path, major, minor, kSchemaMajor));
   }
+}
+
+// An input or output spec is a union: an object with exactly one member, its kind.
+std::pair<std::string, const json&> specMember(const json& spec, const char* which) {
+  if (!spec.is_object() || spec.size() != 1) {
+    throw Pt2Error(fmt::format("graph signature: an {} spec must be an object with one member (its kind), got {}; "
+                               "re-export the model with torch 2.13",
+                               which, spec.dump()));
+  }
+  return {spec.begin().key(), spec.begin().value()};
 }
 
 Pt2Signature parseSignature(const json& sig) {
@@ -292,7 +325,7 @@ Pt2Signature parseSignature(const json& sig) {
       {"user_input_mutation", {Pt2OutputKind::kUserInputMutation, "user_input_name"}},
       {"token", {Pt2OutputKind::kToken, ""}}};
   for (const json& spec : sig.at("input_specs")) {
-    auto [tag, body] = *spec.items().begin();
+    const auto& [tag, body] = specMember(spec, "input");
     auto kind = input_kinds.find(tag);
     if (kind == input_kinds.end()) {
       throw Pt2Error("graph signature: unknown input kind '" + tag + "'; re-export the model with torch 2.13");
@@ -319,7 +352,7 @@ Pt2Signature parseSignature(const json& sig) {
     out.inputs.push_back(std::move(in));
   }
   for (const json& spec : sig.at("output_specs")) {
-    auto [tag, body] = *spec.items().begin();
+    const auto& [tag, body] = specMember(spec, "output");
     auto kind = output_kinds.find(tag);
     if (kind == output_kinds.end()) {
       throw Pt2Error("graph signature: unknown output kind '" + tag + "'; re-export the model with torch 2.13");
@@ -378,11 +411,12 @@ void loadPayloads(caffe2::serialize::PyTorchStreamReader& reader, const std::str
                                  impl.path, fqn));
     }
     const json& meta = payload.at("tensor_meta");
-    if (meta.value("layout", 7) != 7) {
+    int layout = meta.contains("layout") ? pt2Int(meta.at("layout"), "the layout of '" + fqn + "'") : 7;
+    if (layout != 7) {
       throw Pt2Error(fmt::format("'{}': '{}' has a non-strided layout (code {}); only dense tensors can be split",
-                                 impl.path, fqn, meta.value("layout", 7)));
+                                 impl.path, fqn, layout));
     }
-    int dtype_code = meta.at("dtype").get<int>();
+    int dtype_code = pt2Int(meta.at("dtype"), "the dtype of '" + fqn + "'");
     at::ScalarType dtype = scalarTypeOf(dtype_code, "tensor '" + fqn + "'");
     auto sizes = symInts(meta.at("sizes"), fqn);
     auto strides = symInts(meta.at("strides"), fqn);
@@ -409,9 +443,26 @@ void loadPayloads(caffe2::serialize::PyTorchStreamReader& reader, const std::str
       }
       size_t bytes = storage_it->second.nbytes();
       bool empty = std::find(sizes.begin(), sizes.end(), 0) != sizes.end();
-      int64_t last = offset;  // index of the last element the view reaches
-      for (size_t d = 0; d < sizes.size() && d < strides.size(); ++d) last += (sizes[d] - 1) * strides[d];
-      size_t needed = empty ? 0 : static_cast<size_t>(last + 1) * c10::elementSize(dtype);
+      // The element index the view reaches last, in exact arithmetic: sizes,
+      // strides and offset come from the file and may be anything.
+      if (sizes.size() != strides.size() || offset < 0) {
+        throw Pt2Error(fmt::format("'{}': '{}' has {} sizes, {} strides and offset {}; the archive is corrupt, re-save "
+                                   "it",
+                                   impl.path, fqn, sizes.size(), strides.size(), offset));
+      }
+      __int128 last = offset;
+      bool bad = false;
+      for (size_t d = 0; d < sizes.size(); ++d) {
+        bad = bad || sizes[d] < 0 || strides[d] < 0 || sizes[d] > (int64_t{1} << 48) || strides[d] > (int64_t{1} << 48);
+        if (!bad && sizes[d] > 0) last += static_cast<__int128>(sizes[d] - 1) * strides[d];
+      }
+      __int128 needed_exact = empty ? 0 : (last + 1) * static_cast<__int128>(c10::elementSize(dtype));
+      if (bad || needed_exact > static_cast<__int128>(INT64_MAX)) {
+        throw Pt2Error(fmt::format("'{}': '{}' has sizes {} and strides {} that no tensor can have; the archive is "
+                                   "corrupt, re-save it",
+                                   impl.path, fqn, fmt::join(sizes, ", "), fmt::join(strides, ", ")));
+      }
+      size_t needed = static_cast<size_t>(needed_exact);
       if (bytes == 0 && needed > 0) {
         tensor = at::zeros(sizes, at::TensorOptions().dtype(dtype));  // a weightless (fake) export
       } else if (needed > bytes) {
@@ -460,7 +511,8 @@ Pt2Archive Pt2Archive::open(const std::string& path) {
     }
     checkSchema(impl->program, path);
     const json& v = impl->program.at("schema_version");
-    impl->schema_version = fmt::format("{}.{}", v.value("major", 0), v.value("minor", 0));
+    impl->schema_version = fmt::format("{}.{}", pt2Int(v.at("major"), "schema_version.major"),
+                                       v.contains("minor") ? pt2Int(v.at("minor"), "schema_version.minor") : 0);
     impl->torch_version = impl->program.value("torch_version", "<=2.4");
     if (impl->program.contains("verifiers") && impl->program.at("verifiers").is_array()) {
       for (const auto& s : impl->program.at("verifiers")) impl->verifiers.push_back(s.get<std::string>());
@@ -520,6 +572,42 @@ const at::Tensor& Pt2Archive::tensor(const std::string& fqn) const {
                                impl_->path, fqn));
   }
   return it->second;
+}
+
+// Every value name an Argument (or list of them) reads; subgraphs excluded.
+void pt2ValueNames(const nlohmann::ordered_json& j, std::vector<std::string>& out) {
+  if (j.is_array()) {
+    for (const auto& e : j) pt2ValueNames(e, out);
+    return;
+  }
+  if (!j.is_object()) return;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "as_graph") continue;
+    if ((key == "as_tensor" || key == "as_optional_tensor") && value.is_object() && value.contains("name") &&
+        value.at("name").is_string()) {
+      out.push_back(value.at("name").get<std::string>());
+    } else if (key == "as_tensors" && value.is_array()) {
+      for (const auto& t : value) {
+        if (t.is_object() && t.contains("name")) out.push_back(t.at("name").get<std::string>());
+      }
+    } else if (key == "as_name" && value.is_string()) {
+      out.push_back(value.get<std::string>());
+    } else {
+      pt2ValueNames(value, out);
+    }
+  }
+}
+
+std::vector<std::string> pt2NodeUses(const nlohmann::ordered_json& node) {
+  std::vector<std::string> out;
+  for (const auto& in : node.at("inputs")) pt2ValueNames(in.at("arg"), out);
+  return out;
+}
+
+std::vector<std::string> pt2NodeDefs(const nlohmann::ordered_json& node) {
+  std::vector<std::string> out;
+  pt2ValueNames(node.at("outputs"), out);
+  return out;
 }
 
 }  // namespace pipeforge::frontend

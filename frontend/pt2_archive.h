@@ -9,6 +9,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -124,6 +125,12 @@ class Pt2Archive {
   std::unique_ptr<Impl> impl_;
 };
 
+// An integer field of the program JSON, or a Pt2Error naming `what` when it is
+// not a whole number or does not fit (1.5, 1e300 and 2^40 as a dtype code are
+// refused: nlohmann's get<int>() would truncate or overflow them).
+int64_t pt2Int64(const nlohmann::ordered_json& value, const std::string& what);
+int pt2Int(const nlohmann::ordered_json& value, const std::string& what);
+
 // The c10::ScalarType, as its integer, of a PT2 schema dtype code (the
 // schema numbers dtypes its own way: 5 is int64 there, Half in c10). `what`
 // names the tensor or node for the error on an unknown code.
@@ -132,5 +139,12 @@ int c10ScalarTypeOf(int pt2_code, const std::string& what);
 // Parses one `nn_module_stack` metadata string ("key,path,type;key,path,type").
 // Frames added by export passes without module information are dropped.
 std::vector<Pt2ModuleFrame> parseModuleStack(const std::string& text);
+
+// Every value name an Argument JSON (or a list of them) reads, in order;
+// higher-order subgraphs (`as_graph`) are not entered.
+void pt2ValueNames(const nlohmann::ordered_json& arg, std::vector<std::string>& out);
+// The value names a graph node reads (its inputs) and makes (its outputs).
+std::vector<std::string> pt2NodeUses(const nlohmann::ordered_json& node);
+std::vector<std::string> pt2NodeDefs(const nlohmann::ordered_json& node);
 
 }  // namespace pipeforge::frontend

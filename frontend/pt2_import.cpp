@@ -121,42 +121,6 @@ const std::map<std::string, std::string>& symbolicOps() {
   return table;
 }
 
-// Every value name an Argument (or list of them) reads; subgraphs excluded.
-void collectNames(const json& j, std::vector<std::string>& out) {
-  if (j.is_array()) {
-    for (const auto& e : j) collectNames(e, out);
-    return;
-  }
-  if (!j.is_object()) return;
-  for (const auto& [key, value] : j.items()) {
-    if (key == "as_graph") continue;
-    if ((key == "as_tensor" || key == "as_optional_tensor") && value.is_object() && value.contains("name") &&
-        value.at("name").is_string()) {
-      out.push_back(value.at("name").get<std::string>());
-    } else if (key == "as_tensors" && value.is_array()) {
-      for (const auto& t : value) {
-        if (t.is_object() && t.contains("name")) out.push_back(t.at("name").get<std::string>());
-      }
-    } else if (key == "as_name" && value.is_string()) {
-      out.push_back(value.get<std::string>());
-    } else {
-      collectNames(value, out);
-    }
-  }
-}
-
-std::vector<std::string> nodeUses(const json& node) {
-  std::vector<std::string> out;
-  for (const auto& in : node.at("inputs")) collectNames(in.at("arg"), out);
-  return out;
-}
-
-std::vector<std::string> nodeDefs(const json& node) {
-  std::vector<std::string> out;
-  collectNames(node.at("outputs"), out);
-  return out;
-}
-
 std::string parentOf(const std::string& fqn) {
   auto dot = fqn.rfind('.');
   return dot == std::string::npos ? "" : fqn.substr(0, dot);
@@ -258,7 +222,11 @@ class Importer {
   }
 
  private:
-  [[noreturn]] void fail(const std::string& message) const { throw Pt2Error("'" + archive_.path() + "': " + message); }
+  [[noreturn]] void fail(const std::string& message) const { throw Pt2Error(located(message)); }
+
+  // A message with the file named first, also for the helpers that throw
+  // Pt2Error themselves (pt2Int, pt2Int64).
+  std::string located(const std::string& message) const { return "'" + archive_.path() + "': " + message; }
 
   // --- checks ---------------------------------------------------------------
 
@@ -432,8 +400,8 @@ class Importer {
     std::vector<std::vector<std::string>> uses(nodes.size());
     for (int pos = 0; pos < static_cast<int>(nodes.size()); ++pos) {
       const json& node = graph_nodes.at(pos);
-      uses[pos] = nodeUses(node);
-      for (const auto& d : nodeDefs(node)) def_pos[d] = pos;
+      uses[pos] = pt2NodeUses(node);
+      for (const auto& d : pt2NodeDefs(node)) def_pos[d] = pos;
       for (const auto& u : uses[pos]) last_use[u] = std::max(last_use[u], pos);
     }
     // A functional buffer update is written back (aten::copy_) after the node
@@ -469,7 +437,7 @@ class Importer {
         }
       }
       for (int pos = region.first; pos <= region.last; ++pos) {
-        for (const auto& d : nodeDefs(graph_nodes.at(pos))) {
+        for (const auto& d : pt2NodeDefs(graph_nodes.at(pos))) {
           auto lu = last_use.find(d);
           if (lu != last_use.end() && lu->second > region.last) region.outputs.push_back(d);
         }
@@ -552,7 +520,9 @@ class Importer {
 
   Value* symValue(Scope& scope, const json& sym) {
     if (sym.contains("as_name")) return resolve(scope, sym.at("as_name").get<std::string>());
-    if (sym.contains("as_int")) return scope.graph->insertConstant(sym.at("as_int").get<int64_t>());
+    if (sym.contains("as_int")) {
+      return scope.graph->insertConstant(pt2Int64(sym.at("as_int"), located("a symbolic int")));
+    }
     if (sym.contains("as_bool")) return scope.graph->insertConstant(sym.at("as_bool").get<bool>());
     if (sym.contains("as_float")) return scope.graph->insertConstant(floatOf(sym.at("as_float")));
     fail("unknown symbolic value " + sym.dump());
@@ -561,19 +531,35 @@ class Importer {
   // An Argument as a TorchScript value (constants inserted where needed).
   Value* argument(Scope& scope, const json& arg, const std::string& where) {
     if (!arg.is_object() || arg.size() != 1) fail(where + ": malformed argument " + arg.dump());
-    const auto& [tag, v] = *arg.items().begin();
+    // Not `const auto& [tag, v] = *arg.items().begin()`: that binds to a
+    // temporary iterator and reads it after it is gone (found by fuzz_pt2_json).
+    const std::string tag = arg.begin().key();
+    const json& v = arg.begin().value();
     Graph& g = *scope.graph;
     if (tag == "as_none") return g.insertConstant(c10::IValue());
     if (tag == "as_tensor") return resolve(scope, v.at("name").get<std::string>());
-    if (tag == "as_int") return g.insertConstant(v.get<int64_t>());
+    if (tag == "as_int") return g.insertConstant(pt2Int64(v, located(where + ": an int argument")));
     // The schema numbers these enums its own way; TorchScript wants c10's.
-    if (tag == "as_scalar_type") return g.insertConstant(static_cast<int64_t>(c10ScalarTypeOf(v.get<int>(), where)));
-    if (tag == "as_memory_format") return g.insertConstant(static_cast<int64_t>(memoryFormatOf(v.get<int>(), where)));
-    if (tag == "as_layout") return g.insertConstant(static_cast<int64_t>(layoutOf(v.get<int>(), where)));
+    if (tag == "as_scalar_type") {
+      int code = pt2Int(v, located(where + ": a dtype code"));
+      return g.insertConstant(static_cast<int64_t>(c10ScalarTypeOf(code, where)));
+    }
+    if (tag == "as_memory_format") {
+      int code = pt2Int(v, located(where + ": a memory format code"));
+      return g.insertConstant(static_cast<int64_t>(memoryFormatOf(code, where)));
+    }
+    if (tag == "as_layout") {
+      int code = pt2Int(v, located(where + ": a layout code"));
+      return g.insertConstant(static_cast<int64_t>(layoutOf(code, where)));
+    }
     if (tag == "as_float") return g.insertConstant(floatOf(v));
     if (tag == "as_bool") return g.insertConstant(v.get<bool>());
     if (tag == "as_string") return g.insertConstant(v.get<std::string>());
-    if (tag == "as_ints") return g.insertConstant(c10::List<int64_t>(v.get<std::vector<int64_t>>()));
+    if (tag == "as_ints") {
+      c10::List<int64_t> ints;
+      for (const auto& i : v) ints.push_back(pt2Int64(i, located(where + ": an int list argument")));
+      return g.insertConstant(ints);
+    }
     if (tag == "as_floats") {
       std::vector<double> fs;
       for (const auto& f : v) fs.push_back(floatOf(f));
@@ -587,7 +573,9 @@ class Importer {
     if (tag == "as_strings") return g.insertConstant(c10::List<std::string>(v.get<std::vector<std::string>>()));
     if (tag == "as_device") {
       std::string device = v.at("type").get<std::string>();
-      if (v.contains("index") && !v.at("index").is_null()) device += ":" + std::to_string(v.at("index").get<int>());
+      if (v.contains("index") && !v.at("index").is_null()) {
+        device += ":" + std::to_string(pt2Int(v.at("index"), located(where + ": a device index")));
+      }
       return g.insertConstant(c10::Device(device));
     }
     if (tag == "as_sym_int" || tag == "as_sym_bool" || tag == "as_sym_float") return symValue(scope, v);
@@ -633,7 +621,7 @@ class Importer {
     }
     auto bind = [&](const json& out, Value* v) {
       std::vector<std::string> names;
-      collectNames(out, names);
+      pt2ValueNames(out, names);
       if (out.contains("as_tensors")) {
         auto* unpack = scope.graph->insertNode(scope.graph->createListUnpack(v, names.size()));
         for (size_t i = 0; i < names.size(); ++i) {
@@ -743,16 +731,16 @@ class Importer {
     // parameters); ownership is decided by the operands this branch reads.
     std::set<std::string> used;
     for (const auto& node : subgraph.at("nodes")) {
-      for (const auto& u : nodeUses(node)) used.insert(u);
+      for (const auto& u : pt2NodeUses(node)) used.insert(u);
     }
     std::vector<std::string> branch_outputs;
-    collectNames(subgraph.at("outputs"), branch_outputs);
+    pt2ValueNames(subgraph.at("outputs"), branch_outputs);
     used.insert(branch_outputs.begin(), branch_outputs.end());
     std::vector<std::string> sub_names;
     std::vector<std::string> used_operands;
     for (size_t i = 0; i < operands.size(); ++i) {
       std::vector<std::string> names;
-      collectNames(inputs[i], names);
+      pt2ValueNames(inputs[i], names);
       if (names.size() != 1) fail(where + ": a subgraph input is not a single value");
       sub_names.push_back(names[0]);
       if (used.count(names[0]) && !operands[i].value) used_operands.push_back(operands[i].name);
@@ -816,7 +804,7 @@ class Importer {
     Graph& g = *scope.graph;
     Value* pred = toBool(scope, argument(scope, inputs[0].at("arg"), where));
     std::vector<std::string> operand_names;
-    collectNames(inputs[3].at("arg"), operand_names);
+    pt2ValueNames(inputs[3].at("arg"), operand_names);
     std::vector<Operand> operands;
     for (const auto& name : operand_names) operands.push_back({name, nullptr});
 
@@ -839,7 +827,7 @@ class Importer {
     const json& outputs = node.at("outputs");
     for (size_t i = 0; i < num_outputs; ++i) {
       std::vector<std::string> names;
-      collectNames(outputs[i], names);
+      pt2ValueNames(outputs[i], names);
       if (names.size() != 1) continue;
       if_node->output(i)->setDebugName(identifier(names[0]));
       scope.env[names[0]] = if_node->output(i);
@@ -862,13 +850,13 @@ class Importer {
     const json& body_graph = inputs[1].at("arg").at("as_graph").at("graph");
     std::vector<std::string> carried_names;
     std::vector<std::string> additional_names;
-    collectNames(inputs[2].at("arg"), carried_names);
-    collectNames(inputs[3].at("arg"), additional_names);
+    pt2ValueNames(inputs[2].at("arg"), carried_names);
+    pt2ValueNames(inputs[3].at("arg"), additional_names);
     std::vector<Operand> first;
     for (const auto& n : carried_names) first.push_back({n, nullptr});
     for (const auto& n : additional_names) first.push_back({n, nullptr});
     Graph& g = *scope.graph;
-    Value* start = toBool(scope, emitBranch(scope, cond_graph, first, "pt2_while_cond", where).at(0));
+    Value* start = toBool(scope, loopCondition(emitBranch(scope, cond_graph, first, "pt2_while_cond", where), where));
     std::vector<Value*> loop_inputs{g.insertConstant(std::numeric_limits<int64_t>::max()), start};
     for (const auto& n : carried_names) loop_inputs.push_back(resolve(scope, n));
     Node* loop = g.insertNode(g.create(c10::prim::Loop, loop_inputs, carried_names.size()));
@@ -889,7 +877,7 @@ class Importer {
       std::vector<Operand> again;
       for (Value* v : next) again.push_back({"", v});
       for (const auto& n : additional_names) again.push_back({n, nullptr});
-      Value* more = toBool(inner, emitBranch(inner, cond_graph, again, "pt2_while_cond", where).at(0));
+      Value* more = toBool(inner, loopCondition(emitBranch(inner, cond_graph, again, "pt2_while_cond", where), where));
       body->registerOutput(more);
       for (Value* v : next) body->registerOutput(v);
     }
@@ -898,11 +886,18 @@ class Importer {
       loop->output(i)->setType(loop_inputs[i + 2]->type());
       if (i >= outputs.size()) continue;
       std::vector<std::string> names;
-      collectNames(outputs[i], names);
+      pt2ValueNames(outputs[i], names);
       if (names.size() != 1) continue;
       loop->output(i)->setDebugName(identifier(names[0]));
       scope.env[names[0]] = loop->output(i);
     }
+  }
+
+  Value* loopCondition(const std::vector<Value*>& results, const std::string& where) const {
+    if (results.size() != 1) {
+      fail(fmt::format("{}: the loop condition returns {} values, expected one (a bool)", where, results.size()));
+    }
+    return results[0];
   }
 
   std::string defineMethod(const std::string& path, const std::string& base, std::shared_ptr<Graph> graph) {
@@ -935,14 +930,29 @@ class Importer {
         continue;
       }
       const json& node = graph_nodes.at(index);
+      Node* end = scope.graph->insertPoint();
+      Node* before = end->prev();
       emitNode(scope, node);
       auto writes = writes_.find(index);
-      if (writes == writes_.end()) continue;
-      for (const auto& value : writes->second) {
-        // Functional IR: the new buffer value is written back in place.
-        Value* buffer = resolve(scope, placeholderFor(mutations_.at(value)));
-        scope.graph->insert(c10::aten::copy_, {buffer, resolve(scope, value)});
+      if (writes != writes_.end()) {
+        for (const auto& value : writes->second) {
+          // Functional IR: the new buffer value is written back in place.
+          Value* buffer = resolve(scope, placeholderFor(mutations_.at(value)));
+          scope.graph->insert(c10::aten::copy_, {buffer, resolve(scope, value)});
+        }
       }
+      for (Node* n = before->next(); n != end; n = n->next()) tagWithPt2Node(n, index);
+    }
+  }
+
+  // Note [PT2 node tags]: every TorchScript node emitted for top-level graph
+  // node `index` (blocks included) carries attribute kPt2NodeAttribute = index.
+  // Attributes survive createClone and inlining, so after a split the stage
+  // writer knows which exported node each stage computes.
+  static void tagWithPt2Node(Node* n, int index) {
+    n->i_(c10::Symbol::attr(kPt2NodeAttribute), index);
+    for (torch::jit::Block* b : n->blocks()) {
+      for (Node* inner : b->nodes()) tagWithPt2Node(inner, index);
     }
   }
 
@@ -1007,12 +1017,24 @@ class Importer {
     emitItems(scope, regions_[0]);
     std::vector<Value*> outs;
     for (const auto& name : user_outputs_) outs.push_back(resolve(scope, name));
-    if (outs.size() == 1) {
+    if (outs.size() == 1 && !returnsTuple()) {
       graph->registerOutput(outs[0]);
     } else {
       graph->registerOutput(graph->insertNode(graph->createTuple(outs))->output());
     }
     defineMethod("", "forward", graph);
+  }
+
+  // Whether forward's output treespec is a tuple (a stage file's `(y,)`), so
+  // one output still comes back as a tuple, as from the stage that wrote it.
+  bool returnsTuple() const {
+    const json& program = archive_.programJson();
+    const json& calls = program.at("graph_module").value("module_call_graph", json::array());
+    if (calls.empty() || !calls[0].contains("signature") || !calls[0].at("signature").is_object()) return false;
+    const json& out_spec = calls[0].at("signature").value("out_spec", json());
+    if (!out_spec.is_string()) return false;
+    json spec = json::parse(out_spec.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    return spec.is_array() && spec.size() == 2 && spec[1].is_object() && spec[1].value("type", json()) == "builtins.tuple";
   }
 
   const Pt2Archive& archive_;

@@ -15,6 +15,10 @@ namespace pipeforge::frontend {
 
 class Pt2Archive;
 
+// The int attribute the importer puts on every TorchScript node it emits for
+// a top-level exported node: that node's position in the graph (Note [PT2 node tags]).
+inline constexpr const char* kPt2NodeAttribute = "pf_pt2_node";
+
 // Rebuilds `archive`'s program as a module. Throws Pt2Error (a ModelError)
 // naming the node and the fix for what cannot be rebuilt: operators this
 // LibTorch lacks, non-tensor outputs, unsupported higher-order ops.

@@ -1,5 +1,6 @@
 #include "runtime/pipeline_stage.h"
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -9,6 +10,8 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
+#include "frontend/load_model.h"
+#include "frontend/pt2_import.h"
 #include "runtime/comm_plan.h"
 #include "runtime/errors.h"
 #include "runtime/split_backward.h"
@@ -84,10 +87,19 @@ PipelineStage PipelineStage::fromSplit(const std::string& split_dir, const stage
   }
   torch::jit::Module module;
   try {
-    module = torch::jit::load(path, c10::Device(device));
+    if (std::filesystem::path(info.file).extension() == ".pt2") {
+      // A torch.export stage runs as its import (Note [PT2 stage files]).
+      module = frontend::loadPt2Model(path);
+      module.to(c10::Device(device));
+    } else {
+      module = torch::jit::load(path, c10::Device(device));
+    }
   } catch (const c10::Error& e) {
     throw RuntimeError(fmt::format("stage {}: cannot load '{}' ({}); is '{}' a folder written by `pipeforge split`?",
                                    index, path, e.what_without_backtrace(), split_dir));
+  } catch (const frontend::ModelError& e) {
+    throw RuntimeError(fmt::format("stage {}: cannot load '{}' ({}); is '{}' a folder written by `pipeforge split`?",
+                                   index, path, e.what(), split_dir));
   }
   std::set<std::string> have;
   for (const auto& p : module.named_parameters(true)) have.insert(p.name);

@@ -1,6 +1,7 @@
 #include "stage/build_stages.h"
 
 #include <fmt/format.h>
+#include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/passes/dead_code_elimination.h>
 
@@ -12,6 +13,8 @@
 
 #include "frontend/graph_reads.h"
 #include "frontend/module_paths.h"
+#include "stage/changed_state_check.h"
+#include "stage/stage_dataflow.h"
 
 namespace pipeforge::stage {
 namespace {
@@ -20,8 +23,6 @@ using torch::jit::Block;
 using torch::jit::Graph;
 using torch::jit::Node;
 using torch::jit::Value;
-
-bool isTensor(const Value* v) { return v->type()->cast<c10::TensorType>() != nullptr; }
 
 // A Python-identifier debug name for a stage input (TorchScript archives with
 // names like `h0.1_in` fail to load).
@@ -166,130 +167,75 @@ std::string describeValue(const Value* v) {
   return fmt::format("%{} ({})", v->debugName(), v->type()->repr_str());
 }
 
+// The raw name of a stage input, made an identifier by identifierFor.
+std::string inputName(const Sent& what) {
+  switch (what.kind) {
+    case Sent::Kind::kValue:
+      return what.value->debugName();
+    case Sent::Kind::kListElement:
+      return fmt::format("{}_{}", what.value->debugName(), what.index);
+    case Sent::Kind::kDictValue: {
+      auto key = torch::jit::toIValue(what.key);
+      std::string text = !key ? "key" : key->isString() ? key->toStringRef() : std::to_string(key->toInt());
+      return fmt::format("{}_{}", what.value->debugName(), text);
+    }
+    case Sent::Kind::kAttribute:
+      return what.fqn;
+  }
+  return "value";
+}
+
+// The value stage `k` sends for `sent`, built at the end of its graph, after
+// everything the stage does: a tensor, `list[i]`, `dict[key]`, or a copy of
+// an attribute (a copy, so later forwards changing the buffer in place do
+// not change what this microbatch sent).
+Value* sentValue(Graph& g, const Sent& sent, const std::unordered_map<const Value*, Value*>& env, Value* self, int k) {
+  auto local = [&](const Value* v) {
+    auto it = env.find(v);
+    if (it == env.end()) {
+      throw StageBuildError(fmt::format("internal: stage {} sends {} which it does not hold", k, describeValue(v)));
+    }
+    return it->second;
+  };
+  switch (sent.kind) {
+    case Sent::Kind::kValue:
+      return local(sent.value);
+    case Sent::Kind::kListElement:
+      return g.insert(c10::aten::__getitem__, {local(sent.value), g.insertConstant(sent.index)});
+    case Sent::Kind::kDictValue:
+      return g.insert(c10::aten::__getitem__, {local(sent.value), g.insertConstant(*torch::jit::toIValue(sent.key))});
+    case Sent::Kind::kAttribute: {
+      Value* v = self;
+      size_t start = 0;
+      while (true) {
+        size_t dot = sent.fqn.find('.', start);
+        v = g.insertGetAttr(v, sent.fqn.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+        if (dot == std::string::npos) break;
+        start = dot + 1;
+      }
+      return g.insert(c10::aten::clone, {v});
+    }
+  }
+  throw StageBuildError("internal: unknown kind of sent value");
+}
+
 }  // namespace
 
 BuiltStages buildStages(const frontend::OpenedModel& model, const frontend::ModelDag& dag,
                         const partitioner::Partition& partition) {
   Graph& graph = model.graph();
   const int num_stages = partition.num_stages;
-  const size_t num_vertices = boost::num_vertices(dag.graph);
-
-  std::unordered_map<const Node*, int> stage_of;
-  for (size_t v = 0; v < num_vertices; ++v) {
-    if (const Node* n = dag.graph[v].node) stage_of[n] = partition.stage_of_vertex[v];
-  }
-  std::unordered_map<const Value*, int> root_input_index;
-  for (size_t i = 1; i < graph.inputs().size(); ++i) root_input_index[graph.inputs()[i]] = static_cast<int>(i - 1);
-
-  // What each stage emits and reads.
-  std::vector<std::set<const Node*>> emit(num_stages);
-  std::vector<std::set<int>> needs_root_input(num_stages);
-  std::vector<std::vector<const Value*>> stage_outputs(num_stages);  // in graph order, below
-  std::vector<std::set<const Value*>> crossing_into(num_stages);
-  std::set<const Value*> exported;
-
-  std::function<void(Value*, int)> resolve = [&](Value* v, int k) {
-    if (v == graph.inputs()[0]) return;
-    auto root = root_input_index.find(v);
-    if (root != root_input_index.end()) {
-      needs_root_input[k].insert(root->second);
-      return;
-    }
-    Node* producer = v->node();
-    if (frontend::isFreeNode(producer)) {
-      for (Value* in : producer->inputs()) resolve(in, k);
-      return;
-    }
-    auto it = stage_of.find(producer);
-    if (it == stage_of.end()) {
-      throw StageBuildError("internal: value " + describeValue(v) + " has no stage");
-    }
-    int p = it->second;
-    if (p == k || emit[k].count(producer)) return;
-    if (isTensor(v)) {
-      crossing_into[k].insert(v);
-      exported.insert(v);
-      return;
-    }
-    // A non-tensor (an int from x.size(1), say) is recomputed where it is
-    // needed rather than sent: only tensors travel between stages.
-    if (!producer->blocks().empty() || producer->hasSideEffects()) {
-      throw StageBuildError(fmt::format(
-          "value {} made in stage {} is used in stage {}, but only tensors can cross stages and it cannot be "
-          "recomputed there; move the split point so its producer and users share a stage",
-          describeValue(v), p, k));
-    }
-    emit[k].insert(producer);
-    for (Value* in : producer->inputs()) resolve(in, k);
-  };
-
-  for (size_t v = 0; v < num_vertices; ++v) {
-    const auto& d = dag.graph[v];
-    if (!d.node || d.kind == frontend::DagNodeKind::kMarker) continue;
-    emit[partition.stage_of_vertex[v]].insert(d.node);
-  }
-  for (int k = 0; k < num_stages; ++k) {
-    std::vector<Node*> initial;
-    for (const Node* n : emit[k]) initial.push_back(const_cast<Node*>(n));
-    for (Node* n : initial) {
-      for (Value* in : frontend::externalInputs(n)) resolve(in, k);
-    }
-  }
-
-  // Model outputs.
-  std::vector<Value*> model_outputs;
-  {
-    Value* out = graph.outputs()[0];
-    if (dag.returns_tuple) {
-      model_outputs.assign(out->node()->inputs().begin(), out->node()->inputs().end());
-    } else {
-      model_outputs.assign(graph.outputs().begin(), graph.outputs().end());
-    }
-  }
-  for (size_t i = 0; i < model_outputs.size(); ++i) {
-    Value* v = model_outputs[i];
-    if (root_input_index.count(v)) continue;
-    if (!isTensor(v)) {
-      throw StageBuildError(fmt::format("model output {} is {}; pipeforge splits models whose outputs are tensors "
-                                        "or a tuple of tensors",
-                                        i, v->type()->repr_str()));
-    }
-    if (frontend::isFreeNode(v->node())) {
-      throw StageBuildError(fmt::format("model output {} is a parameter or constant read; return a computed tensor", i));
-    }
-    exported.insert(v);
-  }
-
-  // Stage outputs in graph order.
-  std::unordered_map<const Value*, std::pair<int, int>> output_slot;  // value -> (stage, index)
-  for (Node* n : graph.nodes()) {
-    for (Value* v : n->outputs()) {
-      if (!exported.count(v)) continue;
-      int p = stage_of.at(n);
-      output_slot[v] = {p, static_cast<int>(stage_outputs[p].size())};
-      stage_outputs[p].push_back(v);
-    }
-  }
+  // What each stage computes, receives and sends (Note [Mutable state across stages]).
+  const DataflowPlan plan = planDataflow(model, dag, partition);
 
   BuiltStages built;
   built.manifest.num_stages = num_stages;
   built.manifest.inputs = dag.input_names;
-  for (Value* v : model_outputs) {
-    ValueSource src;
-    auto root = root_input_index.find(v);
-    if (root != root_input_index.end()) {
-      src.kind = ValueSource::Kind::kInput;
-      src.index = root->second;
-    } else {
-      src.kind = ValueSource::Kind::kStage;
-      src.stage = output_slot.at(v).first;
-      src.index = output_slot.at(v).second;
-    }
-    built.manifest.outputs.push_back(src);
-  }
+  built.manifest.outputs = plan.model_outputs;
 
   std::map<std::string, std::set<int>> holders;
   for (int k = 0; k < num_stages; ++k) {
+    const StageDataflow& flow = plan.stages[k];
     StageInfo info;
     info.index = k;
     info.file = fmt::format("stage_{}.pt", k);
@@ -299,22 +245,40 @@ BuiltStages buildStages(const frontend::OpenedModel& model, const frontend::Mode
     self->setType(graph.inputs()[0]->type());
     env[graph.inputs()[0]] = self;
 
-    size_t input_counter = 0;
-    for (int root : needs_root_input[k]) {
-      const Value* orig = graph.inputs()[root + 1];
-      Value* in = g->addInput(identifierFor(orig->debugName(), input_counter++));
-      in->setType(orig->type());
-      env[orig] = in;
-      info.inputs.push_back({ValueSource::Kind::kInput, -1, root});
+    std::vector<Value*> inputs;
+    for (size_t i = 0; i < flow.inputs.size(); ++i) {
+      const StageInputPlan& in = flow.inputs[i];
+      Value* value = g->addInput(identifierFor(inputName(in.what), i));
+      switch (in.what.kind) {
+        case Sent::Kind::kValue:
+          value->setType(in.what.value->type());
+          break;
+        case Sent::Kind::kAttribute:
+          value->setType(in.binds.front()->type());
+          break;
+        case Sent::Kind::kListElement:
+        case Sent::Kind::kDictValue:
+          value->setType(c10::TensorType::get());
+          break;
+      }
+      for (const Value* b : in.binds) env[b] = value;
+      info.inputs.push_back(in.source);
+      inputs.push_back(value);
     }
-    std::vector<const Value*> crossing(crossing_into[k].begin(), crossing_into[k].end());
-    std::sort(crossing.begin(), crossing.end(),
-              [&](const Value* a, const Value* b) { return output_slot.at(a) < output_slot.at(b); });
-    for (const Value* orig : crossing) {
-      Value* in = g->addInput(identifierFor(orig->debugName(), input_counter++));
-      in->setType(orig->type());
-      env[orig] = in;
-      info.inputs.push_back({ValueSource::Kind::kStage, output_slot.at(orig).first, output_slot.at(orig).second});
+    for (const RebuiltContainer& c : flow.containers) {
+      std::vector<Value*> elements;
+      for (int e : c.elements) elements.push_back(inputs.at(e));
+      Node* rebuilt = nullptr;
+      if (c.is_dict) {
+        std::vector<Value*> keys;
+        for (const Value* key : c.keys) keys.push_back(g->insertConstant(*torch::jit::toIValue(key)));
+        auto type = c.names.front()->type()->expect<c10::DictType>();
+        rebuilt = g->insertNode(g->createDict(type->getKeyType(), type->getValueType(), keys, elements));
+      } else {
+        auto type = c.names.front()->type()->expect<c10::ListType>();
+        rebuilt = g->insertNode(g->createList(type->getElementType(), elements));
+      }
+      for (const Value* name : c.names) env[name] = rebuilt->output();
     }
 
     std::function<Value*(Value*)> lookup = [&](Value* v) -> Value* {
@@ -330,14 +294,13 @@ BuiltStages buildStages(const frontend::OpenedModel& model, const frontend::Mode
       return env.at(v);
     };
 
-    for (Node* n : graph.nodes()) {
-      if (!emit[k].count(n)) continue;
-      Node* clone = g->createClone(n, lookup);
+    for (const Node* n : flow.emit) {
+      Node* clone = g->createClone(const_cast<Node*>(n), lookup);
       g->insertNode(clone);
       for (size_t i = 0; i < n->outputs().size(); ++i) env[n->outputs()[i]] = clone->outputs()[i];
     }
     std::vector<Value*> outs;
-    for (const Value* v : stage_outputs[k]) outs.push_back(env.at(v));
+    for (const Sent& sent : flow.outputs) outs.push_back(sentValue(*g, sent, env, self, k));
     g->registerOutput(g->insertNode(g->createTuple(outs))->output());
     torch::jit::EliminateDeadCode(g);
 
@@ -355,6 +318,7 @@ BuiltStages buildStages(const frontend::OpenedModel& model, const frontend::Mode
     built.modules.push_back(std::move(module));
     built.manifest.stages.push_back(std::move(info));
   }
+  checkChangedStateHeldOnce(built.modules);
 
   // Tied: names of one tensor, and any name held by several stages.
   std::set<std::vector<std::string>> tied;
@@ -367,6 +331,20 @@ BuiltStages buildStages(const frontend::OpenedModel& model, const frontend::Mode
     if (stages.size() > 1 && !in_alias_group.count(name)) tied.insert({name});
   }
   built.manifest.tied.assign(tied.begin(), tied.end());
+
+  // Unused: state forward never reads, so no stage holds it. A name whose
+  // tensor another held name shares is not unused: it is that tensor.
+  std::set<std::string> shared_with_held;
+  for (const auto& group : dag.aliases) {
+    bool held = false;
+    for (const auto& name : group) held = held || holders.count(name) > 0;
+    if (held) shared_with_held.insert(group.begin(), group.end());
+  }
+  auto note_unused = [&](const std::string& name) {
+    if (!holders.count(name) && !shared_with_held.count(name)) built.manifest.unused.push_back(name);
+  };
+  for (const auto& p : model.module().named_parameters(/*recurse=*/true)) note_unused(p.name);
+  for (const auto& b : model.module().named_buffers(/*recurse=*/true)) note_unused(b.name);
   return built;
 }
 

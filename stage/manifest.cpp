@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <fstream>
@@ -13,6 +14,16 @@ namespace pipeforge::stage {
 namespace {
 
 using nlohmann::json;
+
+// The manifest's "stage_format" for torch.export stage files (stage_<i>.pt2).
+constexpr const char* kPt2StageFormat = "pt2";
+
+bool isPt2Split(const PipeManifest& m) {
+  if (m.stages.empty()) return false;
+  return std::all_of(m.stages.begin(), m.stages.end(), [](const StageInfo& s) {
+    return s.file.size() > 4 && s.file.compare(s.file.size() - 4, 4, ".pt2") == 0;
+  });
+}
 
 json sourceToJson(const ValueSource& s) {
   if (s.kind == ValueSource::Kind::kInput) return json{{"from", "input"}, {"index", s.index}};
@@ -46,6 +57,25 @@ ValueSource sourceFromJson(const json& j) {
   }
   s.index = intAt(j, "index");
   return s;
+}
+
+// A stage file lives in the manifest's folder: a path that is absolute or
+// climbs out with `..` would make a copied or downloaded split read (and
+// `pipeforge split --force` replace) files elsewhere.
+void checkStageFileName(const std::string& file, int index) {
+  bool climbs = false;
+  size_t start = 0;
+  while (start <= file.size()) {
+    size_t end = file.find('/', start);
+    if (end == std::string::npos) end = file.size();
+    if (file.compare(start, end - start, "..") == 0 && end - start == 2) climbs = true;
+    start = end + 1;
+  }
+  if (file.empty() || file.front() == '/' || climbs || file.find('\0') != std::string::npos) {
+    throw ManifestError("stage " + std::to_string(index) + " names file \"" + file +
+                        "\"; stage files must be relative paths inside the split folder (like \"stage_" +
+                        std::to_string(index) + ".pt\"); re-run `pipeforge split`");
+  }
 }
 
 void checkSource(const ValueSource& s, int consumer_stage, const PipeManifest& m, const std::string& where) {
@@ -91,6 +121,19 @@ std::string manifestToJson(const PipeManifest& m) {
     j["stages"].push_back(std::move(js));
   }
   j["tied"] = m.tied;
+  j["unused"] = m.unused;
+  if (!m.input_dims.empty()) {
+    json inputs = json::array();
+    for (const auto& dims : m.input_dims) {
+      json jd = json::array();
+      for (const auto& d : dims) jd.push_back(json::array({d.min, d.max < 0 ? json(nullptr) : json(d.max)}));
+      inputs.push_back(std::move(jd));
+    }
+    j["input_dims"] = std::move(inputs);
+  }
+  // Note [PT2 stage files]: a split of a `.pt2` writes torch.export stage
+  // files and says so; TorchScript splits keep the manifest they always had.
+  if (isPt2Split(m)) j["stage_format"] = kPt2StageFormat;
   return j.dump(1) + "\n";
 }
 
@@ -111,6 +154,7 @@ PipeManifest manifestFromJson(const std::string& text, const std::string& origin
       StageInfo s;
       s.index = intAt(js, "index");
       s.file = js.at("file").get<std::string>();
+      checkStageFileName(s.file, s.index);
       for (const auto& in : js.at("inputs")) s.inputs.push_back(sourceFromJson(in));
       s.num_outputs = intAt(js, "num_outputs");
       s.parameters = js.value("parameters", std::vector<std::string>{});
@@ -124,6 +168,35 @@ PipeManifest manifestFromJson(const std::string& text, const std::string& origin
       m.stages.push_back(std::move(s));
     }
     if (j.contains("tied")) m.tied = j.at("tied").get<std::vector<std::vector<std::string>>>();
+    m.unused = j.value("unused", std::vector<std::string>{});
+    if (j.contains("input_dims")) {
+      for (const json& dims : j.at("input_dims")) {
+        std::vector<InputDim> parsed;
+        for (const json& d : dims) {
+          if (!d.is_array() || d.size() != 2) throw ManifestError("input_dims entries must be [min, max] pairs");
+          json pair = {{"min", d.at(0)}, {"max", d.at(1).is_null() ? json(-1) : d.at(1)}};
+          InputDim dim{intAt(pair, "min"), intAt(pair, "max")};
+          if (dim.min < 0 || (dim.max >= 0 && dim.max < dim.min)) {
+            throw ManifestError("input_dims has the range [" + std::to_string(dim.min) + ", " +
+                                std::to_string(dim.max) + "]; re-run `pipeforge split`");
+          }
+          parsed.push_back(dim);
+        }
+        m.input_dims.push_back(std::move(parsed));
+      }
+      if (m.input_dims.size() != m.inputs.size()) {
+        throw ManifestError("input_dims lists " + std::to_string(m.input_dims.size()) + " inputs but the model has " +
+                            std::to_string(m.inputs.size()) + "; re-run `pipeforge split`");
+      }
+    }
+    const std::string stage_format = j.value("stage_format", "");
+    if (!stage_format.empty() && stage_format != kPt2StageFormat) {
+      throw ManifestError("stage_format is \"" + stage_format + "\"; this version reads TorchScript stages (no "
+                          "stage_format) and \"" + kPt2StageFormat + "\"; re-run `pipeforge split` with this version");
+    }
+    if (!stage_format.empty() && !isPt2Split(m)) {
+      throw ManifestError("stage_format is \"pt2\" but not every stage file ends in .pt2; re-run `pipeforge split`");
+    }
   } catch (const ManifestError& e) {
     throw ManifestError(origin + ": " + e.what());
   } catch (const json::exception& e) {

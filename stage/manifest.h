@@ -8,9 +8,12 @@
 //    "stages": [{"index": 0, "file": "stage_0.pt",
 //                "inputs": [{"from": "input", "index": 0}], "num_outputs": 1,
 //                "parameters": [...], "buffers": [...]}, ...],
-//    "tied": [["wte.weight", "lm_head.weight"]]}
+//    "tied": [["wte.weight", "lm_head.weight"]],
+//    "unused": ["aux_head.weight"],
+//    "input_dims": [[[4, 4], [2, null]]]}   (.pt2 only: [min, max] per dimension)
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -54,6 +57,14 @@ struct StageInfo {
   }
 };
 
+// The sizes a model input accepts along one dimension (from a torch.export
+// program: static where min == max, a range where it was made dynamic).
+struct InputDim {
+  int64_t min = 0;
+  int64_t max = -1;  // -1: no upper bound
+  friend bool operator==(const InputDim& a, const InputDim& b) { return a.min == b.min && a.max == b.max; }
+};
+
 struct PipeManifest {
   int num_stages = 0;
   std::string source;                    // the model file the split came from
@@ -61,10 +72,17 @@ struct PipeManifest {
   std::vector<ValueSource> outputs;      // the model's outputs, in order
   std::vector<StageInfo> stages;
   std::vector<std::vector<std::string>> tied;  // FQN groups naming one shared tensor
+  // Parameters and buffers of the model that no stage holds, because forward
+  // never reads them; `pipeforge export` keeps them as they are in the model.
+  std::vector<std::string> unused;
+  // Per model input, the sizes it accepts per dimension, when the model says
+  // (a .pt2); empty for TorchScript models, which take any size.
+  std::vector<std::vector<InputDim>> input_dims;
 
   friend bool operator==(const PipeManifest& a, const PipeManifest& b) {
     return a.num_stages == b.num_stages && a.source == b.source && a.inputs == b.inputs &&
-           a.outputs == b.outputs && a.stages == b.stages && a.tied == b.tied;
+           a.outputs == b.outputs && a.stages == b.stages && a.tied == b.tied && a.unused == b.unused &&
+           a.input_dims == b.input_dims;
   }
 };
 

@@ -68,6 +68,16 @@ std::string metaOf(const at::Tensor& t) {
   return fmt::format("{}[{}]", dtype, fmt::join(t.sizes(), ", "));
 }
 
+// Stage modules share their tensors with the model. Running them on example
+// inputs must not change what gets saved: a counter's `add_` or BatchNorm's
+// running statistics in training mode would, so they run on private copies.
+std::vector<torch::jit::Module> privateCopies(const std::vector<torch::jit::Module>& modules) {
+  std::vector<torch::jit::Module> copies;
+  copies.reserve(modules.size());
+  for (const auto& m : modules) copies.push_back(m.deepcopy());
+  return copies;
+}
+
 // Each unit as its own stage, timed on the example inputs (best of 3 after a warm-up).
 std::vector<double> measureUnitCosts(const frontend::OpenedModel& opened, const frontend::ModelDag& dag,
                                      const partitioner::SplitSpec& spec, const std::vector<size_t>& unit_starts) {
@@ -81,6 +91,7 @@ std::vector<double> measureUnitCosts(const frontend::OpenedModel& opened, const 
   }
   per_unit.stage_of_vertex[n - 1] = per_unit.num_stages - 1;
   BuiltStages stages = buildStages(opened, dag, per_unit);
+  stages.modules = privateCopies(stages.modules);
   auto inputs = makeExampleInputs(spec);
   torch::NoGradGuard no_grad;
   std::vector<double> best(per_unit.num_stages, std::numeric_limits<double>::infinity());
@@ -200,7 +211,8 @@ SplitResult splitInMemory(const torch::jit::Module& model, const partitioner::Sp
   if (!spec.example_inputs.empty()) {
     torch::NoGradGuard no_grad;
     std::vector<std::vector<at::Tensor>> outs;
-    runChained(stages.modules, stages.manifest, makeExampleInputs(spec), nullptr, &outs);
+    std::vector<torch::jit::Module> copies = privateCopies(stages.modules);
+    runChained(copies, stages.manifest, makeExampleInputs(spec), nullptr, &outs);
     for (int k = 0; k < best->partition.num_stages; ++k) {
       for (const auto& t : outs[k]) stages.manifest.stages[k].output_meta.push_back(metaOf(t));
     }

@@ -4,11 +4,18 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 
 #include "frontend/load_model.h"
+#include "frontend/pipe_split_op.h"
+#include "frontend/pt2_archive.h"
+#include "frontend/pt2_import.h"
+#include "frontend/pt2_inputs.h"
 #include "partitioner/split_spec.h"
 #include "stage/file_digest.h"
+#include "stage/pt2_stage_plan.h"
+#include "stage/pt2_stage_writer.h"
 #include "stage/split_in_memory.h"
 
 namespace pipeforge::stage {
@@ -62,20 +69,47 @@ SplitSummary splitModelToDirectory(const SplitRequest& request) {
   partitioner::SplitSpec spec;
   if (request.spec_path) spec = partitioner::loadSplitSpec(*request.spec_path);
 
-  torch::jit::Module model = frontend::loadModel(request.model_path);
+  // A torch.export model is split as its import and written as `.pt2`
+  // stage files cut from its own program (Note [PT2 stage files]).
+  std::optional<frontend::Pt2Archive> archive;
+  if (frontend::detectArchiveKind(request.model_path) == frontend::ArchiveKind::kPt2 &&
+      fs::is_regular_file(request.model_path, ec)) {
+    frontend::ensurePipeSplitRegistered();
+    archive.emplace(frontend::Pt2Archive::open(request.model_path));
+  }
+  torch::jit::Module model = archive ? frontend::importPt2(*archive) : frontend::loadModel(request.model_path);
   SplitResult result = splitInMemory(model, spec);
-  result.stages.manifest.source = request.model_path;
+  std::optional<Pt2SplitPlan> pt2;
+  if (archive) {
+    pt2 = planPt2Stages(*archive, result.dag, result.partition);
+    result.stages.manifest = std::move(pt2->manifest);
+    // The sizes the export accepts travel in pipe.json, so that training can
+    // refuse a microbatch a static export cannot take before any rank starts.
+    std::vector<std::vector<InputDim>> input_dims;
+    for (const auto& input : frontend::pt2UserInputs(*archive)) {
+      std::vector<InputDim> dims;
+      for (const auto& d : input.dims) dims.push_back({d.min, d.max});
+      input_dims.push_back(std::move(dims));
+    }
+    if (input_dims.size() == result.stages.manifest.inputs.size()) result.stages.manifest.input_dims = input_dims;
+  }
+  PipeManifest& manifest = result.stages.manifest;
+  manifest.source = request.model_path;
 
   TempSibling temp(out);
-  for (size_t i = 0; i < result.stages.modules.size(); ++i) {
-    StageInfo& info = result.stages.manifest.stages[i];
+  for (size_t i = 0; i < manifest.stages.size(); ++i) {
+    StageInfo& info = manifest.stages[i];
     const std::string file = (temp.path() / info.file).string();
-    result.stages.modules[i].save(file);
+    if (pt2) {
+      writePt2Stage(*archive, pt2->stages[i], file);
+    } else {
+      result.stages.modules[i].save(file);
+    }
     info.sha256 = sha256OfFile(file);  // Note [File digests]
   }
   {
     std::ofstream json(temp.path() / kManifestFileName);
-    json << manifestToJson(result.stages.manifest);
+    json << manifestToJson(manifest);
     if (!json) throw std::runtime_error("cannot write " + (temp.path() / kManifestFileName).string());
   }
   if (fs::exists(out, ec)) {

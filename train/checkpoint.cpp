@@ -173,6 +173,7 @@ void commitCheckpoint(const std::string& root, const CheckpointMeta& meta, int k
   j["world_size"] = meta.world_size;
   j["seed"] = meta.seed;
   j["tied"] = meta.tied;
+  j["unused"] = meta.unused;
   j["stages"] = nlohmann::json::array();
   for (int s = 0; s < meta.num_stages; ++s) {
     j["stages"].push_back({{"index", s}, {"file", stageFile(s)}, {"optimizer", optimizerFile(s)}});
@@ -309,6 +310,7 @@ CheckpointMeta readCheckpointMeta(const std::string& step_dir) {
     meta.world_size = j.at("world_size").get<int>();
     meta.seed = j.at("seed").get<std::uint64_t>();
     meta.tied = j.at("tied").get<std::vector<std::vector<std::string>>>();
+    meta.unused = j.value("unused", std::vector<std::string>{});
     return meta;
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(fmt::format("'{}' is malformed: {}", path, e.what()));

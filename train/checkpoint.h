@@ -54,6 +54,7 @@ struct CheckpointMeta {
   int world_size = 1;
   std::uint64_t seed = 0;
   std::vector<std::vector<std::string>> tied;
+  std::vector<std::string> unused;  // pipe.json "unused": model state no stage holds
 };
 
 inline constexpr const char* kCheckpointFormat = "pipeforge.checkpoint/1";

@@ -6,10 +6,13 @@
 
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include <fmt/format.h>
 
 #include "frontend/load_model.h"
+#include "frontend/pt2_archive.h"
+#include "frontend/pt2_rewrite.h"
 #include "train/checkpoint.h"
 
 namespace pipeforge::train {
@@ -44,9 +47,13 @@ std::map<std::string, Found> collect(const std::string& dir, int num_stages, boo
   return out;
 }
 
-void copyInto(const std::string& kind, const std::string& name, at::Tensor& target,
-              const std::map<std::string, Found>& values, const std::string& dir) {
+// Returns false for a name the split recorded as unused, which keeps the
+// model's value.
+bool copyInto(const std::string& kind, const std::string& name, at::Tensor& target,
+              const std::map<std::string, Found>& values, const std::string& dir,
+              const std::set<std::string>& unused) {
   auto it = values.find(name);
+  if (it == values.end() && unused.count(name)) return false;
   if (it == values.end()) {
     throw CheckpointError(fmt::format("the model's {} '{}' is not in checkpoint '{}'; was it trained from this model?",
                                       kind, name, dir));
@@ -58,6 +65,7 @@ void copyInto(const std::string& kind, const std::string& name, at::Tensor& targ
                                       c10::toString(value.scalar_type()), c10::str(value.sizes())));
   }
   target.copy_(value);
+  return true;
 }
 
 }  // namespace
@@ -98,18 +106,25 @@ ExportSummary exportTrainedModel(const ExportRequest& request) {
 
   torch::jit::Module model = frontend::loadModel(request.model_path);
   std::map<std::string, bool> used;
+  const std::set<std::string> unused(meta.unused.begin(), meta.unused.end());
   {
     torch::NoGradGuard no_grad;
     for (const auto& p : model.named_parameters(/*recurse=*/true)) {
       at::Tensor target = p.value;
-      copyInto("parameter", p.name, target, params, summary.checkpoint_dir);
       used[p.name] = true;
+      if (!copyInto("parameter", p.name, target, params, summary.checkpoint_dir, unused)) {
+        summary.kept_unused.push_back(p.name);
+        continue;
+      }
       ++summary.parameters;
     }
     for (const auto& b : model.named_buffers(/*recurse=*/true)) {
       at::Tensor target = b.value;
-      copyInto("buffer", b.name, target, buffers, summary.checkpoint_dir);
       used[b.name] = true;
+      if (!copyInto("buffer", b.name, target, buffers, summary.checkpoint_dir, unused)) {
+        summary.kept_unused.push_back(b.name);
+        continue;
+      }
       ++summary.buffers;
     }
   }
@@ -123,6 +138,19 @@ ExportSummary exportTrainedModel(const ExportRequest& request) {
     }
   }
 
+  if (fs::path(request.out_path).extension() == ".pt2") {
+    // The original archive with the trained weights: torch.export.load runs it.
+    if (frontend::detectArchiveKind(request.model_path) != frontend::ArchiveKind::kPt2) {
+      throw CheckpointError(fmt::format("--out '{}' asks for a .pt2, but model '{}' is not a torch.export archive; "
+                                        "a TorchScript model exports as .pt",
+                                        request.out_path, request.model_path));
+    }
+    std::map<std::string, at::Tensor> trained;
+    for (const auto& p : model.named_parameters(/*recurse=*/true)) trained.emplace(p.name, p.value);
+    for (const auto& b : model.named_buffers(/*recurse=*/true)) trained.emplace(b.name, b.value);
+    frontend::writePt2WithWeights(request.model_path, request.out_path, trained);
+    return summary;
+  }
   const std::string temp = fmt::format("{}.tmp-{}", request.out_path, ::getpid());
   try {
     model.save(temp);

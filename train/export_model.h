@@ -1,9 +1,11 @@
-// `pipeforge export`: the original TorchScript model with the trained
-// weights of a checkpoint, loadable with torch.jit.load.
+// `pipeforge export`: the original model with the trained weights of a
+// checkpoint: a TorchScript .pt for torch.jit.load, or, from a .pt2 model and
+// with --out *.pt2, the original archive with new weights for torch.export.load.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace pipeforge::train {
 
@@ -20,10 +22,14 @@ struct ExportSummary {
   int parameters = 0;  // names set (tied names count once per name)
   int buffers = 0;
   int tied_groups = 0;  // groups checked to hold one value
+  // Parameters and buffers no stage held (forward never reads them), kept
+  // as they are in the model.
+  std::vector<std::string> kept_unused;
 };
 
 // Every parameter and buffer of the model must be in the checkpoint, with
-// the same shape and dtype; names in a tied group must hold the same values
+// the same shape and dtype, except those the split found unused (pipe.json
+// "unused", recorded in the checkpoint), which keep the model's values; names in a tied group must hold the same values
 // in every stage, and keep sharing one tensor in the written model. Throws
 // CheckpointError or frontend::ModelError with the names at fault. The
 // output is written through a temporary file and a rename.

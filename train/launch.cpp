@@ -8,6 +8,8 @@
 #include <fmt/ranges.h>
 #include <torch/script.h>
 
+#include "frontend/load_model.h"
+#include "frontend/pt2_import.h"
 #include "runtime/dist_env.h"
 #include "runtime/local_launcher.h"
 #include "stage/file_digest.h"
@@ -51,10 +53,14 @@ void checkSplitFolder(const std::string& dir, const stage::PipeManifest& manifes
     stage::verifyStageFile(dir, info);
     torch::jit::Module module;
     try {
-      module = torch::jit::load(dir + "/" + info.file, c10::Device(c10::kCPU));
+      module = std::filesystem::path(info.file).extension() == ".pt2" ? frontend::loadPt2Model(dir + "/" + info.file)
+                                                              : torch::jit::load(dir + "/" + info.file, c10::Device(c10::kCPU));
     } catch (const c10::Error& e) {
       throw ConfigError(fmt::format("stage {}: cannot load '{}/{}' ({}); re-run `pipeforge split`", info.index, dir,
                                     info.file, e.what_without_backtrace()));
+    } catch (const frontend::ModelError& e) {
+      throw ConfigError(fmt::format("stage {}: cannot load '{}/{}' ({}); re-run `pipeforge split`", info.index, dir,
+                                    info.file, e.what()));
     }
     for (const auto& p : module.named_parameters(true)) params.emplace(p.name, std::make_pair(info.index, p.value));
   }
@@ -85,6 +91,42 @@ void checkSplitFolder(const std::string& dir, const stage::PipeManifest& manifes
   }
 }
 
+// A torch.export model takes only the sizes it was exported with, except in
+// dimensions made dynamic (pipe.json "input_dims"). Each stage receives one
+// microbatch, so its rows must fit dimension 0 of every input, and token data
+// must fit the sequence dimension; refused here, before any rank starts,
+// rather than failing (or worse) inside a stage.
+void checkInputSizes(const TrainConfig& config, const stage::PipeManifest& manifest) {
+  if (manifest.input_dims.empty()) return;
+  const std::int64_t rows = replicaBatchSize(config) / config.pipeline.microbatches;
+  auto accepts = [](const stage::InputDim& d, std::int64_t n) { return n >= d.min && (d.max < 0 || n <= d.max); };
+  auto describe = [](const stage::InputDim& d) {
+    if (d.min == d.max) return fmt::format("a static size of {}", d.min);
+    return d.max < 0 ? fmt::format("sizes >= {}", d.min) : fmt::format("sizes {}..{}", d.min, d.max);
+  };
+  for (size_t i = 0; i < manifest.input_dims.size(); ++i) {
+    const auto& dims = manifest.input_dims[i];
+    const std::string& name = manifest.inputs.at(i);
+    if (!dims.empty() && !accepts(dims[0], rows)) {
+      const std::int64_t fit = dims[0].min * config.pipeline.microbatches * config.pipeline.data_parallel;
+      throw ConfigError(fmt::format(
+          "model '{}' was exported with {} in dimension 0 (the batch) of input '{}', but training feeds microbatches "
+          "of {} rows (training.global_batch_size {} / pipeline.data_parallel {} / pipeline.microbatches {}); "
+          "re-export with a dynamic batch, torch.export.export(..., dynamic_shapes={{\"{}\": {{0: "
+          "torch.export.Dim(\"batch\")}}}}), or set training.global_batch_size to {}",
+          manifest.source, describe(dims[0]), name, rows, config.global_batch_size, config.pipeline.data_parallel,
+          config.pipeline.microbatches, name, fit));
+    }
+    if (config.data.format == DataFormat::kTokens && i == 0 && dims.size() >= 2 &&
+        !accepts(dims[1], config.data.block_size)) {
+      throw ConfigError(fmt::format("model '{}' was exported with {} in dimension 1 (the sequence) of input '{}', but "
+                                    "data.block_size is {}; set data.block_size to {} or export with that dimension "
+                                    "dynamic",
+                                    manifest.source, describe(dims[1]), name, config.data.block_size, dims[1].min));
+    }
+  }
+}
+
 int launch(const TrainRequest& request, const TrainConfig& config) {
   checkDevice(config, request.nproc);
   std::string split_dir = config.model.split_dir;
@@ -96,6 +138,7 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
   const stage::PipeManifest manifest = stage::readManifest(split_dir);
   checkLayout(config, request.nproc, manifest.num_stages);
   checkSplitFolder(split_dir, manifest);
+  checkInputSizes(config, manifest);
   openDataset(config.data, config.seed);  // unreadable data fails here, once, not on every rank
 
   runtime::LaunchOptions options;
@@ -141,7 +184,9 @@ int runTrainRequest(const TrainRequest& request) {
   // A split folder the user gave (not one our launcher checked): check it on
   // every rank before any process group forms.
   if (request.split_dir.empty() && !config.model.split_dir.empty()) {
-    checkSplitFolder(options.split_dir, stage::readManifest(options.split_dir));
+    const stage::PipeManifest manifest = stage::readManifest(options.split_dir);
+    checkSplitFolder(options.split_dir, manifest);
+    checkInputSizes(config, manifest);
   }
   if (options.split_dir.empty()) {
     // A rank of a torchrun/srun job: no launcher split for it, so it splits
@@ -149,6 +194,7 @@ int runTrainRequest(const TrainRequest& request) {
     options.split_dir =
         fs::absolute(fs::path(config.output_dir) / fmt::format("stages.rank{}", env.rank)).string();
     splitFor(config, options.split_dir);
+    checkInputSizes(config, stage::readManifest(options.split_dir));
   }
   try {
     trainRank(config, options);

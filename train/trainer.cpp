@@ -348,6 +348,7 @@ class RankTrainer {
       meta.world_size = env_.world_size;
       meta.seed = config_.seed;
       meta.tied = manifest_.tied;
+      meta.unused = manifest_.unused;
       commitCheckpoint(root, meta, config_.checkpoint.keep);
     }
     runner_->barrier();

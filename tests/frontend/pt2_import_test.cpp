@@ -144,6 +144,8 @@ void expectStagesMatch(const SplitCase& c, std::vector<torch::jit::Module>& modu
       covered.insert(name);
     }
   }
+  // State forward never reads (eval BatchNorm's num_batches_tracked) is listed as unused.
+  covered.insert(manifest.unused.begin(), manifest.unused.end());
   for (const auto& [name, tensor] : original) EXPECT_TRUE(covered.count(name)) << name << " is in no stage";
 }
 
@@ -228,19 +230,62 @@ TEST(Pt2Split, TiedEmbeddingIsListedAndHeldByBothEnds) {
   EXPECT_FALSE(has(m.stages[0].parameters, "lm_head.weight"));
 }
 
-TEST(Pt2Split, StageFilesWrittenFromAPt2LoadInTorchScript) {
+// Note [PT2 stage files]: a split of a .pt2 writes stage_<i>.pt2, which the
+// runtime loads back through the importer; chained, they equal the model.
+class Pt2StageFiles : public ::testing::TestWithParam<SplitCase> {};
+
+TEST_P(Pt2StageFiles, LoadBackThroughTheImporterAndEqualTheModel) {
+  const SplitCase& c = GetParam();
   std::string dir = testing::makeTempDir("pf-pt2-split");
-  std::string spec_path = dir + "/spec.yaml";
-  std::ofstream(spec_path) << "split_points:\n  blocks.0.attn: END\n  blocks.1: BEGINNING\n";
   stage::SplitRequest request;
-  request.model_path = testing::pt2ZooPath("gpt_dynamic");
-  request.spec_path = spec_path;
+  request.model_path = testing::pt2ZooPath(c.model);
+  if (!c.spec_yaml.empty()) {
+    request.spec_path = dir + "/spec.yaml";
+    std::ofstream(*request.spec_path) << c.spec_yaml;
+  }
   request.out_dir = dir + "/stages";
   auto summary = stage::splitModelToDirectory(request);
-  ASSERT_EQ(summary.manifest.num_stages, 3);
+  if (c.expected_stages) ASSERT_EQ(summary.manifest.num_stages, c.expected_stages);
+  std::ifstream json(request.out_dir + "/pipe.json");
+  std::string text((std::istreambuf_iterator<char>(json)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"stage_format\": \"pt2\""), std::string::npos) << text;
+  EXPECT_EQ(stage::readManifest(request.out_dir), summary.manifest);
   std::vector<torch::jit::Module> loaded;
-  for (const auto& s : summary.manifest.stages) loaded.push_back(torch::jit::load(request.out_dir + "/" + s.file));
-  expectStagesMatch({"gpt_dynamic", "", 3}, loaded, summary.manifest);
+  for (const auto& s : summary.manifest.stages) {
+    EXPECT_EQ(s.file, "stage_" + std::to_string(s.index) + ".pt2");
+    EXPECT_EQ(frontend::detectArchiveKind(request.out_dir + "/" + s.file), frontend::ArchiveKind::kPt2);
+    loaded.push_back(frontend::loadModel(request.out_dir + "/" + s.file));
+    std::set<std::string> held;
+    for (const auto& [name, tensor] : stateDict(loaded.back())) held.insert(name);
+    std::set<std::string> listed(s.parameters.begin(), s.parameters.end());
+    listed.insert(s.buffers.begin(), s.buffers.end());
+    EXPECT_EQ(held, listed) << "stage " << s.index;
+  }
+  expectStagesMatch(c, loaded, summary.manifest);
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Explicit, Pt2StageFiles, ::testing::ValuesIn(kExplicitCases));
+INSTANTIATE_TEST_SUITE_P(Policies, Pt2StageFiles,
+                         ::testing::Values(SplitCase{"gpt", "num_stages: 4\npolicy: parameters", 4},
+                                           SplitCase{"resnet_eval", "num_stages: 4\npolicy: uniform", 4},
+                                           SplitCase{"gpt_dynamic", "num_stages: 5\npolicy: uniform", 5}));
+
+TEST(Pt2Split, GptStagesHoldTheTiedWeightUnderTheirOwnNames) {
+  std::string dir = testing::makeTempDir("pf-pt2-split");
+  stage::SplitRequest request;
+  request.model_path = testing::pt2ZooPath("gpt");
+  request.spec_path = dir + "/spec.yaml";
+  std::ofstream(*request.spec_path) << "split_points: {blocks.1: BEGINNING}";
+  request.out_dir = dir + "/stages";
+  auto m = stage::splitModelToDirectory(request).manifest;
+  ASSERT_EQ(m.num_stages, 2);
+  auto first = frontend::loadModel(request.out_dir + "/stage_0.pt2");
+  auto last = frontend::loadModel(request.out_dir + "/stage_1.pt2");
+  EXPECT_TRUE(stateDict(first).count("wte.weight"));
+  EXPECT_FALSE(stateDict(first).count("lm_head.weight"));
+  EXPECT_TRUE(stateDict(last).count("lm_head.weight"));
+  EXPECT_FALSE(stateDict(last).count("wte.weight"));
   std::filesystem::remove_all(dir);
 }
 

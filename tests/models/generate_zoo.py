@@ -18,7 +18,7 @@ import hashlib
 import math
 import os
 import sys
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 import torch.nn as nn
@@ -240,7 +240,172 @@ class LoopModel(nn.Module):
         return self.out(x)
 
 
+# (g) Mutable state across a cut (issue 12): lists, dicts and buffers that one
+# stage changes in place and a later stage reads.
+class ListAcrossCut(nn.Module):
+    """FPN-style: features appended to a list on both sides of a cut, then concatenated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(6, 6)
+        self.blocks = nn.ModuleList(nn.Linear(6, 6) for _ in range(4))
+        self.head = nn.Linear(6, 3)
+        self.proj = nn.Linear(24, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        feats: List[torch.Tensor] = []
+        h = torch.relu(self.stem(x))
+        for block in self.blocks:
+            h = torch.tanh(block(h))
+            feats.append(h)
+        return self.head(h) + self.proj(torch.cat(feats, dim=1))
+
+
+class ListGrownLater(nn.Module):
+    """A list made in one stage, changed in the next (append, insert, pop) and read in the one after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(5, 5)
+        self.b = nn.Linear(5, 5)
+        self.c = nn.Linear(5, 5)
+        self.d = nn.Linear(5, 5)
+        self.head = nn.Linear(5, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        outs = [y, torch.sigmoid(y)]
+        z = self.b(y)
+        outs.append(z)
+        outs.insert(0, self.c(z))
+        w = outs.pop()
+        h = self.d(w)
+        return self.head(h + torch.stack(outs).sum(0))
+
+
+class DictAcrossCut(nn.Module):
+    """Dict items set on both sides of a cut, one overwritten, then read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+        self.c = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d: Dict[str, torch.Tensor] = {}
+        d["a"] = self.a(x)
+        d["b"] = torch.relu(d["a"])
+        h = self.b(d["b"])
+        d["a"] = h
+        d["c"] = self.c(h)
+        return d["a"] * 2 + d["b"] + torch.stack(list(d.values())).sum(0)
+
+
+class Counter(nn.Module):
+    """Counts its calls in a buffer, changed in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(1))
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count.add_(1)
+        return self.lin(x)
+
+
+class BufferAcrossCut(nn.Module):
+    """`counter.count` changed in place in stage 0 (inside the call) and read in stage 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counter = Counter()
+        self.body = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.counter(x)
+        h = self.body(h)
+        return self.head(h) * self.counter.count
+
+
+class BufferWithinStage(nn.Module):
+    """`counter.count` changed and read in stage 0 only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counter = Counter()
+        self.body = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.counter(x) * self.counter.count
+        h = self.body(h)
+        return self.head(h)
+
+
+class BufferReadBeforeWrite(nn.Module):
+    """`counter.count` read in stage 0, changed in stage 1: the next forward of stage 0 would need it back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counter = Counter()
+        self.stem = nn.Linear(4, 4)
+        self.body = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x) * self.counter.count
+        h = self.body(h)
+        return self.counter(h)
+
+
+class SharedNorm(nn.Module):
+    """One BatchNorm called in two stages: both would update their own running statistics."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(4)
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.a(x))
+        return self.norm(self.b(h))
+
+
+class ListInLoop(nn.Module):
+    """A list appended to in a loop before a cut: its length is unknown when splitting."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows: List[torch.Tensor] = []
+        h = self.a(x)
+        for i in range(h.size(0)):
+            rows.append(h[i] * 2)
+        g = self.b(h)
+        return g + torch.stack(rows)
+
+
 GPT_TEST = dict(vocab=64, n_embd=16, n_head=2, block_size=16)
+class UnusedState(nn.Module):
+    """A parameter pair and a buffer that forward never reads: no stage holds them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin0 = nn.Linear(4, 4)
+        self.lin1 = nn.Linear(4, 4)
+        self.aux = nn.Linear(4, 2)
+        self.register_buffer("calib", torch.arange(3.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin1(torch.relu(self.lin0(x)))
+
+
 GPT_DEMO = dict(vocab=256, n_embd=64, n_head=4, block_size=64)
 
 
@@ -264,6 +429,20 @@ def build(name: str, gpt_layers: int):
                            torch.randint(0, 2, (6, 8), generator=g)], "script"
     if name == "loop_model":
         return LoopModel(), [torch.randn(4, 4, generator=g)], "script"
+    stateful = {
+        "list_across_cut": (ListAcrossCut, (5, 6)),
+        "list_grown_later": (ListGrownLater, (3, 5)),
+        "dict_across_cut": (DictAcrossCut, (3, 4)),
+        "buffer_across_cut": (BufferAcrossCut, (2, 4)),
+        "buffer_within_stage": (BufferWithinStage, (2, 4)),
+        "buffer_read_before_write": (BufferReadBeforeWrite, (2, 4)),
+        "shared_norm": (SharedNorm, (3, 4)),
+        "list_in_loop": (ListInLoop, (3, 4)),
+        "unused_state": (UnusedState, (2, 4)),
+    }
+    if name in stateful:
+        cls, shape = stateful[name]
+        return cls(), [torch.randn(*shape, generator=g)], "script"
     raise SystemExit(f"generate_zoo.py: unknown model '{name}'")
 
 
@@ -272,19 +451,23 @@ def save_model(name: str, out_dir: str, gpt_layers: int) -> None:
     model, inputs, how = build(name, gpt_layers)
     model.eval()
     scripted = torch.jit.trace(model, tuple(inputs)) if how == "trace" else torch.jit.script(model)
+    # Saved before the reference forward: a model that changes its buffers in
+    # forward (a counter) is saved in the state the reference started from.
+    path = os.path.join(out_dir, name + ".pt")
+    scripted.save(path + ".tmp")
+    os.replace(path + ".tmp", path)
     with torch.no_grad():
         outputs = scripted(*inputs)
     if not isinstance(outputs, tuple):
         outputs = (outputs,)
-    path = os.path.join(out_dir, name + ".pt")
-    scripted.save(path + ".tmp")
-    os.replace(path + ".tmp", path)
     ref = os.path.join(out_dir, name + ".ref.pt")
     torch.jit.script(Reference(list(inputs), list(outputs))).save(ref + ".tmp")
     os.replace(ref + ".tmp", ref)
 
 
-DEFAULT_MODELS = ["seed_example", "mlp", "mlp_traced", "gpt", "markers", "multi_io", "loop_model", "gpt_demo"]
+DEFAULT_MODELS = ["seed_example", "mlp", "mlp_traced", "gpt", "markers", "multi_io", "loop_model", "gpt_demo",
+                  "list_across_cut", "list_grown_later", "dict_across_cut", "buffer_across_cut", "buffer_within_stage",
+                  "buffer_read_before_write", "shared_norm", "list_in_loop", "unused_state"]
 
 
 def main() -> None:

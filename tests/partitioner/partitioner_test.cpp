@@ -43,6 +43,11 @@ TEST(SplitSpec, ErrorsNameTheKeyAndLine) {
       {"example_inputs: [{shape: [2], size: 3}]", "unknown key 'example_inputs[0].size'"},
       {"split_points: [a, b]", "split_points must map FQNs"},
       {"- just\n- a list", "a split spec is a YAML map"},
+      // Found by fuzz/split_spec (fuzz/regressions/split_spec/): keys that are lists or maps.
+      {"? [a, b]\n: 1\n", "t.yaml:1: a key must be a name such as num_stages or layers.1, got a list"},
+      {"example_inputs:\n  - {? [shape]: [2]}\n", "t.yaml:2: a key must be a name"},
+      {"split_points:\n  ? {layers.1: x}\n  : END\n", "t.yaml:2: a key must be a name such as num_stages or layers.1, got a map"},
+      {"? ample_inputs:\n  - {shape: [8]}\n", "got a map"},
   };
   for (const auto& c : cases) {
     try {

@@ -113,6 +113,23 @@ TEST(Csv, ProgramFromCsvRejectsInconsistentSchedules) {
   }
 }
 
+// Found by fuzz/schedule_csv (fuzz/regressions/schedule_csv/): numbers near
+// INT_MAX made the stage and microbatch counts overflow.
+TEST(Csv, HugeStageAndMicrobatchNumbersAreRefused) {
+  auto message = [](const std::string& csv) {
+    try {
+      programFromCsv(csv);
+    } catch (const ScheduleError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_THAT(message("2147483647F0\n"), HasSubstr("never mentions stage 0"));
+  EXPECT_THAT(message("2000000000F0,2000000000B0\n"), HasSubstr("never mentions stage 0"));
+  EXPECT_THAT(message("0F0,0F1,0I0,0W0,0I1,0F2147483647\n"),
+              HasSubstr("names microbatch 2147483647, so it would have more microbatches than an int holds"));
+}
+
 TEST(Csv, FilesLoadAndDump) {
   Program p = programFromCsv("0F0,,0B0\n,1F0,1B0\n");
   std::string path = ::testing::TempDir() + "/pipeforge_csv_test.csv";

@@ -9,6 +9,7 @@
 
 #include "frontend/load_model.h"
 #include "partitioner/split_spec.h"
+#include "stage/manifest.h"
 #include "stage/split_in_memory.h"
 #include "stage/split_model.h"
 #include "tests/support/zoo.h"
@@ -137,6 +138,22 @@ TEST(SplitSeed, StagesHoldOnlyWhatTheyUseUnderOriginalNames) {
   EXPECT_EQ(m.inputs, (std::vector<std::string>{"x"}));
   ASSERT_EQ(m.stages[1].inputs.size(), 1u);
   EXPECT_EQ(m.stages[1].inputs[0], (stage::ValueSource{stage::ValueSource::Kind::kStage, 0, 0}));
+}
+
+TEST(SplitUnused, StateForwardNeverReadsIsListedNotHeld) {
+  auto model = frontend::loadModel(testing::zooModelPath("unused_state"));
+  auto result = stage::splitInMemory(model, partitioner::parseSplitSpec("split_points: {lin1: BEGINNING}", "t"));
+  const auto& m = result.stages.manifest;
+  EXPECT_EQ(m.unused, (std::vector<std::string>{"aux.weight", "aux.bias", "calib"}));
+  EXPECT_EQ(m.stages[0].parameters, (std::vector<std::string>{"lin0.weight", "lin0.bias"}));
+  EXPECT_EQ(m.stages[1].parameters, (std::vector<std::string>{"lin1.weight", "lin1.bias"}));
+  EXPECT_TRUE(m.stages[0].buffers.empty() && m.stages[1].buffers.empty());
+  EXPECT_EQ(stage::manifestFromJson(stage::manifestToJson(m), "t").unused, m.unused);
+
+  // The tied head of the gpt is one tensor with the embedding, not unused.
+  auto gpt = frontend::loadModel(testing::zooModelPath("gpt"));
+  auto gpt_split = stage::splitInMemory(gpt, partitioner::parseSplitSpec("split_points: {blocks.1: BEGINNING}", "t"));
+  EXPECT_TRUE(gpt_split.stages.manifest.unused.empty());
 }
 
 TEST(SplitMultiIO, SkipConnectionTravelsDirectlyTwoStagesAhead) {

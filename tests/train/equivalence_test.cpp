@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <iostream>
 
 #include "tests/support/zoo.h"
@@ -86,6 +87,25 @@ INSTANTIATE_TEST_SUITE_P(
                                        "{name: sgd, lr: 0.05, momentum: 0.9, nesterov: true}")},
         Case{"gpt_pp2_dp2", 4, spec("gpt", kGpt2Stages, "1F1B", 1, 2, kAdamW)}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+
+// Note [PT2 stage files]: a `.pt2` model trains through its stage_<i>.pt2
+// files (loaded by the runtime through the importer) to the parameters that
+// single-process training of the model reaches.
+TEST(Pt2Equivalence, PipelinedPt2StagesEqualSingleProcess) {
+  const std::string model = std::string(PIPEFORGE_BINARY_DIR) + "/zoo_pt2/gpt_dynamic.pt2";  // microbatches of 2: a dynamic batch
+  if (!std::filesystem::exists(model)) GTEST_SKIP() << "no PT2 zoo (its torch is older than 2.9): " << model;
+  TrainWorkspace ws;
+  RunSpec s = spec("gpt", "split_points: {blocks.0.mlp: BEGINNING, blocks.1: BEGINNING}", "1F1B", 1, 1, kAdamW);
+  s.model_path = model;
+  const std::string config = ws.writeConfig("pt2", s);
+  auto run = runPipeforge(fmt::format("train --config '{}' --nproc 3", config));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  auto trained = exportedParameters(ws.checkpointDir("pt2"), model, ws.dir() + "/trained.pt");
+  auto expected = trainReference(train::loadTrainConfig(config));
+  auto bad = mismatches(trained, expected, 1e-5, 4e-5);
+  EXPECT_TRUE(bad.empty()) << fmt::format("{}", fmt::join(bad, "\n")) << "\n" << run.output;
+}
 
 }  // namespace
 }  // namespace pipeforge::testing

@@ -6,6 +6,9 @@
 
 #include <filesystem>
 
+#include "frontend/load_model.h"
+#include "partitioner/split_spec.h"
+#include "stage/split_in_memory.h"
 #include "train/checkpoint.h"
 #include "tests/support/zoo.h"
 
@@ -90,6 +93,63 @@ TEST_F(ExportTest, DivergedTiesAndWrongModelsAreRefused) {
     EXPECT_NE(std::string(e.what()).find("not in checkpoint"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(fs::exists(root_ + "/t.pt"));
+}
+
+// State forward never reads is in no stage and so in no checkpoint: export
+// keeps the model's values for exactly the names the split listed unused.
+TEST(ExportUnused, KeepsWhatNoStageHeldAndStillRefusesOtherGaps) {
+  const std::string root = testing::makeTempDir("pf-export-unused");
+  const std::string model_path = testing::zooModelPath("unused_state");
+  auto opened = frontend::loadModel(model_path);
+  auto split = stage::splitInMemory(opened, partitioner::parseSplitSpec("split_points: {lin1: BEGINNING}", "t"));
+  const auto& manifest = split.stages.manifest;
+  ASSERT_EQ(manifest.unused, (std::vector<std::string>{"aux.weight", "aux.bias", "calib"}));
+
+  auto write = [&](const std::vector<std::string>& unused) {
+    fs::remove_all(root);
+    fs::create_directories(root);
+    for (int s = 0; s < 2; ++s) {
+      StageCheckpoint state;
+      state.stage = s;
+      state.step = 2;
+      for (const auto& p : split.stages.modules[s].named_parameters(true)) {
+        state.parameters.emplace_back(p.name, at::full_like(p.value.detach(), 0.25 * (s + 1)));
+      }
+      at::Tensor dummy = at::zeros({1}).requires_grad_();
+      torch::optim::SGD sgd({dummy}, torch::optim::SGDOptions(0.1));
+      writeStageCheckpoint(root, state, sgd);
+    }
+    CheckpointMeta meta;
+    meta.step = 2;
+    meta.num_stages = 2;
+    meta.unused = unused;
+    commitCheckpoint(root, meta, 0);
+  };
+
+  write(manifest.unused);
+  ExportSummary s = exportTrainedModel({root, model_path, root + "/trained.pt", false});
+  EXPECT_EQ(s.parameters, 4);
+  EXPECT_EQ(s.kept_unused, manifest.unused);
+  auto original = torch::jit::load(model_path);
+  auto trained = torch::jit::load(root + "/trained.pt");
+  auto attr = [](torch::jit::Module& m, const char* sub, const char* name) {
+    return sub ? m.attr(sub).toModule().attr(name).toTensor() : m.attr(name).toTensor();
+  };
+  EXPECT_TRUE(at::equal(attr(trained, "lin0", "weight"), at::full({4, 4}, 0.25)));
+  EXPECT_TRUE(at::equal(attr(trained, "lin1", "bias"), at::full({4}, 0.5)));
+  EXPECT_TRUE(at::equal(attr(trained, "aux", "weight"), attr(original, "aux", "weight")));
+  EXPECT_TRUE(at::equal(attr(trained, nullptr, "calib"), at::arange(3.0)));
+
+  // Without the split's list (an older checkpoint), a gap is still an error.
+  write({});
+  try {
+    exportTrainedModel({root, model_path, root + "/t.pt", false});
+    ADD_FAILURE() << "a parameter missing from the checkpoint must be refused";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("'aux.weight' is not in checkpoint"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(root + "/t.pt"));
+  fs::remove_all(root);
 }
 
 }  // namespace

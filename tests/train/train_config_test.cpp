@@ -84,6 +84,12 @@ TEST_F(TrainConfigTest, MistakesNameTheKey) {
       {"nesterov without sgd", "", "optimizer: {nesterov: true}\n", {"optimizer.nesterov"}},
       {"bad device", "", "distributed: {device: tpu}\n", {"distributed.device", "cpu, cuda"}},
       {"malformed yaml", "", "data: [\n", {"malformed YAML"}},
+      // Found by fuzz/train_config (fuzz/regressions/train_config/).
+      {"list as a key", "  num_stages: 2\n", "  num_stages: 2\n  ? [num_stages]\n  : 2\n",
+       {"t.yaml:4:", "model has a list as a key"}},
+      {"empty complex key", "", "? :\n", {"has a map as a key"}},
+      {"microbatches wrap to zero", "microbatches: 2", "microbatches: 4294967296",
+       {"pipeline.microbatches must be an integer in [1, 2147483647], got '4294967296'"}},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
@@ -127,6 +133,16 @@ TEST_F(TrainConfigTest, LayoutMustFitTheWorld) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("the split has 2 stages"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("model.num_stages"), std::string::npos) << e.what();
+  }
+  // Found by fuzz/train_config: ranks x stages_per_rank overflowed an int.
+  TrainConfig many = c;
+  many.pipeline.stages_per_rank = 1073741824;
+  try {
+    checkLayout(many, 2, 2);
+    ADD_FAILURE();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("pipeline.stages_per_rank 1073741824 = 2147483648"), std::string::npos)
+        << e.what();
   }
   c.pipeline.schedule = "ZBVZeroBubble";
   try {

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "frontend/load_model.h"
 #include "tests/support/zoo.h"
 #include "train/dataset.h"
 #include "train/lr_schedule.h"
@@ -79,7 +80,8 @@ std::map<std::string, at::Tensor> exportedParameters(const std::string& checkpoi
 }
 
 std::map<std::string, at::Tensor> trainReference(const train::TrainConfig& config) {
-  torch::jit::Module model = torch::jit::load(config.model.path);
+  // loadModel: a `.pt2` model trains as its import (Note [PT2 stage files]).
+  torch::jit::Module model = frontend::loadModel(config.model.path);
   model.train();
   std::vector<at::Tensor> params;
   for (const auto& p : model.named_parameters()) params.push_back(p.value);

@@ -1,0 +1,257 @@
+#include "stage/pt2_stage_writer.h"
+
+#include <caffe2/serialize/inline_container.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <set>
+
+#include "frontend/module_paths.h"
+#include "frontend/pt2_archive.h"
+#include "stage/build_stages.h"
+#include "stage/pt2_stage_plan.h"
+
+namespace pipeforge::stage {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// The model name inside a stage archive: torch.export.load reads "model".
+constexpr const char* kStageModel = "model";
+
+// Pytree treespecs (TREESPEC_VERSION 1) as torch.export.save writes them for
+// forward(*tensors) -> tuple(tensors): a leaf per tensor.
+std::string leaves(size_t n) {
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    out += (i ? ", " : "") + std::string(R"({"type": null, "context": null, "children_spec": []})");
+  }
+  return out;
+}
+
+std::string inSpec(size_t num_inputs) {
+  return R"([1, {"type": "builtins.tuple", "context": "null", "children_spec": [{"type": "builtins.tuple", )"
+         R"("context": "null", "children_spec": [)" +
+         leaves(num_inputs) +
+         R"(]}, {"type": "builtins.dict", "context": "[]", "children_spec": []}]}])";
+}
+
+std::string outSpec(size_t num_outputs) {
+  return R"([1, {"type": "builtins.tuple", "context": "null", "children_spec": [)" + leaves(num_outputs) + "]}]";
+}
+
+// Renames value references in an argument tree (subgraphs are not entered:
+// their names are their own).
+void renameValues(json& j, const std::map<std::string, std::string>& renames) {
+  if (j.is_array()) {
+    for (auto& e : j) renameValues(e, renames);
+    return;
+  }
+  if (!j.is_object()) return;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "as_graph") continue;
+    if (it.key() == "name" && it.value().is_string()) {
+      auto renamed = renames.find(it.value().get<std::string>());
+      if (renamed != renames.end()) it.value() = renamed->second;
+      continue;
+    }
+    renameValues(it.value(), renames);
+  }
+}
+
+// Whether `text` mentions symbol `name` ("s95" in "Symbol('s95', ...)"), as a whole word.
+bool mentions(const std::string& text, const std::string& name) {
+  auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (size_t at = text.find(name); at != std::string::npos; at = text.find(name, at + 1)) {
+    bool left = at == 0 || !word(text[at - 1]);
+    bool right = at + name.size() == text.size() || !word(text[at + name.size()]);
+    if (left && right) return true;
+  }
+  return false;
+}
+
+class StageWriter {
+ public:
+  StageWriter(const frontend::Pt2Archive& archive, const Pt2StagePlan& stage)
+      : archive_(archive), stage_(stage), reader_(archive.path()) {}
+
+  void write(const std::string& path) {
+    json program = programJson();
+    json weights = json{{"config", json::object()}};
+    json constants = json{{"config", json::object()}};
+    std::vector<std::string> weight_files;
+    std::vector<std::string> constant_files;
+    const json original_weights = readConfig("data/weights/" + archive_.modelName() + "_weights_config.json");
+    const json original_constants = readConfig("data/constants/" + archive_.modelName() + "_constants_config.json");
+    for (int l : stage_.lifted) {
+      const std::string& fqn = archive_.signature().inputs[l].target;
+      if (!copyEntry(original_weights, fqn, weights, weight_files) &&
+          !copyEntry(original_constants, fqn, constants, constant_files)) {
+        throw StageBuildError(fmt::format("'{}': no weight or constant payload for '{}'", archive_.path(), fqn));
+      }
+    }
+
+    caffe2::serialize::PyTorchStreamWriter writer(path);
+    writer.setMinVersion(6);  // what torch's PT2ArchiveWriter sets
+    for (const auto& file : weight_files) copyRecord(writer, "data/weights/" + file);
+    writeText(writer, std::string("data/weights/") + kStageModel + "_weights_config.json", weights.dump());
+    for (const auto& file : constant_files) copyRecord(writer, "data/constants/" + file);
+    writeText(writer, std::string("data/constants/") + kStageModel + "_constants_config.json", constants.dump());
+    writeText(writer, std::string("models/") + kStageModel + ".json", program.dump());
+    // No example inputs: torch.export.load reads an empty record as None.
+    writeText(writer, std::string("data/sample_inputs/") + kStageModel + ".pt", "");
+    copyRecord(writer, "archive_format");
+    copyRecord(writer, "archive_version");
+    writer.writeEndOfFile();
+  }
+
+ private:
+  json readConfig(const std::string& record) {
+    if (!reader_.hasRecord(record)) return json{{"config", json::object()}};
+    auto [data, size] = reader_.getRecord(record);
+    return json::parse(std::string(static_cast<const char*>(data.get()), size));
+  }
+
+  bool copyEntry(const json& from, const std::string& fqn, json& to, std::vector<std::string>& files) {
+    const json& config = from.at("config");
+    if (!config.contains(fqn)) return false;
+    const json& entry = config.at(fqn);
+    to["config"][fqn] = entry;
+    std::string file = entry.at("path_name").get<std::string>();
+    if (std::find(files.begin(), files.end(), file) == files.end()) files.push_back(file);
+    return true;
+  }
+
+  void copyRecord(caffe2::serialize::PyTorchStreamWriter& writer, const std::string& name) {
+    auto [data, size] = reader_.getRecord(name);
+    writer.writeRecord(name, data.get(), size);
+  }
+
+  static void writeText(caffe2::serialize::PyTorchStreamWriter& writer, const std::string& name,
+                        const std::string& text) {
+    writer.writeRecord(name, text.data(), text.size());
+  }
+
+  json programJson() {
+    json program = archive_.programJson();
+    json& gm = program.at("graph_module");
+    json& graph = gm.at("graph");
+    const json& original = archive_.graphJson();
+    const json& specs = gm.at("signature").at("input_specs");
+
+    std::set<std::string> names;
+    json inputs = json::array();
+    json input_specs = json::array();
+    for (int l : stage_.lifted) {
+      inputs.push_back(original.at("inputs").at(l));
+      input_specs.push_back(specs.at(l));
+      names.insert(archive_.signature().inputs[l].value);
+    }
+    for (const auto& name : stage_.inputs) {
+      json arg = {{"as_tensor", {{"name", name}}}};
+      inputs.push_back(arg);
+      input_specs.push_back({{"user_input", {{"arg", arg}}}});
+      names.insert(name);
+    }
+    json outputs = json::array();
+    json output_specs = json::array();
+    for (const auto& [value, buffer] : stage_.mutations) {
+      outputs.push_back({{"as_tensor", {{"name", value}}}});
+      output_specs.push_back({{"buffer_mutation", {{"arg", {{"name", value}}}, {"buffer_name", buffer}}}});
+      names.insert(value);
+    }
+    for (const auto& value : stage_.outputs) {
+      json arg = {{"as_tensor", {{"name", value}}}};
+      outputs.push_back(arg);
+      output_specs.push_back({{"user_output", {{"arg", arg}}}});
+      names.insert(value);
+    }
+    json nodes = json::array();
+    std::set<std::string> modules;
+    for (int i : stage_.nodes) {
+      json node = original.at("nodes").at(i);
+      auto renames = stage_.renames.find(i);
+      if (renames != stage_.renames.end()) {
+        for (auto& in : node.at("inputs")) renameValues(in.at("arg"), renames->second);
+      }
+      for (const auto& u : frontend::pt2NodeUses(node)) names.insert(u);
+      for (const auto& d : frontend::pt2NodeDefs(node)) names.insert(d);
+      for (const auto& frame : archive_.nodes()[i].module_stack) modules.insert(frame.path);
+      nodes.push_back(std::move(node));
+    }
+    graph["inputs"] = std::move(inputs);
+    graph["outputs"] = std::move(outputs);
+    graph["nodes"] = std::move(nodes);
+    std::string kept;  // the kept value metadata, searched for symbols
+    for (const char* table : {"tensor_values", "sym_int_values", "sym_bool_values", "sym_float_values",
+                              "custom_obj_values"}) {
+      if (!graph.contains(table)) continue;
+      json filtered = json::object();
+      for (const auto& [name, value] : graph.at(table).items()) {
+        if (!names.count(name)) continue;
+        filtered[name] = value;
+        kept += value.dump();
+      }
+      graph[table] = std::move(filtered);
+    }
+    if (graph.contains("is_single_tensor_return")) graph["is_single_tensor_return"] = false;
+    gm.at("signature")["input_specs"] = std::move(input_specs);
+    gm.at("signature")["output_specs"] = std::move(output_specs);
+
+    // The root call's signature: forward(*inputs) -> tuple; other entries
+    // for the modules the stage runs in or holds state of.
+    std::vector<std::string> held;
+    for (int l : stage_.lifted) held.push_back(archive_.signature().inputs[l].target);
+    json calls = json::array();
+    for (const auto& entry : gm.value("module_call_graph", json::array())) {
+      std::string fqn = entry.value("fqn", "");
+      if (fqn.empty()) {
+        json root = entry;
+        if (!root.contains("signature") || !root.at("signature").is_object()) {
+          root["signature"] = {{"inputs", json::array()}, {"outputs", json::array()}};
+        }
+        root["signature"]["in_spec"] = inSpec(stage_.inputs.size());
+        root["signature"]["out_spec"] = outSpec(stage_.outputs.size());
+        root["signature"]["forward_arg_names"] = stage_.inputs;
+        calls.push_back(std::move(root));
+        continue;
+      }
+      bool used = modules.count(fqn) > 0 ||
+                  std::any_of(held.begin(), held.end(), [&](const std::string& h) { return frontend::isWithin(h, fqn); });
+      if (used) calls.push_back(entry);
+    }
+    gm["module_call_graph"] = std::move(calls);
+
+    if (program.contains("range_constraints") && program.at("range_constraints").is_object()) {
+      json ranges = json::object();
+      for (const auto& [symbol, range] : program.at("range_constraints").items()) {
+        if (mentions(kept, symbol)) ranges[symbol] = range;
+      }
+      program["range_constraints"] = std::move(ranges);
+    }
+    // Guards name the original forward's inputs; a stage has its own.
+    if (program.contains("guards_code")) program["guards_code"] = json::array();
+    return program;
+  }
+
+  const frontend::Pt2Archive& archive_;
+  const Pt2StagePlan& stage_;
+  caffe2::serialize::PyTorchStreamReader reader_;
+};
+
+}  // namespace
+
+void writePt2Stage(const frontend::Pt2Archive& archive, const Pt2StagePlan& stage, const std::string& path) {
+  try {
+    StageWriter(archive, stage).write(path);
+  } catch (const nlohmann::ordered_json::exception& e) {
+    throw StageBuildError(fmt::format("'{}': cannot write stage file '{}': {}", archive.path(), path, e.what()));
+  } catch (const c10::Error& e) {
+    throw StageBuildError(fmt::format("'{}': cannot write stage file '{}': {}", archive.path(), path,
+                                      e.what_without_backtrace()));
+  }
+}
+
+}  // namespace pipeforge::stage

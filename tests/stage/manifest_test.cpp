@@ -1,0 +1,65 @@
+// pipe.json's reader refuses what it cannot trust, naming the field and the fix.
+#include "stage/manifest.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace pipeforge::stage {
+namespace {
+
+std::string stageJson(const std::string& file) {
+  return R"({"format": "pipeforge.pipe/1", "num_stages": 1, "inputs": ["x"],
+             "outputs": [{"from": "stage", "stage": 0, "index": 0}],
+             "stages": [{"index": 0, "file": ")" +
+         file + R"(", "inputs": [{"from": "input", "index": 0}], "num_outputs": 1}]})";
+}
+
+std::string errorOf(const std::string& text) {
+  try {
+    manifestFromJson(text, "p.json");
+  } catch (const ManifestError& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+TEST(Manifest, StageFilesStayInsideTheSplitFolder) {
+  EXPECT_EQ(manifestFromJson(stageJson("stage_0.pt"), "p.json").stages[0].file, "stage_0.pt");
+  EXPECT_EQ(manifestFromJson(stageJson("sub/stage_0.pt"), "p.json").stages[0].file, "sub/stage_0.pt");
+  EXPECT_EQ(manifestFromJson(stageJson("..stage_0.pt"), "p.json").stages[0].file, "..stage_0.pt");
+  for (const char* bad : {"../stage_0.pt", "/etc/passwd", "a/../../b.pt", "..", ""}) {
+    SCOPED_TRACE(bad);
+    const std::string e = errorOf(stageJson(bad));
+    EXPECT_NE(e.find("p.json: stage 0 names file \"" + std::string(bad) + "\""), std::string::npos) << e;
+    EXPECT_NE(e.find("relative paths inside the split folder"), std::string::npos) << e;
+  }
+}
+
+// Found by fuzz/manifest (fuzz/regressions/manifest/): floats where
+// integers belong were truncated, or undefined behaviour when out of range.
+TEST(Manifest, NumbersMustBeIntegersThatFit) {
+  EXPECT_NE(errorOf(R"({"format": "pipeforge.pipe/1", "num_stages": 1e300, "inputs": [], "outputs": [],
+                        "stages": [{"index": 0, "file": "s.pt", "inputs": [], "num_outputs": 0}]})")
+                .find("'num_stages' must be an integer, got 1e+300"),
+            std::string::npos);
+  EXPECT_NE(errorOf(R"({"format": "pipeforge.pipe/1", "num_stages": 1, "inputs": ["x"],
+                        "outputs": [{"from": "input", "index": -1e30}],
+                        "stages": [{"index": 0, "file": "s.pt", "inputs": [], "num_outputs": 0}]})")
+                .find("'index' must be an integer, got -1e+30"),
+            std::string::npos);
+  EXPECT_NE(errorOf(R"({"format": "pipeforge.pipe/1", "num_stages": 1.5, "inputs": [], "outputs": [],
+                        "stages": []})")
+                .find("'num_stages' must be an integer, got 1.5"),
+            std::string::npos);
+}
+
+TEST(Manifest, RoundTripKeepsUnusedStateAndOlderFilesReadWithoutIt) {
+  PipeManifest m = manifestFromJson(stageJson("stage_0.pt"), "p.json");
+  EXPECT_TRUE(m.unused.empty()) << "a manifest written before \"unused\" existed";
+  m.unused = {"aux.weight", "calib"};
+  EXPECT_EQ(manifestFromJson(manifestToJson(m), "p.json"), m);
+}
+
+}  // namespace
+}  // namespace pipeforge::stage
