@@ -94,6 +94,26 @@ class MixedMarkedPair(nn.Module):
         return self.second(x)
 
 
+class DeepMultiIO(nn.Module):
+    """The zoo's multi-input skip model with a deeper body: enough module calls
+    for 8 stages, and `skip` crosses every cut between the encoder and the head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc_x = nn.Linear(8, 8)
+        self.enc_y = nn.Linear(8, 8)
+        self.body = nn.ModuleList(nn.Linear(8, 8) for _ in range(6))
+        self.head = nn.Linear(8, 3)
+        self.aux = nn.Linear(8, 1)
+
+    def forward(self, x, y, mask):
+        skip = torch.relu(self.enc_x(x))
+        h = skip * mask.to(skip.dtype) + self.enc_y(y)
+        for layer in self.body:
+            h = torch.tanh(layer(h))
+        return self.head(h + skip), self.aux(h).squeeze(-1)
+
+
 class MixedMarkers(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -238,6 +258,10 @@ def build(name: str):
         inputs = [torch.randn(6, 8, generator=g), torch.randn(6, 8, generator=g),
                   torch.randint(0, 2, (6, 8), generator=g)]
         return zoo.MultiIO(), inputs, inputs, None, False
+    if name == "multi_io_deep":
+        inputs = [torch.randn(6, 8, generator=g), torch.randn(6, 8, generator=g),
+                  torch.randint(0, 2, (6, 8), generator=g)]
+        return DeepMultiIO(), inputs, inputs, None, False
     if name == "markers":
         x = torch.randn(4, 6, generator=g)
         return MixedMarkers(), [x], [x], None, False
@@ -349,7 +373,7 @@ def save_bad_files(out_dir: str) -> None:
     _replace(os.path.join(out_dir, "legacy_flat.pt2"), flat)
 
 
-MODELS = ["gpt", "gpt_dynamic", "multi_io", "markers", "resnet_train", "resnet_eval", "resnet_functional",
+MODELS = ["gpt", "gpt_dynamic", "multi_io", "multi_io_deep", "markers", "resnet_train", "resnet_eval", "resnet_functional",
           "cond_model", "while_model", "bad_unknown_op", "bad_non_tensor_out", "bad_no_grad"]
 
 
