@@ -198,6 +198,16 @@ class PipelineRunner::Impl {
       throw RuntimeError(fmt::format("the model takes {} inputs ({}) but {} were given", plan_.num_model_inputs,
                                      fmt::join(manifest_.inputs, ", "), inputs.size()));
     }
+    // Note [Batch on every rank]
+    // ~~~~~~~~~~~~~~~~~~~~~~~~~~
+    // Root inputs and targets never travel between ranks. Every rank of a
+    // pipeline draws the same global batch itself (the datasets' order is a
+    // function of seed and step only), keeps its data-parallel replica's
+    // share, and cuts it into the same microbatches here. Each rank then uses
+    // what its stages need: the first stage's inputs, root inputs a later
+    // stage reads directly (a skip from the model's arguments), and the
+    // targets where the loss is computed. Every rank reads the data; in
+    // return no rank sends inputs or targets, or waits for them.
     int m = options_.num_microbatches;
     StepRequest req;
     req.train = train;
