@@ -46,11 +46,11 @@ std::map<std::string, std::vector<std::string>> payloadRecords(caffe2::serialize
 
 }  // namespace
 
-void writePt2WithWeights(const std::string& original, const std::string& out_path,
+void writePt2WithWeights(Pt2Archive& archive, const std::string& out_path,
                          const std::map<std::string, at::Tensor>& values) {
-  // The reader checks the archive and maps every payload into one storage
-  // per record, shared by all names viewing it (tied weights).
-  Pt2Archive archive = Pt2Archive::open(original);
+  // The reader mapped every payload into one storage per record, shared by
+  // all names viewing it (tied weights).
+  const std::string& original = archive.path();
   {
     torch::NoGradGuard no_grad;
     for (const auto& [name, value] : values) {

@@ -6,11 +6,14 @@
 
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
 
 #include "frontend/load_model.h"
+#include "frontend/pipe_split_op.h"
+#include "frontend/pt2_import.h"
 #include "frontend/pt2_archive.h"
 #include "frontend/pt2_rewrite.h"
 #include "train/checkpoint.h"
@@ -104,7 +107,16 @@ ExportSummary exportTrainedModel(const ExportRequest& request) {
     ++summary.tied_groups;
   }
 
-  torch::jit::Module model = frontend::loadModel(request.model_path);
+  // A .pt2 written out is the original archive with new weights: open it
+  // once, import the model from it, and rewrite that same archive below.
+  const bool to_pt2 = fs::path(request.out_path).extension() == ".pt2";
+  std::optional<frontend::Pt2Archive> archive;
+  if (to_pt2 && fs::is_regular_file(request.model_path, ec) &&
+      frontend::detectArchiveKind(request.model_path) == frontend::ArchiveKind::kPt2) {
+    frontend::ensurePipeSplitRegistered();
+    archive.emplace(frontend::Pt2Archive::open(request.model_path));
+  }
+  torch::jit::Module model = archive ? frontend::importPt2(*archive) : frontend::loadModel(request.model_path);
   std::map<std::string, bool> used;
   const std::set<std::string> unused(meta.unused.begin(), meta.unused.end());
   {
@@ -138,9 +150,9 @@ ExportSummary exportTrainedModel(const ExportRequest& request) {
     }
   }
 
-  if (fs::path(request.out_path).extension() == ".pt2") {
+  if (to_pt2) {
     // The original archive with the trained weights: torch.export.load runs it.
-    if (frontend::detectArchiveKind(request.model_path) != frontend::ArchiveKind::kPt2) {
+    if (!archive) {
       throw CheckpointError(fmt::format("--out '{}' asks for a .pt2, but model '{}' is not a torch.export archive; "
                                         "a TorchScript model exports as .pt",
                                         request.out_path, request.model_path));
@@ -148,7 +160,7 @@ ExportSummary exportTrainedModel(const ExportRequest& request) {
     std::map<std::string, at::Tensor> trained;
     for (const auto& p : model.named_parameters(/*recurse=*/true)) trained.emplace(p.name, p.value);
     for (const auto& b : model.named_buffers(/*recurse=*/true)) trained.emplace(b.name, b.value);
-    frontend::writePt2WithWeights(request.model_path, request.out_path, trained);
+    frontend::writePt2WithWeights(*archive, request.out_path, trained);
     return summary;
   }
   const std::string temp = fmt::format("{}.tmp-{}", request.out_path, ::getpid());
