@@ -4,6 +4,11 @@
 #include <fmt/ranges.h>
 #include <torch/script.h>
 
+#include <filesystem>
+
+#include "frontend/load_model.h"
+#include "frontend/pt2_import.h"
+
 namespace pipeforge::runtime {
 
 class LossFunction::Impl {
@@ -20,9 +25,18 @@ LossFunction::LossFunction(LossKind kind, const std::string& script_path, const 
     throw RuntimeError("loss kind 'script' needs RunnerOptions::loss_module, the path of a TorchScript loss module");
   }
   try {
-    impl_->script = torch::jit::load(script_path, c10::Device(device));
+    if (std::filesystem::path(script_path).extension() == ".pt2") {
+      // An exported loss runs as its import, as .pt2 stages do (Note [PT2 stage files]).
+      impl_->script = frontend::loadPt2Model(script_path);
+      impl_->script->to(c10::Device(device));
+    } else {
+      impl_->script = torch::jit::load(script_path, c10::Device(device));
+    }
+    impl_->script->eval();
   } catch (const c10::Error& e) {
     throw RuntimeError(fmt::format("cannot load the loss module '{}': {}", script_path, e.what_without_backtrace()));
+  } catch (const frontend::ModelError& e) {
+    throw RuntimeError(fmt::format("cannot load the loss module '{}': {}", script_path, e.what()));
   }
 }
 
@@ -30,14 +44,29 @@ LossFunction::~LossFunction() = default;
 LossFunction::LossFunction(LossFunction&&) noexcept = default;
 LossFunction& LossFunction::operator=(LossFunction&&) noexcept = default;
 
-at::Tensor LossFunction::operator()(const std::vector<at::Tensor>& outputs,
-                                    const std::vector<at::Tensor>& targets) const {
+at::Tensor LossFunction::operator()(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& targets,
+                                    LossReduction reduction) const {
+  const at::Reduction::Reduction r =
+      reduction == LossReduction::kSum ? at::Reduction::Sum : at::Reduction::Mean;
   if (impl_->kind == LossKind::kScript) {
+    if (reduction == LossReduction::kSum) {
+      throw RuntimeError("a loss module returns a scalar; it cannot be summed per element (per-token normalization)");
+    }
     std::vector<c10::IValue> args(outputs.begin(), outputs.end());
     args.insert(args.end(), targets.begin(), targets.end());
-    c10::IValue r = impl_->script->forward(std::move(args));
+    c10::IValue r;
+    try {
+      r = impl_->script->forward(std::move(args));
+    } catch (const c10::Error& e) {
+      throw RuntimeError(fmt::format("the loss module failed on {} model outputs and {} targets: {}", outputs.size(),
+                                     targets.size(), e.what_without_backtrace()));
+    }
+    if (r.isTuple() && r.toTupleRef().elements().size() == 1) r = r.toTupleRef().elements()[0];
     if (!r.isTensor() || r.toTensor().numel() != 1) {
-      throw RuntimeError("the loss module must return a scalar tensor");
+      throw RuntimeError(fmt::format("the loss module must return a scalar tensor, but it returned {}",
+                                     r.isTensor() ? fmt::format("a tensor of shape [{}]",
+                                                                fmt::join(r.toTensor().sizes(), ","))
+                                                  : r.tagKind()));
     }
     return r.toTensor().reshape({});
   }
@@ -58,8 +87,8 @@ at::Tensor LossFunction::operator()(const std::vector<at::Tensor>& outputs,
                                          "logits [..., V] need integer targets [...]",
                                          k, fmt::join(out.sizes(), ","), k, fmt::join(tgt.sizes(), ",")));
         }
-        term = at::cross_entropy_loss(out.reshape({-1, out.size(-1)}), tgt.reshape({-1}).to(at::kLong), {},
-                                      at::Reduction::Mean, /*ignore_index=*/-1);
+        term = at::cross_entropy_loss(out.reshape({-1, out.size(-1)}), tgt.reshape({-1}).to(at::kLong), {}, r,
+                                      /*ignore_index=*/-1);
         break;
       }
       case LossKind::kMse: {
@@ -67,7 +96,7 @@ at::Tensor LossFunction::operator()(const std::vector<at::Tensor>& outputs,
           throw RuntimeError(fmt::format("mse: output {} has shape [{}] but target {} has shape [{}]", k,
                                          fmt::join(out.sizes(), ","), k, fmt::join(tgt.sizes(), ",")));
         }
-        term = at::mse_loss(out, tgt.to(out.scalar_type()));
+        term = at::mse_loss(out, tgt.to(out.scalar_type()), r);
         break;
       }
       case LossKind::kScript:

@@ -13,8 +13,9 @@ namespace pipeforge::runtime {
 
 class LossFunction {
  public:
-  // kScript loads `script_path` (a TorchScript module whose forward takes the
-  // model outputs then the targets and returns a scalar) onto `device`.
+  // kScript loads `script_path` (a TorchScript module, or a torch.export
+  // .pt2, whose forward takes the model outputs then the targets and returns
+  // a scalar) onto `device`.
   // Throws RuntimeError when it cannot be loaded.
   LossFunction(LossKind kind, const std::string& script_path, const std::string& device);
   ~LossFunction();
@@ -25,7 +26,10 @@ class LossFunction {
   // targets[k]), each a mean (cross-entropy flattens logits [..., V] to
   // [N, V] and targets to [N], ignore_index -1, as nanoGPT). Throws
   // RuntimeError on mismatched shapes or counts.
-  at::Tensor operator()(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& targets) const;
+  // With LossReduction::kSum each term is the sum over elements instead (the
+  // ignored targets of cross-entropy add nothing), for per-token normalization.
+  at::Tensor operator()(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& targets,
+                        LossReduction reduction = LossReduction::kMean) const;
 
  private:
   class Impl;

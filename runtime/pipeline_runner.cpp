@@ -191,7 +191,8 @@ class PipelineRunner::Impl {
     return tied;
   }
 
-  StepOutcome runStep(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets, bool train) {
+  StepOutcome runStep(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets, bool train,
+                      const LossScaling& scaling) {
     if (static_cast<int>(inputs.size()) != plan_.num_model_inputs) {
       comm_->abort(fmt::format("rank {} was given {} model inputs instead of {}", rank_, inputs.size(),
                                plan_.num_model_inputs));
@@ -225,7 +226,8 @@ class PipelineRunner::Impl {
     // the same gradients without touching what .grad held before the step
     // (gradient accumulation across steps), and the returned losses then sum
     // to the batch loss (for equal microbatches, the unsplit model's).
-    req.loss_scale = options_.scale_grads ? 1.0 / m : 1.0;
+    req.loss_scale = scaling.scale.value_or(options_.scale_grads ? 1.0 / m : 1.0);
+    req.reduction = scaling.reduction;
     req.batch_signature.push_back(m);
     for (const auto* list : {&inputs, &targets}) {
       for (const at::Tensor& t : *list) {
@@ -268,14 +270,16 @@ PipelineRunner::~PipelineRunner() = default;
 PipelineRunner::PipelineRunner(PipelineRunner&&) noexcept = default;
 PipelineRunner& PipelineRunner::operator=(PipelineRunner&&) noexcept = default;
 
-StepResult PipelineRunner::trainStep(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets) {
+StepResult PipelineRunner::trainStep(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets,
+                                     const LossScaling& scaling) {
   if (targets.empty()) throw RuntimeError("trainStep needs targets for the loss; use evalStep for forward only");
-  StepOutcome out = impl_->runStep(inputs, targets, /*train=*/true);
+  StepOutcome out = impl_->runStep(inputs, targets, /*train=*/true, scaling);
   impl_->profile_ = std::move(out.profile);
   return impl_->toResult(out);
 }
 
-EvalResult PipelineRunner::evalStep(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets) {
+EvalResult PipelineRunner::evalStep(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets,
+                                    const LossScaling& scaling) {
   // The stages' modules in eval mode (dropout off) for this step only.
   class EvalMode {
    public:
@@ -293,7 +297,7 @@ EvalResult PipelineRunner::evalStep(const std::vector<at::Tensor>& inputs, const
   StepOutcome out;
   {
     EvalMode eval_mode(impl_->stages_);
-    out = impl_->runStep(inputs, targets, /*train=*/false);
+    out = impl_->runStep(inputs, targets, /*train=*/false, scaling);
   }
   impl_->profile_ = std::move(out.profile);
   EvalResult r;

@@ -52,6 +52,21 @@ enum class LossKind {
   kScript,        // a TorchScript module: forward(outputs..., targets...) -> scalar Tensor
 };
 
+// How a built-in loss reduces over the elements of one microbatch.
+enum class LossReduction {
+  kMean,  // the mean (cross-entropy: over the targets that are not ignored)
+  kSum,   // the sum, for normalizing by a count taken over the whole batch
+};
+
+// How each microbatch's loss is made before its backward (Note [Loss scaling]).
+struct LossScaling {
+  LossReduction reduction = LossReduction::kMean;
+  // Multiplies each microbatch's loss; unset: 1 / num_microbatches with
+  // RunnerOptions::scale_grads, else 1. Per-token normalization sums the
+  // losses and scales by 1 / (elements counted over the whole global batch).
+  std::optional<double> scale;
+};
+
 enum class Backend {
   kAuto,  // NCCL for CUDA devices, Gloo otherwise
   kGloo,
@@ -165,10 +180,12 @@ class PipelineRunner {
   // gradients over every stage that holds them, and with dp_degree > 1 the
   // average over replicas. A failure on any rank makes every rank throw
   // RuntimeError naming the failed rank, the action and the schedule grid.
-  StepResult trainStep(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
+  StepResult trainStep(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets,
+                       const LossScaling& scaling = {});
 
   // Forward only, no gradients kept. Targets optional (then no loss).
-  EvalResult evalStep(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets = {});
+  EvalResult evalStep(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets = {},
+                      const LossScaling& scaling = {});
 
   // This rank's parameters and buffers, by original FQN, in stage order then
   // module order. The tensors are the modules' own: update them in place.

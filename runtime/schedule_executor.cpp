@@ -236,7 +236,7 @@ class ScheduleExecutor::Impl {
     if (!req_->targets.empty()) {
       std::vector<at::Tensor> targets;
       for (const at::Tensor& t : req_->targets.at(mb)) targets.push_back(t.to(cfg_.device));
-      at::Tensor loss = (*cfg_.loss)(model_outputs, targets) * req_->loss_scale;
+      at::Tensor loss = (*cfg_.loss)(model_outputs, targets, req_->reduction) * req_->loss_scale;
       if (req_->train) {
         stage.setLoss(mb, loss);
         losses_[mb] = loss;

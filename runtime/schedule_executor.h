@@ -59,6 +59,7 @@ struct StepRequest {
   std::vector<std::vector<at::Tensor>> targets;  // [mb][target]; empty: no loss
   bool train = true;
   double loss_scale = 1.0;
+  LossReduction reduction = LossReduction::kMean;
   // Changes when the global batch shapes do: re-learn received shapes (kInferOnce).
   std::vector<std::int64_t> batch_signature;
 };

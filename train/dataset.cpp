@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <fmt/format.h>
+
 #include "train/tensor_dataset.h"
 #include "train/token_dataset.h"
 
@@ -23,6 +25,13 @@ Batch sliceBatch(const Batch& batch, std::int64_t begin, std::int64_t end) {
   for (const auto& t : batch.inputs) out.inputs.push_back(t.slice(0, begin, end));
   for (const auto& t : batch.targets) out.targets.push_back(t.slice(0, begin, end));
   return out;
+}
+
+std::string heldOutFrom(const DataConfig& config) {
+  if (!config.val_path.empty() || config.val_fraction <= 0.0) return "";
+  return fmt::format(": the last {:g}% of the file by data.val_fraction {:g}, kept out of training even without "
+                     "evaluation; set it to 0 to train on every row",
+                     config.val_fraction * 100.0, config.val_fraction);
 }
 
 }  // namespace pipeforge::train

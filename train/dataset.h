@@ -40,4 +40,9 @@ std::unique_ptr<Dataset> openDataset(const DataConfig& config, std::uint64_t see
 // Rows [begin, end) of every tensor of `batch` (a data-parallel replica's share).
 Batch sliceBatch(const Batch& batch, std::int64_t begin, std::int64_t end);
 
+// Where the held-out rows come from, for describe(): ", the last 10% of the
+// file by data.val_fraction 0.1, ..." (they are held out whether or not
+// training evaluates), or "" without any.
+std::string heldOutFrom(const DataConfig& config);
+
 }  // namespace pipeforge::train

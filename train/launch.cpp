@@ -1,8 +1,10 @@
 #include "train/launch.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -18,6 +20,7 @@
 #include "train/checkpoint.h"
 #include "train/dataset.h"
 #include "train/device_check.h"
+#include "train/optimizer_factory.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 
@@ -127,6 +130,49 @@ void checkInputSizes(const TrainConfig& config, const stage::PipeManifest& manif
   }
 }
 
+// A no_decay glob that matches no parameter is a typo, not a choice. Globs
+// are matched against the names PyTorch's named_parameters() lists: a tied
+// group by its first name (Note [No-decay groups]).
+void checkNoDecayPatterns(const TrainConfig& config, const stage::PipeManifest& manifest) {
+  std::map<std::string, std::string> first_name;
+  for (const auto& group : manifest.tied) {
+    for (const auto& name : group) first_name[name] = group.front();
+  }
+  std::set<std::string> names, other_names;
+  for (const auto& stage : manifest.stages) {
+    for (const auto& name : stage.parameters) {
+      auto it = first_name.find(name);
+      names.insert(it == first_name.end() ? name : it->second);
+      if (it != first_name.end() && it->second != name) other_names.insert(name);
+    }
+  }
+  for (const auto& pattern : config.optimizer.no_decay) {
+    OptimizerConfig one;
+    one.no_decay = {pattern};
+    if (std::any_of(names.begin(), names.end(), [&](const std::string& n) { return matchesNoDecay(one, n); })) {
+      continue;
+    }
+    for (const auto& name : other_names) {
+      if (matchesNoDecay(one, name)) {
+        throw ConfigError(fmt::format("{}: optimizer.no_decay pattern '{}' matches only '{}', a tied name of '{}'; "
+                                      "a tied weight is matched by its first name, as PyTorch's named_parameters() "
+                                      "lists it: use '{}'",
+                                      config.origin, pattern, name, first_name.at(name), first_name.at(name)));
+      }
+    }
+    std::vector<std::string> some(names.begin(), std::next(names.begin(), std::min<std::size_t>(names.size(), 4)));
+    throw ConfigError(fmt::format("{}: optimizer.no_decay pattern '{}' matches no parameter of the model (names look "
+                                  "like {}); fix the glob (`*` matches any text, dots included)",
+                                  config.origin, pattern, fmt::join(some, ", ")));
+  }
+}
+
+// What the config asks of the split, checked once before any rank starts.
+void checkAgainstSplit(const TrainConfig& config, const stage::PipeManifest& manifest) {
+  checkInputSizes(config, manifest);
+  checkNoDecayPatterns(config, manifest);
+}
+
 int launch(const TrainRequest& request, const TrainConfig& config) {
   checkDevice(config, request.nproc);
   std::string split_dir = config.model.split_dir;
@@ -138,7 +184,7 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
   const stage::PipeManifest manifest = stage::readManifest(split_dir);
   checkLayout(config, request.nproc, manifest.num_stages);
   checkSplitFolder(split_dir, manifest);
-  checkInputSizes(config, manifest);
+  checkAgainstSplit(config, manifest);
   openDataset(config.data, config.seed);  // unreadable data fails here, once, not on every rank
 
   runtime::LaunchOptions options;
@@ -186,7 +232,7 @@ int runTrainRequest(const TrainRequest& request) {
   if (request.split_dir.empty() && !config.model.split_dir.empty()) {
     const stage::PipeManifest manifest = stage::readManifest(options.split_dir);
     checkSplitFolder(options.split_dir, manifest);
-    checkInputSizes(config, manifest);
+    checkAgainstSplit(config, manifest);
   }
   if (options.split_dir.empty()) {
     // A rank of a torchrun/srun job: no launcher split for it, so it splits
@@ -194,7 +240,7 @@ int runTrainRequest(const TrainRequest& request) {
     options.split_dir =
         fs::absolute(fs::path(config.output_dir) / fmt::format("stages.rank{}", env.rank)).string();
     splitFor(config, options.split_dir);
-    checkInputSizes(config, stage::readManifest(options.split_dir));
+    checkAgainstSplit(config, stage::readManifest(options.split_dir));
   }
   try {
     trainRank(config, options);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -15,10 +16,24 @@ class Optimizer;
 
 namespace pipeforge::train {
 
-// One parameter group over `parameters`; a tensor listed twice (tied names
-// in one module) is kept once, so it is updated once.
+// A parameter with the name its decay group is chosen by: the name PyTorch's
+// named_parameters() reports for it (for a tied group, its first name).
+struct NamedParameter {
+  std::string name;
+  at::Tensor tensor;
+};
+
+// One parameter group over `parameters`, or two when config.no_decay is set
+// (Note [No-decay groups]): the parameters no pattern matches, with
+// config.weight_decay, then those a pattern matches, with weight decay 0.
+// A tensor listed twice (tied names in one module) is kept once, so it is
+// updated once.
 std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const OptimizerConfig& config,
-                                                       const std::vector<at::Tensor>& parameters);
+                                                       const std::vector<NamedParameter>& parameters);
+
+// Whether `name` matches one of the no_decay globs (fnmatch: `*` and `?`
+// also match dots, `[...]` a set).
+bool matchesNoDecay(const OptimizerConfig& config, const std::string& name);
 
 // Sets the rate of every parameter group (the schedule's value for a step).
 void setLearningRate(torch::optim::Optimizer& optimizer, double lr);

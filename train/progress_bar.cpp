@@ -17,10 +17,10 @@ std::string formatDuration(double seconds) {
 
 namespace {
 
-std::string formatRate(double tokens_per_s) {
-  if (tokens_per_s >= 1e6) return fmt::format("{:.1f}M", tokens_per_s / 1e6);
-  if (tokens_per_s >= 1e3) return fmt::format("{:.1f}k", tokens_per_s / 1e3);
-  return fmt::format("{:.0f}", tokens_per_s);
+std::string formatRate(double per_s) {
+  if (per_s >= 1e6) return fmt::format("{:.1f}M", per_s / 1e6);
+  if (per_s >= 1e3) return fmt::format("{:.1f}k", per_s / 1e3);
+  return fmt::format("{:.0f}", per_s);
 }
 
 }  // namespace
@@ -32,8 +32,9 @@ std::string formatProgress(const StepReport& r, std::int64_t total, int bar_widt
     line = "[" + std::string(filled, '#') + std::string(bar_width - filled, '.') + "]  ";
   }
   const int digits = static_cast<int>(std::to_string(total).size());
-  line += fmt::format("{:>{}}/{}  loss {:.4f}  lr {:.2e}  {} tok/s  ETA {}", r.step, digits, total, r.loss, r.lr,
-                      formatRate(r.tokens_per_s), formatDuration(r.eta_s));
+  line += fmt::format("{:>{}}/{}  loss {:.4f}  lr {:.2e}", r.step, digits, total, r.loss, r.lr);
+  if (r.grad_norm) line += fmt::format("  gnorm {:.3g}", *r.grad_norm);
+  line += fmt::format("  {} {}  ETA {}", formatRate(r.throughput), r.unit, formatDuration(r.eta_s));
   return line;
 }
 

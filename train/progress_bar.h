@@ -1,7 +1,7 @@
 // The line rank 0 shows while training: a bar redrawn in place on a
 // terminal, plain lines (one per logged step) when stdout is a file or pipe.
 //
-//   [########............]  40/100  loss 2.4107  lr 9.5e-04  5.1k tok/s  ETA 0:12
+//   [########............]  40/100  loss 2.4107  lr 9.5e-04  gnorm 0.83  5.1k tok/s  ETA 0:12
 #pragma once
 
 #include <cstdint>
@@ -15,8 +15,10 @@ struct StepReport {
   std::int64_t step = 0;  // steps done (1-based)
   double loss = 0.0;
   double lr = 0.0;
-  double tokens_per_s = 0.0;
+  double throughput = 0.0;  // per second, in `unit`
   double eta_s = 0.0;
+  const char* unit = "tok/s";  // tok/s for token data, rows/s for tensor data
+  std::optional<double> grad_norm;  // the pre-clip global gradient norm, when measured
 };
 
 class ProgressBar {

@@ -152,10 +152,10 @@ class TensorDataset::Impl {
   }
 
   std::string describe() const {
-    return fmt::format("{}: {} rows ({} train, {} held out), {} inputs, {} targets",
+    return fmt::format("{}: {} rows ({} train, {} held out{}), {} inputs, {} targets",
                        std::filesystem::path(config_.path).filename().string(), rows_, train_.inputs[0].size(0),
-                       held_out_.inputs.empty() ? 0 : held_out_.inputs[0].size(0), train_.inputs.size(),
-                       train_.targets.size());
+                       held_out_.inputs.empty() ? 0 : held_out_.inputs[0].size(0), heldOutFrom(config_),
+                       train_.inputs.size(), train_.targets.size());
   }
 
  private:

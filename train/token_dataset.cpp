@@ -128,7 +128,8 @@ class TokenDataset::Impl {
     return fmt::format("{}: {} {} tokens ({} train, {} held out{}), block {}",
                        std::filesystem::path(config_.path).filename().string(),
                        train_.length + (val_file_ ? 0 : held_out_.length), dtypeName(config_.dtype), train_.length,
-                       held_out_.length, val_file_ ? " from " + config_.val_path : std::string(), config_.block_size);
+                       held_out_.length, val_file_ ? " from " + config_.val_path : heldOutFrom(config_),
+                       config_.block_size);
   }
 
   DataConfig config_;

@@ -235,6 +235,18 @@ void parseOptimizer(const Section& top, const YAML::Node& node, TrainConfig& c) 
           {"eps", [&](const YAML::Node& v) { o.eps = s.number(v, "eps", 0.0, false); }},
           {"momentum", [&](const YAML::Node& v) { o.momentum = s.number(v, "momentum", 0.0, true); }},
           {"nesterov", [&](const YAML::Node& v) { o.nesterov = s.boolean(v, "nesterov"); }},
+          {"clip_grad_norm", [&](const YAML::Node& v) { o.clip_grad_norm = s.number(v, "clip_grad_norm", 0.0, true); }},
+          {"no_decay",
+           [&](const YAML::Node& v) {
+             const char* expected = "a list of parameter-name globs, e.g. [\"*.bias\", \"*ln*\", \"wte.*\"]";
+             if (!v.IsSequence()) s.fail(v, "no_decay", expected);
+             o.no_decay.clear();
+             for (const auto& item : v) {
+               auto pattern = s.scalar<std::string>(item, "no_decay", expected);
+               if (pattern.empty()) s.fail(item, "no_decay", expected);
+               o.no_decay.push_back(pattern);
+             }
+           }},
           {"betas", [&](const YAML::Node& v) {
              const char* expected = "a list of two numbers in [0, 1), e.g. [0.9, 0.95]";
              if (!v.IsSequence() || v.size() != 2) s.fail(v, "betas", expected);
@@ -403,6 +415,12 @@ void checkCrossKeys(const TrainConfig& c) {
                                   o, c.eval_every));
   }
   if (c.output_dir.empty()) throw ConfigError(fmt::format("{}: output.dir is missing (metrics, trace and the split go there)", o));
+  if (c.loss == LossName::kModule && c.loss_normalization == LossNormalization::kPerToken) {
+    throw ConfigError(fmt::format("{}: loss_normalization: per_token needs a built-in loss (cross_entropy or mse) "
+                                  "whose elements Pipeforge can count; a loss module returns a scalar, so normalize "
+                                  "inside it and use loss_normalization: per_microbatch",
+                                  o));
+  }
   if (c.loss == LossName::kMse && c.data.format != DataFormat::kTensors) {
     throw ConfigError(fmt::format("{}: loss mse needs float targets; token data (data.format {}) has integer targets, "
                                   "use loss: cross_entropy",
@@ -432,7 +450,27 @@ TrainConfig parseTrainConfig(const std::string& yaml_text, const std::string& or
             {"pipeline", [&](const YAML::Node& v) { parsePipeline(top, v, c); }},
             {"loss",
              [&](const YAML::Node& v) {
-               c.loss = top.choice<LossName>(v, "loss", {{"cross_entropy", LossName::kCrossEntropy}, {"mse", LossName::kMse}});
+               if (v.IsMap()) {
+                 Section s(origin, "loss");
+                 s.read(v, "loss", {{"module", [&](const YAML::Node& m) { c.loss_module = s.string(m, "module"); }}});
+                 if (c.loss_module.empty()) {
+                   throw ConfigError(fmt::format("{}: loss: {{module: ...}} needs the path of a scripted (.pt) or "
+                                                 "exported (.pt2) module (outputs..., targets...) -> scalar",
+                                                 top.where(v)));
+                 }
+                 requireFile(origin, "loss.module", c.loss_module);
+                 c.loss = LossName::kModule;
+                 return;
+               }
+               c.loss = top.choice<LossName>(
+                   v, "loss (or a map {module: path/to/loss.pt})",
+                   {{"cross_entropy", LossName::kCrossEntropy}, {"mse", LossName::kMse}});
+             }},
+            {"loss_normalization",
+             [&](const YAML::Node& v) {
+               c.loss_normalization = top.choice<LossNormalization>(
+                   v, "loss_normalization",
+                   {{"per_microbatch", LossNormalization::kPerMicrobatch}, {"per_token", LossNormalization::kPerToken}});
              }},
             {"optimizer", [&](const YAML::Node& v) { parseOptimizer(top, v, c); }},
             {"lr_schedule", [&](const YAML::Node& v) { parseLrSchedule(top, v, c); }},
@@ -506,6 +544,7 @@ const char* lossName(LossName loss) {
   switch (loss) {
     case LossName::kCrossEntropy: return "cross_entropy";
     case LossName::kMse: return "mse";
+    case LossName::kModule: return "module";
   }
   return "?";
 }

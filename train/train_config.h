@@ -12,6 +12,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace pipeforge::train {
 
@@ -36,7 +37,17 @@ struct PipelineConfig {
   int data_parallel = 1;  // world = pipeline ranks x data_parallel
 };
 
-enum class LossName { kCrossEntropy, kMse };
+enum class LossName {
+  kCrossEntropy,
+  kMse,
+  kModule,  // TrainConfig::loss_module: a scripted or exported (outputs..., targets...) -> scalar module
+};
+// How the microbatches' losses make the step's loss (Note [Per-token loss] in train/trainer.cpp).
+enum class LossNormalization {
+  kPerMicrobatch,  // the mean of each microbatch's mean loss (PyTorch's scale_grads)
+  kPerToken,       // the sum of every element's loss over the whole global batch, divided by the
+                   // number of counted elements (Megatron's calculate_per_token_loss)
+};
 enum class OptimizerName { kSgd, kAdam, kAdamW };
 enum class LrDecay { kCosine, kConstant };
 // What a step whose loss or gradients are NaN or infinite does (Note [Non-finite steps]).
@@ -60,6 +71,13 @@ struct OptimizerConfig {
   double eps = 1e-8;
   double momentum = 0.0;  // SGD only
   bool nesterov = false;  // SGD only
+  // The global gradient norm (every stage and replica, a tied parameter
+  // counted once) is scaled down to at most this, as
+  // torch.nn.utils.clip_grad_norm_ on the whole model; 0: no clipping.
+  double clip_grad_norm = 0.0;
+  // FQN globs (fnmatch: `*` also crosses dots) whose parameters get weight
+  // decay 0, as a second PyTorch param group (Note [No-decay groups]).
+  std::vector<std::string> no_decay;
 };
 
 enum class DataFormat {
@@ -91,6 +109,8 @@ struct TrainConfig {
   ModelConfig model;
   PipelineConfig pipeline;
   LossName loss = LossName::kCrossEntropy;
+  std::string loss_module;  // kModule: a TorchScript (.pt) or torch.export (.pt2) loss
+  LossNormalization loss_normalization = LossNormalization::kPerMicrobatch;
   OptimizerConfig optimizer;
   LrScheduleConfig lr_schedule;
   DataConfig data;

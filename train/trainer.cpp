@@ -11,8 +11,10 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "runtime/pipeline_runner.h"
 #include "stage/manifest.h"
@@ -35,6 +37,7 @@ runtime::LossKind lossKind(LossName loss) {
   switch (loss) {
     case LossName::kCrossEntropy: return runtime::LossKind::kCrossEntropy;
     case LossName::kMse: return runtime::LossKind::kMse;
+    case LossName::kModule: return runtime::LossKind::kScript;
   }
   return runtime::LossKind::kCrossEntropy;
 }
@@ -68,6 +71,7 @@ class RankTrainer {
     ro.num_microbatches = config.pipeline.microbatches;
     ro.stages_per_rank = config.pipeline.stages_per_rank;
     ro.loss = lossKind(config.loss);
+    ro.loss_module = config.loss_module;
     ro.dp_degree = config.pipeline.data_parallel;
     ro.device = config.device;
     ro.backend = backendOf(config.backend);
@@ -77,9 +81,10 @@ class RankTrainer {
     channel_ = std::make_unique<RankChannel>(env_, timeout_);
     dataset_ = openDataset(config.data, config.seed);
 
+    indexTiedNames();  // no_decay globs were checked against the split before the ranks started
     // One optimizer per stage, so each stage's checkpoint stands alone.
-    std::map<int, std::vector<at::Tensor>> by_stage;
-    for (const auto& p : runner_->parameters()) by_stage[p.stage].push_back(p.tensor);
+    std::map<int, std::vector<NamedParameter>> by_stage;
+    for (const auto& p : runner_->parameters()) by_stage[p.stage].push_back({canonical(p.name), p.tensor});
     for (int s : runner_->localStages()) optimizers_[s] = makeOptimizer(config.optimizer, by_stage[s]);
   }
 
@@ -119,10 +124,12 @@ class RankTrainer {
 
     const auto t0 = Clock::now();
     const double begin_unix = unixSeconds();
-    Batch batch = myShare(dataset_->batch(DataSplit::kTrain, step, config_.global_batch_size));
+    const Batch global = dataset_->batch(DataSplit::kTrain, step, config_.global_batch_size);
+    const Batch batch = myShare(global);
     const std::size_t proven = pending_.size();  // Note [Deferred reports]
-    runtime::StepResult result = runner_->trainStep(batch.inputs, batch.targets);
-    if (const NonFinite bad = findNonFinite(result); bad.found()) {
+    runtime::StepResult result = runner_->trainStep(batch.inputs, batch.targets, lossScaling(global));
+    const GradientCheck check = checkGradients(result);
+    if (const NonFinite& bad = check.bad; bad.found()) {
       if (config_.on_nonfinite == NonFinitePolicy::kStop) throw std::runtime_error(describe(bad) + kStopFix);
       ++summary.skipped_steps;
       if (rank() == 0) {
@@ -132,6 +139,7 @@ class RankTrainer {
                                     summary.skipped_steps));
       }
     } else {
+      if (config_.optimizer.clip_grad_norm > 0.0) clipGradients(check.norm);
       for (auto& [s, opt] : optimizers_) opt->step();
       if (const int stage = firstNonFiniteParameters(); stage >= 0) {
         // Past the point skip_step can help: the update itself overflowed.
@@ -153,7 +161,8 @@ class RankTrainer {
       publishLoss(fmt::format("loss/{}", done), result);
       const double elapsed = std::chrono::duration<double>(Clock::now() - loop_start_).count();
       pending_.push_back(PendingReport{false, done, lr, window_s_ / window_steps_,
-                                       elapsed / static_cast<double>(done - summary.first_step) * (end_ - done)});
+                                       elapsed / static_cast<double>(done - summary.first_step) * (end_ - done),
+                                       check.norm});
       window_s_ = 0.0;
       window_steps_ = 0;
     }
@@ -184,25 +193,103 @@ class RankTrainer {
       "; lower optimizer.lr (or add lr_schedule.warmup_steps), or set training.on_nonfinite: skip_step to drop "
       "such updates";
 
-  NonFinite findNonFinite(const runtime::StepResult& result) {
+  // Note [One collective per step's checks]: one float64 all-reduce carries,
+  // per stage, the squared norm of its gradients (not finite: a non-finite
+  // gradient there), the loss flag, and the squared global norm for
+  // optimizer.clip_grad_norm and the metrics. The global norm counts each
+  // gradient once: a tied group only on the first stage holding it (its
+  // copies hold the summed gradient), and only replica 0 (after the step
+  // every replica holds the averaged gradients). Norms are taken in float64,
+  // so a large finite gradient never reads as an overflow.
+  struct GradientCheck {
+    NonFinite bad;
+    double norm = 0.0;  // the global gradient norm before clipping
+  };
+
+  GradientCheck checkGradients(const runtime::StepResult& result) {
     const int n = manifest_.num_stages;
-    at::Tensor flags = at::zeros({n + 1}, at::kDouble);
+    at::Tensor flags = at::zeros({n + 2}, at::kDouble);
     {
       auto f = flags.accessor<double, 1>();
+      std::set<const void*> counted;
       for (const auto& p : runner_->parameters()) {
         const at::Tensor& g = p.tensor.grad();
-        if (g.defined() && !std::isfinite(at::sum(g, at::kDouble).item<double>())) f[p.stage] = 1.0;
+        if (!g.defined()) continue;
+        const double norm = at::linalg_vector_norm(g, 2, c10::nullopt, false, at::kDouble).item<double>();
+        f[p.stage] += norm * norm;
+        const bool first_holder = first_holder_.at(canonical(p.name)) == p.stage;
+        if (runner_->dpRank() == 0 && first_holder && counted.insert(p.tensor.unsafeGetTensorImpl()).second) {
+          f[n + 1] += norm * norm;
+        }
       }
       if (result.has_loss && !std::isfinite(result.loss)) f[n] = 1.0;
     }
     runner_->allreduceSumAll(flags);
-    NonFinite out;
+    GradientCheck out;
     auto f = flags.accessor<double, 1>();
-    for (int s = 0; s < n && out.first_stage < 0; ++s) {
-      if (f[s] > 0) out.first_stage = s;
+    for (int s = 0; s < n && out.bad.first_stage < 0; ++s) {
+      if (!std::isfinite(f[s])) out.bad.first_stage = s;
     }
-    out.loss = f[n] > 0;
+    out.bad.loss = f[n] > 0;
+    out.norm = std::sqrt(f[n + 1]);
     return out;
+  }
+
+  // torch.nn.utils.clip_grad_norm_'s rule: scale every gradient by
+  // max / (norm + 1e-6) when that is below 1.
+  void clipGradients(double norm) {
+    const double coef = config_.optimizer.clip_grad_norm / (norm + 1e-6);
+    if (coef >= 1.0) return;
+    std::set<const void*> scaled;  // two names of one tensor in one stage share one .grad
+    for (const auto& p : runner_->parameters()) {
+      at::Tensor g = p.tensor.grad();
+      if (g.defined() && scaled.insert(g.unsafeGetTensorImpl()).second) g.mul_(coef);
+    }
+  }
+
+  // A parameter's name as PyTorch's named_parameters() lists it: for a tied
+  // group (pipe.json "tied", in the model's order), its first name.
+  void indexTiedNames() {
+    for (const auto& group : manifest_.tied) {
+      for (const auto& name : group) canonical_[name] = group.front();
+    }
+    for (const auto& stage : manifest_.stages) {
+      for (const auto& name : stage.parameters) {
+        auto [it, fresh] = first_holder_.emplace(canonical(name), stage.index);
+        if (!fresh) it->second = std::min(it->second, stage.index);
+      }
+    }
+  }
+  const std::string& canonical(const std::string& name) const {
+    auto it = canonical_.find(name);
+    return it == canonical_.end() ? name : it->second;
+  }
+
+  // Note [Per-token loss]
+  // ~~~~~~~~~~~~~~~~~~~~~
+  // loss_normalization: per_token is Megatron's calculate_per_token_loss:
+  // the step's loss is the sum of every counted element's loss over the
+  // whole global batch (all microbatches, all replicas) divided by their
+  // number (cross-entropy: targets that are not -1; mse: elements). Each
+  // rank holds the global batch (Note [Batch on every rank]), so it counts
+  // them itself, with no collective. Each microbatch's loss is then its sum
+  // times data_parallel / count: the replicas' gradients are averaged, so
+  // the factor data_parallel makes the average the global sum / count, and
+  // the mean of the replicas' reported losses is the global per-token loss.
+  // per_microbatch (the default) is the mean of the microbatches' means,
+  // which differs when microbatches count different numbers of elements.
+  runtime::LossScaling lossScaling(const Batch& global) const {
+    if (config_.loss_normalization == LossNormalization::kPerMicrobatch) return {};
+    double counted = 0.0;
+    for (const at::Tensor& t : global.targets) {
+      counted += config_.loss == LossName::kCrossEntropy ? at::ne(t, -1).sum().item<double>()
+                                                         : static_cast<double>(t.numel());
+    }
+    runtime::LossScaling scaling;
+    scaling.reduction = runtime::LossReduction::kSum;
+    // Nothing to count (every target ignored): a zero loss and no gradient.
+    scaling.scale = counted > 0 ? config_.pipeline.data_parallel / counted : 0.0;
+    return scaling;
   }
 
   std::string someParameters(int stage) const {
@@ -258,6 +345,7 @@ class RankTrainer {
     double lr = 0.0;
     double step_s = 0.0;
     double eta_s = 0.0;
+    double grad_norm = 0.0;
   };
 
   // Publishes this replica's loss, when this rank computed it.
@@ -295,7 +383,7 @@ class RankTrainer {
         continue;
       }
       const double loss = takeLoss(fmt::format("loss/{}", r.done));
-      report(r.done, loss, r.lr, r.step_s, r.eta_s);
+      report(r.done, loss, r.lr, r.step_s, r.eta_s, r.grad_norm);
       if (!summary.first_loss) summary.first_loss = loss;
       summary.last_loss = loss;
     }
@@ -304,11 +392,12 @@ class RankTrainer {
   // Forward-only passes over the held-out batches; rank 0 reports them later.
   void evaluate(std::int64_t done) {
     for (std::int64_t k = 0; k < config_.eval_batches; ++k) {
-      Batch batch = myShare(dataset_->batch(DataSplit::kHeldOut, k, config_.global_batch_size));
-      runtime::EvalResult r = runner_->evalStep(batch.inputs, batch.targets);
+      const Batch global = dataset_->batch(DataSplit::kHeldOut, k, config_.global_batch_size);
+      const Batch batch = myShare(global);
+      runtime::EvalResult r = runner_->evalStep(batch.inputs, batch.targets, lossScaling(global));
       publishLoss(fmt::format("eval/{}/{}", done, k), r.loss);
     }
-    pending_.push_back(PendingReport{true, done, 0.0, 0.0, 0.0});
+    pending_.push_back(PendingReport{true, done, 0.0, 0.0, 0.0, 0.0});
   }
 
   // Note [Checkpoint commit] in train/checkpoint.h.
@@ -426,17 +515,19 @@ class RankTrainer {
     progress_ = std::make_unique<ProgressBar>(out_, config_.steps, options_.out == nullptr && stdoutIsTerminal());
   }
 
-  void report(std::int64_t done, double loss, double lr, double step_s, double eta_s) {
+  void report(std::int64_t done, double loss, double lr, double step_s, double eta_s, double grad_norm) {
+    // Token data counts tokens; tensor data counts rows, whatever their shape.
+    const bool tokens = config_.data.format != DataFormat::kTensors;
     const double rows_per_s = static_cast<double>(config_.global_batch_size) / step_s;
-    const double tokens_per_s = config_.data.format == DataFormat::kTensors ? rows_per_s
-                                                                          : rows_per_s * config_.data.block_size;
+    const double throughput = tokens ? rows_per_s * config_.data.block_size : rows_per_s;
     metrics_->write({{"event", "train"},
                      {"step", done},
                      {"loss", loss},
                      {"lr", lr},
-                     {"tokens_per_s", tokens_per_s},
+                     {tokens ? "tokens_per_s" : "rows_per_s", throughput},
+                     {"grad_norm", grad_norm},
                      {"step_s", step_s}});
-    progress_->update(StepReport{done, loss, lr, tokens_per_s, eta_s});
+    progress_->update(StepReport{done, loss, lr, throughput, eta_s, tokens ? "tok/s" : "rows/s", grad_norm});
   }
 
   void publishTrace() {
@@ -505,7 +596,9 @@ class RankTrainer {
   Clock::time_point loop_start_;
   double window_s_ = 0.0;  // step time since the last log line
   std::int64_t window_steps_ = 0;
-  std::deque<PendingReport> pending_;  // rank 0's reports waiting for proof (Note [Deferred reports])
+  std::deque<PendingReport> pending_;
+  std::map<std::string, std::string> canonical_;  // tied name -> its group's first name
+  std::map<std::string, int> first_holder_;       // canonical parameter name -> first stage holding it  // rank 0's reports waiting for proof (Note [Deferred reports])
 };
 
 }  // namespace

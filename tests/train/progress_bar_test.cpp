@@ -14,6 +14,11 @@ TEST(ProgressBar, FormatsStepLossRateAndEta) {
   EXPECT_EQ(formatDuration(3723), "1:02:03");
 }
 
+TEST(ProgressBar, SaysRowsForTensorDataAndShowsTheGradNorm) {
+  StepReport r{3, 0.5, 1e-3, 250.0, 61.0, "rows/s", 0.8251};
+  EXPECT_EQ(formatProgress(r, 10, 0), " 3/10  loss 0.5000  lr 1.00e-03  gnorm 0.825  250 rows/s  ETA 1:01");
+}
+
 TEST(ProgressBar, PlainLinesWhenNotATerminal) {
   std::ostringstream out;
   {

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "tests/support/zoo.h"
 
@@ -177,6 +178,127 @@ TEST_F(TrainConfigTest, ShippedConfigsParse) {
   }
   fs::current_path(cwd);
   EXPECT_GE(parsed, 2);
+}
+
+
+// The keys a section takes, as the parser lists them for an unknown key.
+std::vector<std::string> keysOf(const std::string& section) {
+  const std::string text = section.empty() ? "zz_unknown: 1\n" : section + ": {zz_unknown: 1}\n";
+  try {
+    parseTrainConfig(text, "keys.yaml");
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    const auto at = what.find(" takes ");
+    if (at == std::string::npos) return {};
+    std::vector<std::string> keys;
+    std::stringstream list(what.substr(at + 7));
+    for (std::string k; std::getline(list, k, ',');) keys.push_back(k.substr(k.find_first_not_of(' ')));
+    return keys;
+  }
+  return {};
+}
+
+// configs/train_example.yaml documents every key, and every value it sets
+// is the code's default, except the keys it marks "(required)" or
+// "(example)" (model.path and the split keys, data.format, data.path,
+// data.block_size, training.steps, training.global_batch_size,
+// checkpoint.dir, output.dir).
+TEST_F(TrainConfigTest, ExampleShowsEveryKeyWithTheCodesDefault) {
+  const fs::path example = fs::path(PIPEFORGE_SOURCE_DIR) / "configs" / "train_example.yaml";
+  std::ifstream in(example);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = buffer.str();
+
+  const std::vector<std::string> top = keysOf("");
+  ASSERT_GE(top.size(), 10u);
+  for (const auto& section : top) {
+    EXPECT_NE(text.find("\n" + section + ":"), std::string::npos) << "section " << section << " is not documented";
+    for (const auto& key : keysOf(section)) {
+      const bool shown = text.find("\n  " + key + ":") != std::string::npos ||
+                         text.find("\n  # " + key + ":") != std::string::npos ||
+                         text.find("{" + key + ":") != std::string::npos;  // a map form: loss: {module: ...}
+      EXPECT_TRUE(shown) << section << "." << key << " is not documented in " << example;
+    }
+  }
+
+  fs::create_directories(fs::path(dir_) / "build");
+  fs::create_directory_symlink(PIPEFORGE_ZOO_DIR, fs::path(dir_) / "build" / "zoo");
+  const fs::path cwd = fs::current_path();
+  fs::current_path(dir_);
+  TrainConfig e;
+  try {
+    e = parseTrainConfig(text, example.string());
+  } catch (const ConfigError& err) {
+    fs::current_path(cwd);
+    FAIL() << err.what();
+  }
+  fs::current_path(cwd);
+  const TrainConfig d;
+  EXPECT_EQ(e.pipeline.schedule, d.pipeline.schedule);
+  EXPECT_EQ(e.pipeline.microbatches, d.pipeline.microbatches);
+  EXPECT_EQ(e.pipeline.stages_per_rank, d.pipeline.stages_per_rank);
+  EXPECT_EQ(e.pipeline.data_parallel, d.pipeline.data_parallel);
+  EXPECT_EQ(e.loss, d.loss);
+  EXPECT_EQ(e.loss_normalization, d.loss_normalization);
+  EXPECT_EQ(e.optimizer.name, d.optimizer.name);
+  EXPECT_EQ(e.optimizer.lr, d.optimizer.lr);
+  EXPECT_EQ(e.optimizer.weight_decay, d.optimizer.weight_decay);
+  EXPECT_EQ(e.optimizer.betas, d.optimizer.betas);
+  EXPECT_EQ(e.optimizer.eps, d.optimizer.eps);
+  EXPECT_EQ(e.optimizer.momentum, d.optimizer.momentum);
+  EXPECT_EQ(e.optimizer.nesterov, d.optimizer.nesterov);
+  EXPECT_EQ(e.optimizer.clip_grad_norm, d.optimizer.clip_grad_norm);
+  EXPECT_EQ(e.optimizer.no_decay, d.optimizer.no_decay);
+  EXPECT_EQ(e.lr_schedule.decay, d.lr_schedule.decay);
+  EXPECT_EQ(e.lr_schedule.warmup_steps, d.lr_schedule.warmup_steps);
+  EXPECT_EQ(e.lr_schedule.decay_steps, d.lr_schedule.decay_steps);
+  EXPECT_EQ(e.lr_schedule.min_lr, d.lr_schedule.min_lr);
+  EXPECT_EQ(e.data.val_path, d.data.val_path);
+  EXPECT_EQ(e.data.val_fraction, d.data.val_fraction);
+  // data.dtype is shown commented (format text is always uint8).
+  EXPECT_EQ(e.seed, d.seed);
+  EXPECT_EQ(e.eval_every, d.eval_every);
+  EXPECT_EQ(e.eval_batches, d.eval_batches);
+  EXPECT_EQ(e.on_nonfinite, d.on_nonfinite);
+  EXPECT_EQ(e.checkpoint.every, d.checkpoint.every);
+  EXPECT_EQ(e.checkpoint.keep, d.checkpoint.keep);
+  EXPECT_EQ(e.checkpoint.resume, d.checkpoint.resume);
+  EXPECT_EQ(e.device, d.device);
+  EXPECT_EQ(e.backend, d.backend);
+  EXPECT_EQ(e.timeout_s, d.timeout_s);
+  EXPECT_EQ(e.log_every, d.log_every);
+  EXPECT_EQ(e.trace, d.trace);
+  EXPECT_EQ(e.trace_steps, d.trace_steps);
+}
+
+TEST_F(TrainConfigTest, TrainingOptionKeys) {
+  auto parse = [&](const std::string& extra) { return parseTrainConfig(valid() + extra, "t.yaml"); };
+  auto refuse = [&](const std::string& extra, const std::string& expected) {
+    try {
+      parse(extra);
+      ADD_FAILURE() << "accepted: " << extra;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  };
+  TrainConfig c = parse("optimizer: {clip_grad_norm: 1.0, no_decay: [\"*.bias\", \"*ln*\"]}\n"
+                        "loss_normalization: per_token\n");
+  EXPECT_EQ(c.optimizer.clip_grad_norm, 1.0);
+  EXPECT_EQ(c.optimizer.no_decay, (std::vector<std::string>{"*.bias", "*ln*"}));
+  EXPECT_EQ(c.loss_normalization, LossNormalization::kPerToken);
+  refuse("optimizer: {clip_grad_norm: -1}\n", "optimizer.clip_grad_norm must be a number >= 0");
+  refuse("optimizer: {no_decay: \"*.bias\"}\n", "optimizer.no_decay must be a list of parameter-name globs");
+  refuse("loss_normalization: per_row\n", "loss_normalization must be one of per_microbatch, per_token");
+  refuse("loss: {module: " + dir_ + "/missing.pt}\n", "loss.module: '");
+  refuse("loss: {modul: x.pt}\n", "unknown key 'loss.modul'");
+  const std::string module = dir_ + "/loss.pt";
+  std::ofstream(module) << "x";
+  c = parse("loss: {module: " + module + "}\n");
+  EXPECT_EQ(c.loss, LossName::kModule);
+  EXPECT_EQ(c.loss_module, module);
+  refuse("loss: {module: " + module + "}\nloss_normalization: per_token\n",
+         "loss_normalization: per_token needs a built-in loss");
 }
 
 }  // namespace

@@ -83,8 +83,8 @@ std::map<std::string, at::Tensor> trainReference(const train::TrainConfig& confi
   // loadModel: a `.pt2` model trains as its import (Note [PT2 stage files]).
   torch::jit::Module model = frontend::loadModel(config.model.path);
   model.train();
-  std::vector<at::Tensor> params;
-  for (const auto& p : model.named_parameters()) params.push_back(p.value);
+  std::vector<train::NamedParameter> params;
+  for (const auto& p : model.named_parameters()) params.push_back({p.name, p.value});
   auto optimizer = train::makeOptimizer(config.optimizer, params);
   auto data = train::openDataset(config.data, config.seed);
   for (std::int64_t step = 0; step < config.steps; ++step) {
