@@ -14,6 +14,9 @@ void addInspectCommand(CLI::App& app, int& exit_code);
 void addScheduleCommand(CLI::App& app, int& exit_code);
 void addTrainCommand(CLI::App& app, int& exit_code);
 void addExportCommand(CLI::App& app, int& exit_code);
+void addGenerateCommand(CLI::App& app, int& exit_code);
+void addEvalCommand(CLI::App& app, int& exit_code);
+void addPlotCommand(CLI::App& app, int& exit_code);
 
 // Exit codes shared by every subcommand.
 inline constexpr int kExitOk = 0;

@@ -12,7 +12,9 @@ int main(int argc, char** argv) {
   CLI::App app{
       "Pipeforge: turn a TorchScript model into pipeline-parallel stages and train them.\n"
       "Typical flow: pipeforge split model.pt --spec split.yaml --out stages/; "
-      "pipeforge inspect stages/; pipeforge train --config train.yaml --nproc 2",
+      "pipeforge inspect stages/; pipeforge train --config train.yaml --nproc 2; "
+      "pipeforge eval --config train.yaml; pipeforge generate CKPT --model model.pt --prompt \"...\" --tokens 64; "
+      "pipeforge plot out/metrics.jsonl --svg loss.svg",
       "pipeforge"};
   app.require_subcommand(1);
   // The LibTorch we were built with: stage files and checkpoints are only as
@@ -31,6 +33,9 @@ int main(int argc, char** argv) {
   addScheduleCommand(app, exit_code);
   addTrainCommand(app, exit_code);
   addExportCommand(app, exit_code);
+  addEvalCommand(app, exit_code);
+  addGenerateCommand(app, exit_code);
+  addPlotCommand(app, exit_code);
 
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;

@@ -17,38 +17,14 @@
 #include "frontend/pt2_archive.h"
 #include "frontend/pt2_rewrite.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_weights.h"
 
 namespace pipeforge::train {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Found {
-  at::Tensor tensor;
-  int stage = 0;
-};
-
-// Name -> tensor over every stage; a name held by two stages (a tied
-// parameter) must hold the same value in both.
-std::map<std::string, Found> collect(const std::string& dir, int num_stages, bool parameters) {
-  std::map<std::string, Found> out;
-  for (int s = 0; s < num_stages; ++s) {
-    StageCheckpoint state = readStageCheckpoint(dir, s);
-    for (auto& [name, t] : parameters ? state.parameters : state.buffers) {
-      auto it = out.find(name);
-      if (it == out.end()) {
-        out.emplace(name, Found{t, s});
-        continue;
-      }
-      if (!it->second.tensor.sizes().equals(t.sizes()) || !it->second.tensor.equal(t)) {
-        throw CheckpointError(fmt::format("'{}' differs between stage {} and stage {} of '{}'; the copies of a tied "
-                                          "parameter must stay equal (a bug in the run that wrote it)",
-                                          name, it->second.stage, s, dir));
-      }
-    }
-  }
-  return out;
-}
+using Found = CheckpointTensor;
 
 // Returns false for a name the split recorded as unused, which keeps the
 // model's value.
@@ -83,8 +59,8 @@ ExportSummary exportTrainedModel(const ExportRequest& request) {
   verifyCheckpoint(summary.checkpoint_dir);
   CheckpointMeta meta = readCheckpointMeta(summary.checkpoint_dir);
   summary.step = meta.step;
-  auto params = collect(summary.checkpoint_dir, meta.num_stages, true);
-  auto buffers = collect(summary.checkpoint_dir, meta.num_stages, false);
+  auto params = readCheckpointTensors(summary.checkpoint_dir, meta.num_stages, /*parameters=*/true);
+  auto buffers = readCheckpointTensors(summary.checkpoint_dir, meta.num_stages, /*parameters=*/false);
 
   // Names of one tied group are one tensor in the model: their stage copies
   // must agree, or copying them in turn would keep whichever came last.

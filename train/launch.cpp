@@ -25,11 +25,9 @@
 #include "train/trainer.h"
 
 namespace pipeforge::train {
-namespace {
 
 namespace fs = std::filesystem;
 
-// Splits the configured model into `out_dir` (replacing it) and returns it.
 std::string splitFor(const TrainConfig& config, const std::string& out_dir) {
   std::error_code ec;
   fs::create_directories(fs::path(out_dir).parent_path(), ec);
@@ -172,6 +170,8 @@ void checkAgainstSplit(const TrainConfig& config, const stage::PipeManifest& man
   checkInputSizes(config, manifest);
   checkNoDecayPatterns(config, manifest);
 }
+
+namespace {
 
 int launch(const TrainRequest& request, const TrainConfig& config) {
   checkDevice(config, request.nproc);

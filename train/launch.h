@@ -12,6 +12,8 @@
 #include <optional>
 #include <string>
 
+#include "stage/manifest.h"
+
 namespace pipeforge::train {
 
 struct TrainRequest {
@@ -26,5 +28,17 @@ struct TrainRequest {
 // Returns the process exit code (0 on success). Throws ConfigError and the
 // other user errors for the CLI to report.
 int runTrainRequest(const TrainRequest& request);
+
+struct TrainConfig;
+
+// Shared by the launchers of a config's ranks (`pipeforge train`, `pipeforge eval`).
+// Splits the configured model (model.path with its spec) into `out_dir`,
+// replacing it, and returns it.
+std::string splitFor(const TrainConfig& config, const std::string& out_dir);
+// Stage files intact and tied groups consistent; throws ConfigError.
+void checkSplitFolder(const std::string& dir, const stage::PipeManifest& manifest);
+// A torch.export model takes the microbatches (and block) the config feeds;
+// throws ConfigError naming the fix.
+void checkInputSizes(const TrainConfig& config, const stage::PipeManifest& manifest);
 
 }  // namespace pipeforge::train

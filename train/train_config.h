@@ -42,7 +42,7 @@ enum class LossName {
   kMse,
   kModule,  // TrainConfig::loss_module: a scripted or exported (outputs..., targets...) -> scalar module
 };
-// How the microbatches' losses make the step's loss (Note [Per-token loss] in train/trainer.cpp).
+// How the microbatches' losses make the step's loss (Note [Per-token loss] in train/runner_options.cpp).
 enum class LossNormalization {
   kPerMicrobatch,  // the mean of each microbatch's mean loss (PyTorch's scale_grads)
   kPerToken,       // the sum of every element's loss over the whole global batch, divided by the

@@ -26,27 +26,13 @@
 #include "train/progress_bar.h"
 #include "train/rank_channel.h"
 #include "train/run_trace.h"
+#include "train/runner_options.h"
 
 namespace pipeforge::train {
 namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-runtime::LossKind lossKind(LossName loss) {
-  switch (loss) {
-    case LossName::kCrossEntropy: return runtime::LossKind::kCrossEntropy;
-    case LossName::kMse: return runtime::LossKind::kMse;
-    case LossName::kModule: return runtime::LossKind::kScript;
-  }
-  return runtime::LossKind::kCrossEntropy;
-}
-
-runtime::Backend backendOf(const std::string& name) {
-  if (name == "gloo") return runtime::Backend::kGloo;
-  if (name == "nccl") return runtime::Backend::kNccl;
-  return runtime::Backend::kAuto;
-}
 
 at::Tensor cpuRngState() { return at::detail::getDefaultCPUGenerator().get_state(); }
 void setCpuRngState(const at::Tensor& state) {
@@ -65,19 +51,7 @@ class RankTrainer {
     checkLayout(config_, env_.world_size, manifest_.num_stages);
     timeout_ = std::chrono::milliseconds(static_cast<std::int64_t>(config.timeout_s * 1000));
 
-    runtime::RunnerOptions ro;
-    ro.split_dir = options.split_dir;
-    ro.schedule = config.pipeline.schedule;
-    ro.num_microbatches = config.pipeline.microbatches;
-    ro.stages_per_rank = config.pipeline.stages_per_rank;
-    ro.loss = lossKind(config.loss);
-    ro.loss_module = config.loss_module;
-    ro.dp_degree = config.pipeline.data_parallel;
-    ro.device = config.device;
-    ro.backend = backendOf(config.backend);
-    ro.timeout = timeout_;
-    ro.profile = config.trace;
-    runner_ = std::make_unique<runtime::PipelineRunner>(ro);
+    runner_ = std::make_unique<runtime::PipelineRunner>(runnerOptionsFor(config, options.split_dir));
     channel_ = std::make_unique<RankChannel>(env_, timeout_);
     dataset_ = openDataset(config.data, config.seed);
 
@@ -127,7 +101,7 @@ class RankTrainer {
     const Batch global = dataset_->batch(DataSplit::kTrain, step, config_.global_batch_size);
     const Batch batch = myShare(global);
     const std::size_t proven = pending_.size();  // Note [Deferred reports]
-    runtime::StepResult result = runner_->trainStep(batch.inputs, batch.targets, lossScaling(global));
+    runtime::StepResult result = runner_->trainStep(batch.inputs, batch.targets, lossScalingFor(config_, global));
     const GradientCheck check = checkGradients(result);
     if (const NonFinite& bad = check.bad; bad.found()) {
       if (config_.on_nonfinite == NonFinitePolicy::kStop) throw std::runtime_error(describe(bad) + kStopFix);
@@ -265,32 +239,6 @@ class RankTrainer {
     return it == canonical_.end() ? name : it->second;
   }
 
-  // Note [Per-token loss]
-  // ~~~~~~~~~~~~~~~~~~~~~
-  // loss_normalization: per_token is Megatron's calculate_per_token_loss:
-  // the step's loss is the sum of every counted element's loss over the
-  // whole global batch (all microbatches, all replicas) divided by their
-  // number (cross-entropy: targets that are not -1; mse: elements). Each
-  // rank holds the global batch (Note [Batch on every rank]), so it counts
-  // them itself, with no collective. Each microbatch's loss is then its sum
-  // times data_parallel / count: the replicas' gradients are averaged, so
-  // the factor data_parallel makes the average the global sum / count, and
-  // the mean of the replicas' reported losses is the global per-token loss.
-  // per_microbatch (the default) is the mean of the microbatches' means,
-  // which differs when microbatches count different numbers of elements.
-  runtime::LossScaling lossScaling(const Batch& global) const {
-    if (config_.loss_normalization == LossNormalization::kPerMicrobatch) return {};
-    double counted = 0.0;
-    for (const at::Tensor& t : global.targets) {
-      counted += config_.loss == LossName::kCrossEntropy ? at::ne(t, -1).sum().item<double>()
-                                                         : static_cast<double>(t.numel());
-    }
-    runtime::LossScaling scaling;
-    scaling.reduction = runtime::LossReduction::kSum;
-    // Nothing to count (every target ignored): a zero loss and no gradient.
-    scaling.scale = counted > 0 ? config_.pipeline.data_parallel / counted : 0.0;
-    return scaling;
-  }
 
   std::string someParameters(int stage) const {
     const auto& names = manifest_.stages.at(stage).parameters;
@@ -394,7 +342,7 @@ class RankTrainer {
     for (std::int64_t k = 0; k < config_.eval_batches; ++k) {
       const Batch global = dataset_->batch(DataSplit::kHeldOut, k, config_.global_batch_size);
       const Batch batch = myShare(global);
-      runtime::EvalResult r = runner_->evalStep(batch.inputs, batch.targets, lossScaling(global));
+      runtime::EvalResult r = runner_->evalStep(batch.inputs, batch.targets, lossScalingFor(config_, global));
       publishLoss(fmt::format("eval/{}/{}", done, k), r.loss);
     }
     pending_.push_back(PendingReport{true, done, 0.0, 0.0, 0.0, 0.0});

@@ -1,0 +1,40 @@
+// `pipeforge eval --config C.yaml [--checkpoint CKPT] [--batches N] [--nproc P]`.
+#include <CLI/CLI.hpp>
+
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/run_guarded.h"
+#include "train/evaluate_checkpoint.h"
+
+namespace pipeforge::cli {
+
+void addEvalCommand(CLI::App& app, int& exit_code) {
+  auto request = std::make_shared<train::EvalRequest>();
+  auto batches = std::make_shared<std::int64_t>(0);
+  auto port = std::make_shared<int>(0);
+  auto* sub = app.add_subcommand(
+      "eval",
+      "Report the held-out loss of a checkpoint on a training config's data: the same held-out batches, "
+      "microbatches and pipeline as the training run's evaluation, on local ranks.");
+  sub->add_option("--config", request->config_path, "training config YAML")->required();
+  sub->add_option("--checkpoint", request->checkpoint,
+                  "checkpoint folder (its `latest`) or one step_<N> folder (default: the newest intact one in "
+                  "checkpoint.dir)");
+  sub->add_option("--batches", *batches, "held-out batches to average (default: training.eval_batches)");
+  sub->add_option("--nproc", request->nproc,
+                  "local ranks (default: the config's layout, stages / stages_per_rank x data_parallel)");
+  sub->add_option("--master-addr", request->master_addr, "the address ranks meet at (default 127.0.0.1)");
+  sub->add_option("--master-port", *port, "the rendezvous port (default: a free one)");
+  sub->add_option("--split-dir", request->split_dir, "(set by the launcher) the split to load")->group("");
+  sub->callback([=, &exit_code] {
+    exit_code = runGuarded("eval", [&] {
+      if (sub->count("--batches") > 0) request->batches = *batches;
+      if (*port != 0) request->master_port = *port;
+      train::runEvalRequest(*request);
+      return kExitOk;
+    });
+  });
+}
+
+}  // namespace pipeforge::cli

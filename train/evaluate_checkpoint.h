@@ -1,0 +1,32 @@
+// `pipeforge eval`: the held-out loss of a checkpoint on a training config's
+// data, pipelined as the config trains.
+//
+// The same batches as training's evaluation (held-out batch k of every
+// evaluation, DataSplit::kHeldOut, for k < batches), cut into the same
+// microbatches and data-parallel shares, each batch's loss the mean over its
+// microbatches and replicas, the result the mean over batches: the number a
+// `pipeforge train` "eval" event at that checkpoint's step reports.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace pipeforge::train {
+
+struct EvalRequest {
+  std::string config_path;
+  std::string checkpoint;                // empty: the newest intact one under checkpoint.dir
+  std::optional<std::int64_t> batches;   // default: training.eval_batches
+  int nproc = 0;                         // 0: the ranks the config's layout needs
+  std::string master_addr = "127.0.0.1";
+  std::optional<int> master_port;
+  std::string split_dir;  // set by the launcher for its ranks: the split to load
+};
+
+// Runs the request: as the launcher (split_dir empty) or as one of its ranks.
+// Rank 0 prints "held-out loss L over N batches of B rows (...)" and one line
+// per batch. Throws ConfigError / CheckpointError for the CLI to report.
+void runEvalRequest(const EvalRequest& request);
+
+}  // namespace pipeforge::train

@@ -1,0 +1,71 @@
+#include "train/runner_options.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdint>
+
+namespace pipeforge::train {
+namespace {
+
+runtime::LossKind lossKind(LossName loss) {
+  switch (loss) {
+    case LossName::kCrossEntropy: return runtime::LossKind::kCrossEntropy;
+    case LossName::kMse: return runtime::LossKind::kMse;
+    case LossName::kModule: return runtime::LossKind::kScript;
+  }
+  return runtime::LossKind::kCrossEntropy;
+}
+
+runtime::Backend backendOf(const std::string& name) {
+  if (name == "gloo") return runtime::Backend::kGloo;
+  if (name == "nccl") return runtime::Backend::kNccl;
+  return runtime::Backend::kAuto;
+}
+
+}  // namespace
+
+runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const std::string& split_dir) {
+  runtime::RunnerOptions ro;
+  ro.split_dir = split_dir;
+  ro.schedule = config.pipeline.schedule;
+  ro.num_microbatches = config.pipeline.microbatches;
+  ro.stages_per_rank = config.pipeline.stages_per_rank;
+  ro.loss = lossKind(config.loss);
+  ro.loss_module = config.loss_module;
+  ro.dp_degree = config.pipeline.data_parallel;
+  ro.device = config.device;
+  ro.backend = backendOf(config.backend);
+  ro.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(config.timeout_s * 1000));
+  ro.profile = config.trace;
+  return ro;
+}
+
+// Note [Per-token loss]
+// ~~~~~~~~~~~~~~~~~~~~~
+// loss_normalization: per_token is Megatron's calculate_per_token_loss: the
+// step's loss is the sum of every counted element's loss over the whole
+// global batch (all microbatches, all replicas) divided by their number
+// (cross-entropy: targets that are not -1; mse: elements). Each rank holds
+// the global batch (Note [Batch on every rank]), so it counts them itself,
+// with no collective. Each microbatch's loss is then its sum times
+// data_parallel / count: the replicas' gradients are averaged, so the factor
+// data_parallel makes the average the global sum / count, and the mean of the
+// replicas' reported losses is the global per-token loss. per_microbatch (the
+// default) is the mean of the microbatches' means, which differs when
+// microbatches count different numbers of elements.
+runtime::LossScaling lossScalingFor(const TrainConfig& config, const Batch& global) {
+  if (config.loss_normalization == LossNormalization::kPerMicrobatch) return {};
+  double counted = 0.0;
+  for (const at::Tensor& t : global.targets) {
+    counted += config.loss == LossName::kCrossEntropy ? at::ne(t, -1).sum().item<double>()
+                                                      : static_cast<double>(t.numel());
+  }
+  runtime::LossScaling scaling;
+  scaling.reduction = runtime::LossReduction::kSum;
+  // Nothing to count (every target ignored): a zero loss and no gradient.
+  scaling.scale = counted > 0 ? config.pipeline.data_parallel / counted : 0.0;
+  return scaling;
+}
+
+}  // namespace pipeforge::train

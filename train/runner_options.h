@@ -1,0 +1,20 @@
+// The PipelineRunner options a training config asks for: the same pipeline
+// for `pipeforge train`, and for `pipeforge eval` of its checkpoints.
+#pragma once
+
+#include <string>
+
+#include "runtime/pipeline_runner.h"
+#include "train/dataset.h"
+#include "train/train_config.h"
+
+namespace pipeforge::train {
+
+runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const std::string& split_dir);
+
+// How each microbatch's loss is reduced and scaled for the global batch
+// `global` under loss_normalization (Note [Per-token loss]); the same for a
+// training step and an evaluation batch.
+runtime::LossScaling lossScalingFor(const TrainConfig& config, const Batch& global);
+
+}  // namespace pipeforge::train
