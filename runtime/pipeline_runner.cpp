@@ -1,12 +1,14 @@
 #include "runtime/pipeline_runner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "compat/autocast.h"
 #include "runtime/c10d_comm.h"
 #include "runtime/comm.h"
 #include "runtime/comm_plan.h"
@@ -38,6 +40,15 @@ void addGroup(std::vector<std::vector<int>>& groups, std::vector<int> ranks) {
 }
 
 }  // namespace
+
+const char* precisionName(Precision precision) {
+  switch (precision) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kBf16: return "bf16";
+    case Precision::kFp16: return "fp16";
+  }
+  return "?";
+}
 
 class PipelineRunner::Impl {
  public:
@@ -81,6 +92,7 @@ class PipelineRunner::Impl {
     rank_ = rank;
     world_ = world;
     device_ = resolveDevice(options_.device, local_rank);
+    checkPrecision();
 
     buildProgram();
 
@@ -103,6 +115,7 @@ class PipelineRunner::Impl {
     cfg.stages = stages_;
     cfg.loss = loss_.get();
     cfg.device = device_;
+    cfg.precision = options_.precision;
     cfg.shapes = options_.shapes;
     cfg.static_shapes = options_.static_shapes;
     cfg.dp_degree = options_.dp_degree;
@@ -140,6 +153,23 @@ class PipelineRunner::Impl {
       comm_ = connectC10d(co);
     }
     executor_ = std::make_unique<ScheduleExecutor>(*comm_, std::move(cfg));
+  }
+
+  void checkPrecision() const {
+    const bool cuda = device_.rfind("cuda", 0) == 0;
+    const auto device = cuda ? compat::AutocastDevice::kCuda : compat::AutocastDevice::kCpu;
+    std::optional<std::string> why;
+    switch (options_.precision) {
+      case Precision::kFp32:
+        return;
+      case Precision::kBf16:
+        why = compat::autocastUnsupported(device, compat::AutocastDtype::kBFloat16);
+        break;
+      case Precision::kFp16:
+        why = compat::autocastUnsupported(device, compat::AutocastDtype::kFloat16);
+        break;
+    }
+    if (why) throw RuntimeError(fmt::format("precision {} on {}: {}", precisionName(options_.precision), device_, *why));
   }
 
   void buildProgram() {
@@ -228,6 +258,7 @@ class PipelineRunner::Impl {
     // to the batch loss (for equal microbatches, the unsplit model's).
     req.loss_scale = scaling.scale.value_or(options_.scale_grads ? 1.0 / m : 1.0);
     req.reduction = scaling.reduction;
+    req.grad_scale = scaling.grad_scale;
     req.batch_signature.push_back(m);
     for (const auto* list : {&inputs, &targets}) {
       for (const at::Tensor& t : *list) {
@@ -273,6 +304,9 @@ PipelineRunner& PipelineRunner::operator=(PipelineRunner&&) noexcept = default;
 StepResult PipelineRunner::trainStep(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets,
                                      const LossScaling& scaling) {
   if (targets.empty()) throw RuntimeError("trainStep needs targets for the loss; use evalStep for forward only");
+  if (!(scaling.grad_scale > 0.0) || !std::isfinite(scaling.grad_scale)) {
+    throw RuntimeError(fmt::format("trainStep: grad_scale must be a finite number > 0, got {}", scaling.grad_scale));
+  }
   StepOutcome out = impl_->runStep(inputs, targets, /*train=*/true, scaling);
   impl_->profile_ = std::move(out.profile);
   return impl_->toResult(out);

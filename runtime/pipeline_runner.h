@@ -65,6 +65,10 @@ struct LossScaling {
   // RunnerOptions::scale_grads, else 1. Per-token normalization sums the
   // losses and scales by 1 / (elements counted over the whole global batch).
   std::optional<double> scale;
+  // fp16 loss scaling (Note [Dynamic loss scaling] in train/loss_scaler.h):
+  // each microbatch's backward runs on its loss times grad_scale, so the
+  // gradients come out multiplied by it; the returned losses are not.
+  double grad_scale = 1.0;
 };
 
 enum class Backend {
@@ -72,6 +76,14 @@ enum class Backend {
   kGloo,
   kNccl,
 };
+
+// The dtype stage forwards and the loss compute in (Note [Mixed precision]).
+enum class Precision {
+  kFp32,  // everything in the parameters' dtype
+  kBf16,  // autocast to bfloat16; parameters, gradients and optimizer state stay as they are
+  kFp16,  // autocast to float16; pair with loss scaling (trainStep's grad_scale)
+};
+const char* precisionName(Precision precision);  // "fp32", "bf16", "fp16"
 
 // How a stage learns the shape and dtype of what it receives.
 enum class ShapeMode {
@@ -108,6 +120,10 @@ struct RunnerOptions {
   // is the gradient of the batch's mean loss (Note [Loss scaling]).
   bool scale_grads = true;
 
+  // Autocast around every stage forward and the loss (Note [Mixed precision]).
+  // Refused (RuntimeError) where this LibTorch cannot autocast to it on `device`.
+  Precision precision = Precision::kFp32;
+
   // Per model input / per target; empty: every tensor split along dim 0.
   std::vector<ChunkSpec> input_chunks;
   std::vector<ChunkSpec> target_chunks;
@@ -139,8 +155,9 @@ struct RunnerOptions {
 struct StepResult {
   // Per-microbatch losses, each already multiplied by the loss scale
   // (1/num_microbatches with scale_grads): their sum is the batch's loss, and
-  // each is exactly the value whose backward ran. Only on the rank that
-  // computes the loss (the last stage's); empty elsewhere.
+  // each is exactly the value whose backward ran (before trainStep's
+  // grad_scale). Only on the rank that computes the loss (the last stage's);
+  // empty elsewhere.
   std::vector<double> losses;
   bool has_loss = false;
   double loss = 0.0;  // sum of `losses`

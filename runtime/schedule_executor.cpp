@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "compat/autocast.h"
 #include "runtime/comm.h"
 #include "runtime/comm_plan.h"
 #include "runtime/loss.h"
@@ -194,7 +195,12 @@ class ScheduleExecutor::Impl {
     std::vector<TensorMeta>& in_meta = input_meta_[{s, mb}];
     for (const at::Tensor& t : inputs) in_meta.push_back(metaOf(t));
 
-    std::vector<at::Tensor> outputs = stage.forward(mb, inputs, req_->train);
+    std::vector<at::Tensor> outputs;
+    {
+      std::optional<compat::AutocastGuard> autocast;
+      startAutocast(autocast);
+      outputs = stage.forward(mb, inputs, req_->train);
+    }
     std::vector<TensorMeta>& out_meta = output_meta_[{s, mb}];
     for (const at::Tensor& t : outputs) out_meta.push_back(metaOf(t));
 
@@ -236,10 +242,17 @@ class ScheduleExecutor::Impl {
     if (!req_->targets.empty()) {
       std::vector<at::Tensor> targets;
       for (const at::Tensor& t : req_->targets.at(mb)) targets.push_back(t.to(cfg_.device));
-      at::Tensor loss = (*cfg_.loss)(model_outputs, targets, req_->reduction) * req_->loss_scale;
+      at::Tensor loss;
+      {
+        std::optional<compat::AutocastGuard> autocast;
+        startAutocast(autocast);
+        loss = (*cfg_.loss)(model_outputs, targets, req_->reduction);
+      }
+      loss = loss * req_->loss_scale;
       if (req_->train) {
-        stage.setLoss(mb, loss);
-        losses_[mb] = loss;
+        at::Tensor root = req_->grad_scale == 1.0 ? loss : loss * req_->grad_scale;
+        stage.setLoss(mb, root);
+        losses_[mb] = root;
       }
       out_.losses.at(mb) = loss.item<double>();
     } else if (req_->train) {
@@ -247,6 +260,32 @@ class ScheduleExecutor::Impl {
     }
     if (!req_->train) {
       for (const at::Tensor& t : model_outputs) out_.outputs.at(mb).push_back(t.detach());
+    }
+  }
+
+  // Note [Mixed precision]: with bf16 or fp16 every stage forward and the
+  // loss run under autocast, as `with torch.autocast(device, dtype): out =
+  // model(x); loss = loss_fn(out, y)` in PyTorch: ops on autocast's list
+  // (matmul, linear, ...) cast their inputs, the parameters among them, to the
+  // low dtype; the parameters themselves, their gradients and the optimizer
+  // state stay float32. Backward runs outside autocast, in the dtypes the
+  // forward recorded. What crosses stages is whatever dtype the forward
+  // produced (a GPT's residual stream stays float32: float32 + bfloat16 is
+  // float32), described to the receiver like any other dtype (Note [Shape
+  // inference]), and the gradient sent back has the dtype of the value it
+  // belongs to. Each forward is its own autocast region whose cast cache is
+  // cleared on exit, so a microbatch never reuses another's cast weights.
+  void startAutocast(std::optional<compat::AutocastGuard>& guard) const {
+    const auto device = cfg_.device.rfind("cuda", 0) == 0 ? compat::AutocastDevice::kCuda : compat::AutocastDevice::kCpu;
+    switch (cfg_.precision) {
+      case Precision::kFp32:
+        return;
+      case Precision::kBf16:
+        guard.emplace(device, compat::AutocastDtype::kBFloat16);
+        return;
+      case Precision::kFp16:
+        guard.emplace(device, compat::AutocastDtype::kFloat16);
+        return;
     }
   }
 

@@ -41,6 +41,7 @@ struct ExecutorConfig {
   std::vector<PipelineStage*> stages;  // by stage index; null where not local
   const LossFunction* loss = nullptr;
   std::string device = "cpu";
+  Precision precision = Precision::kFp32;
   ShapeMode shapes = ShapeMode::kInferOnce;
   std::vector<std::vector<TensorMeta>> static_shapes;
   int dp_degree = 1;
@@ -58,7 +59,8 @@ struct StepRequest {
   std::vector<std::vector<at::Tensor>> inputs;   // [mb][model input]
   std::vector<std::vector<at::Tensor>> targets;  // [mb][target]; empty: no loss
   bool train = true;
-  double loss_scale = 1.0;
+  double loss_scale = 1.0;  // each microbatch's loss times this is what it reports (1/m: Note [Loss scaling])
+  double grad_scale = 1.0;  // ... and that times this is the root of its backward (fp16 loss scaling)
   LossReduction reduction = LossReduction::kMean;
   // Changes when the global batch shapes do: re-learn received shapes (kInferOnce).
   std::vector<std::int64_t> batch_signature;

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -174,6 +175,9 @@ void commitCheckpoint(const std::string& root, const CheckpointMeta& meta, int k
   j["seed"] = meta.seed;
   j["tied"] = meta.tied;
   j["unused"] = meta.unused;
+  if (meta.loss_scale) {
+    j["loss_scale"] = {{"scale", meta.loss_scale->scale}, {"growth_tracker", meta.loss_scale->growth_tracker}};
+  }
   j["stages"] = nlohmann::json::array();
   for (int s = 0; s < meta.num_stages; ++s) {
     j["stages"].push_back({{"index", s}, {"file", stageFile(s)}, {"optimizer", optimizerFile(s)}});
@@ -311,6 +315,15 @@ CheckpointMeta readCheckpointMeta(const std::string& step_dir) {
     meta.seed = j.at("seed").get<std::uint64_t>();
     meta.tied = j.at("tied").get<std::vector<std::vector<std::string>>>();
     meta.unused = j.value("unused", std::vector<std::string>{});
+    if (j.contains("loss_scale")) {
+      const auto& ls = j.at("loss_scale");
+      LossScaleState state{ls.at("scale").get<double>(), ls.at("growth_tracker").get<std::int64_t>()};
+      if (!(state.scale > 0.0) || !std::isfinite(state.scale) || state.growth_tracker < 0) {
+        throw CheckpointError(fmt::format("'{}': loss_scale {{scale {}, growth_tracker {}}} is out of range", path,
+                                          state.scale, state.growth_tracker));
+      }
+      meta.loss_scale = state;
+    }
     return meta;
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(fmt::format("'{}' is malformed: {}", path, e.what()));

@@ -1,7 +1,8 @@
 // Checkpoints: one folder per step, one pair of files per pipeline stage.
 //
 //   CKPT/latest                 "step_00000040\n", written last (Note [Checkpoint commit])
-//   CKPT/step_00000040/meta.json   step, stages, source model, tied names, world
+//   CKPT/step_00000040/meta.json   step, stages, source model, tied names, world,
+//                                  the fp16 loss scale
 //   CKPT/step_00000040/stage_0.pt  a torch.save-compatible dict: parameters and
 //                                  buffers under their original FQNs, step,
 //                                  data position, the rank's RNG state
@@ -46,6 +47,12 @@ struct StageCheckpoint {
   at::Tensor rng_state;            // the CPU generator's state on the rank that held the stage
 };
 
+// fp16 runs: the loss scaler's state after the checkpoint's step (Note [Dynamic loss scaling]).
+struct LossScaleState {
+  double scale = 65536.0;
+  std::int64_t growth_tracker = 0;
+};
+
 struct CheckpointMeta {
   std::int64_t step = 0;
   int num_stages = 0;
@@ -55,6 +62,7 @@ struct CheckpointMeta {
   std::uint64_t seed = 0;
   std::vector<std::vector<std::string>> tied;
   std::vector<std::string> unused;  // pipe.json "unused": model state no stage holds
+  std::optional<LossScaleState> loss_scale;  // fp16 runs only; absent in older checkpoints
 };
 
 inline constexpr const char* kCheckpointFormat = "pipeforge.checkpoint/1";

@@ -17,6 +17,15 @@ runtime::LossKind lossKind(LossName loss) {
   return runtime::LossKind::kCrossEntropy;
 }
 
+runtime::Precision precisionOf(PrecisionName name) {
+  switch (name) {
+    case PrecisionName::kFp32: return runtime::Precision::kFp32;
+    case PrecisionName::kBf16: return runtime::Precision::kBf16;
+    case PrecisionName::kFp16: return runtime::Precision::kFp16;
+  }
+  return runtime::Precision::kFp32;
+}
+
 runtime::Backend backendOf(const std::string& name) {
   if (name == "gloo") return runtime::Backend::kGloo;
   if (name == "nccl") return runtime::Backend::kNccl;
@@ -33,6 +42,7 @@ runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const std::st
   ro.stages_per_rank = config.pipeline.stages_per_rank;
   ro.loss = lossKind(config.loss);
   ro.loss_module = config.loss_module;
+  ro.precision = precisionOf(config.precision);
   ro.dp_degree = config.pipeline.data_parallel;
   ro.device = config.device;
   ro.backend = backendOf(config.backend);

@@ -8,6 +8,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -326,6 +327,7 @@ void parseData(const Section& top, const YAML::Node& node, TrainConfig& c) {
 void parseTraining(const Section& top, const YAML::Node& node, TrainConfig& c) {
   Section s(top.origin(), "training");
   bool has_steps = false, has_batch = false;
+  std::optional<YAML::Node> loss_scale;
   s.read(node, "training",
          {{"steps",
            [&](const YAML::Node& v) {
@@ -344,7 +346,31 @@ void parseTraining(const Section& top, const YAML::Node& node, TrainConfig& c) {
            [&](const YAML::Node& v) {
              c.on_nonfinite = s.choice<NonFinitePolicy>(
                  v, "on_nonfinite", {{"stop", NonFinitePolicy::kStop}, {"skip_step", NonFinitePolicy::kSkipStep}});
-           }}});
+           }},
+          {"precision",
+           [&](const YAML::Node& v) {
+             c.precision = s.choice<PrecisionName>(
+                 v, "precision", {{"fp32", PrecisionName::kFp32}, {"bf16", PrecisionName::kBf16}, {"fp16", PrecisionName::kFp16}});
+           }},
+          {"loss_scale", [&](const YAML::Node& v) { loss_scale = v; }}});
+  if (loss_scale) {
+    if (c.precision != PrecisionName::kFp16) {
+      throw ConfigError(fmt::format("{}: training.loss_scale applies to training.precision fp16 only (precision is "
+                                    "{}); remove it, or set precision: fp16",
+                                    s.where(*loss_scale), precisionName(c.precision)));
+    }
+    Section ls(top.origin(), "training.loss_scale");
+    ls.read(*loss_scale, "training.loss_scale",
+            {{"initial",
+              [&](const YAML::Node& v) {
+                c.loss_scale.initial = ls.number(v, "initial", 0.0, false);
+                if (c.loss_scale.initial > std::numeric_limits<float>::max()) {
+                  ls.fail(v, "initial", "a number > 0 that fits float32 (at most 3.4e38)");
+                }
+              }},
+             {"growth_interval",
+              [&](const YAML::Node& v) { c.loss_scale.growth_interval = ls.smallInteger(v, "growth_interval", 1); }}});
+  }
   if (!has_steps) throw ConfigError(fmt::format("{}: training.steps is missing", s.where(node)));
   if (!has_batch) throw ConfigError(fmt::format("{}: training.global_batch_size is missing", s.where(node)));
 }
@@ -545,6 +571,15 @@ const char* lossName(LossName loss) {
     case LossName::kCrossEntropy: return "cross_entropy";
     case LossName::kMse: return "mse";
     case LossName::kModule: return "module";
+  }
+  return "?";
+}
+
+const char* precisionName(PrecisionName name) {
+  switch (name) {
+    case PrecisionName::kFp32: return "fp32";
+    case PrecisionName::kBf16: return "bf16";
+    case PrecisionName::kFp16: return "fp16";
   }
   return "?";
 }

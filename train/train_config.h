@@ -56,6 +56,16 @@ enum class NonFinitePolicy {
   kSkipStep,  // every rank drops that step's update; counted in the metrics
 };
 
+// The dtype the forward computes in (Note [Mixed precision] in runtime/schedule_executor.cpp).
+enum class PrecisionName { kFp32, kBf16, kFp16 };
+
+// fp16 only: dynamic loss scaling as torch.amp.GradScaler (Note [Dynamic
+// loss scaling] in train/loss_scaler.h); growth 2.0 and backoff 0.5 are fixed.
+struct LossScaleConfig {
+  double initial = 65536.0;             // GradScaler's init_scale, 2**16
+  std::int64_t growth_interval = 2000;  // overflow-free steps before the scale doubles
+};
+
 struct LrScheduleConfig {
   LrDecay decay = LrDecay::kCosine;
   std::int64_t warmup_steps = 0;
@@ -121,6 +131,8 @@ struct TrainConfig {
   std::int64_t eval_every = 0;    // 0: no evaluation
   std::int64_t eval_batches = 1;  // held-out batches per evaluation
   NonFinitePolicy on_nonfinite = NonFinitePolicy::kStop;
+  PrecisionName precision = PrecisionName::kFp32;
+  LossScaleConfig loss_scale;  // used with precision fp16 only
 
   CheckpointConfig checkpoint;
 
@@ -148,5 +160,6 @@ std::int64_t replicaBatchSize(const TrainConfig& config);
 
 const char* lossName(LossName loss);
 const char* optimizerName(OptimizerName name);
+const char* precisionName(PrecisionName name);
 
 }  // namespace pipeforge::train

@@ -20,6 +20,7 @@
 #include "stage/manifest.h"
 #include "train/checkpoint.h"
 #include "train/dataset.h"
+#include "train/loss_scaler.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_log.h"
 #include "train/optimizer_factory.h"
@@ -52,6 +53,7 @@ class RankTrainer {
     timeout_ = std::chrono::milliseconds(static_cast<std::int64_t>(config.timeout_s * 1000));
 
     runner_ = std::make_unique<runtime::PipelineRunner>(runnerOptionsFor(config, options.split_dir));
+    if (config.precision == PrecisionName::kFp16) scaler_.emplace(config.loss_scale);
     channel_ = std::make_unique<RankChannel>(env_, timeout_);
     dataset_ = openDataset(config.data, config.seed);
 
@@ -101,9 +103,34 @@ class RankTrainer {
     const Batch global = dataset_->batch(DataSplit::kTrain, step, config_.global_batch_size);
     const Batch batch = myShare(global);
     const std::size_t proven = pending_.size();  // Note [Deferred reports]
-    runtime::StepResult result = runner_->trainStep(batch.inputs, batch.targets, lossScalingFor(config_, global));
+    const std::optional<double> loss_scale = scaler_ ? std::optional<double>(scaler_->scale()) : std::nullopt;
+    runtime::LossScaling scaling = lossScalingFor(config_, global);
+    scaling.grad_scale = loss_scale.value_or(1.0);
+    runtime::StepResult result = runner_->trainStep(batch.inputs, batch.targets, scaling);
+    if (scaler_) unscaleGradients();
     const GradientCheck check = checkGradients(result);
-    if (const NonFinite& bad = check.bad; bad.found()) {
+    const NonFinite& bad = check.bad;
+    if (scaler_) {
+      scaler_->update(bad.found());
+      if (!(scaler_->scale() > 0.0)) {
+        throw std::runtime_error(fmt::format("the fp16 loss scale fell to 0 after repeated overflows: {}; the "
+                                             "gradients are not finite at any scale, try precision bf16 or a lower "
+                                             "optimizer.lr",
+                                             describe(bad)));
+      }
+    }
+    if (scaler_ && bad.found() && !bad.loss) {
+      // Note [Dynamic loss scaling]: an overflow, not a training.on_nonfinite event.
+      ++summary.overflow_steps;
+      if (rank() == 0) {
+        metrics_->write({{"event", "overflow"}, {"step", step + 1}, {"loss_scale", *loss_scale},
+                         {"next_loss_scale", scaler_->scale()}, {"first_stage", bad.first_stage},
+                         {"overflow_steps", summary.overflow_steps}});
+        progress_->note(fmt::format("step {}: gradients overflowed at loss scale {}: update skipped, scale now {} ({} "
+                                    "so far)",
+                                    step + 1, *loss_scale, scaler_->scale(), summary.overflow_steps));
+      }
+    } else if (bad.found()) {
       if (config_.on_nonfinite == NonFinitePolicy::kStop) throw std::runtime_error(describe(bad) + kStopFix);
       ++summary.skipped_steps;
       if (rank() == 0) {
@@ -136,7 +163,7 @@ class RankTrainer {
       const double elapsed = std::chrono::duration<double>(Clock::now() - loop_start_).count();
       pending_.push_back(PendingReport{false, done, lr, window_s_ / window_steps_,
                                        elapsed / static_cast<double>(done - summary.first_step) * (end_ - done),
-                                       check.norm});
+                                       check.norm, loss_scale});
       window_s_ = 0.0;
       window_steps_ = 0;
     }
@@ -155,7 +182,9 @@ class RankTrainer {
   // stop (training.on_nonfinite: stop), or drop the whole step's update
   // (skip_step). After an update the parameters are checked the same way: an
   // update that overflowed cannot be skipped any more, so the run stops under
-  // either policy. Checkpoints come after both checks, so every checkpoint
+  // either policy. Under training.precision fp16 non-finite gradients with a
+  // finite loss are a loss-scale overflow instead (Note [Dynamic loss
+  // scaling] in train/loss_scaler.h). Checkpoints come after both checks, so every checkpoint
   // holds finite parameters and rotation (checkpoint.keep) can never leave
   // only non-finite ones.
   struct NonFinite {
@@ -166,6 +195,18 @@ class RankTrainer {
   static constexpr const char* kStopFix =
       "; lower optimizer.lr (or add lr_schedule.warmup_steps), or set training.on_nonfinite: skip_step to drop "
       "such updates";
+
+  // Note [Dynamic loss scaling]: every local gradient times 1/scale, before
+  // the non-finite check and the optimizers read them.
+  void unscaleGradients() {
+    const double inverse = scaler_->inverseScale();
+    at::NoGradGuard no_grad;
+    std::set<const void*> done;  // two names of one tensor in one stage share one .grad
+    for (const auto& p : runner_->parameters()) {
+      at::Tensor g = p.tensor.grad();
+      if (g.defined() && done.insert(g.unsafeGetTensorImpl()).second) g.mul_(inverse);
+    }
+  }
 
   // Note [One collective per step's checks]: one float64 all-reduce carries,
   // per stage, the squared norm of its gradients (not finite: a non-finite
@@ -294,6 +335,7 @@ class RankTrainer {
     double step_s = 0.0;
     double eta_s = 0.0;
     double grad_norm = 0.0;
+    std::optional<double> loss_scale;  // fp16: the scale this step's backward ran with
   };
 
   // Publishes this replica's loss, when this rank computed it.
@@ -331,7 +373,7 @@ class RankTrainer {
         continue;
       }
       const double loss = takeLoss(fmt::format("loss/{}", r.done));
-      report(r.done, loss, r.lr, r.step_s, r.eta_s, r.grad_norm);
+      report(r.done, loss, r.lr, r.step_s, r.eta_s, r.grad_norm, r.loss_scale);
       if (!summary.first_loss) summary.first_loss = loss;
       summary.last_loss = loss;
     }
@@ -345,7 +387,7 @@ class RankTrainer {
       runtime::EvalResult r = runner_->evalStep(batch.inputs, batch.targets, lossScalingFor(config_, global));
       publishLoss(fmt::format("eval/{}/{}", done, k), r.loss);
     }
-    pending_.push_back(PendingReport{true, done, 0.0, 0.0, 0.0, 0.0});
+    pending_.push_back(PendingReport{true, done, 0.0, 0.0, 0.0, 0.0, std::nullopt});
   }
 
   // Note [Checkpoint commit] in train/checkpoint.h.
@@ -386,6 +428,7 @@ class RankTrainer {
       meta.seed = config_.seed;
       meta.tied = manifest_.tied;
       meta.unused = manifest_.unused;
+      if (scaler_) meta.loss_scale = LossScaleState{scaler_->scale(), scaler_->growthTracker()};
       commitCheckpoint(root, meta, config_.checkpoint.keep);
     }
     runner_->barrier();
@@ -433,6 +476,13 @@ class RankTrainer {
       rng = state.rng_state;
     }
     if (rng.defined()) setCpuRngState(rng);
+    if (scaler_ && meta.loss_scale) {
+      scaler_->restore(meta.loss_scale->scale, meta.loss_scale->growth_tracker);
+    } else if (scaler_ && rank() == 0) {
+      std::cerr << fmt::format("warning: checkpoint '{}' holds no fp16 loss scale (written by an fp32/bf16 run or an "
+                               "older Pipeforge); starting from training.loss_scale.initial {}\n",
+                               *dir, scaler_->scale());
+    }
     if (rank() == 0) resumed_from_ = *dir;
     return meta.step;
   }
@@ -448,6 +498,12 @@ class RankTrainer {
                         env_.world_size, env_.world_size / p.data_parallel, p.data_parallel, manifest_.num_stages,
                         p.schedule, p.microbatches, config_.steps, config_.global_batch_size);
     out_ << "  data: " << dataset_->describe() << "\n";
+    if (config_.precision != PrecisionName::kFp32) {
+      out_ << fmt::format("  precision: {} autocast{}\n", precisionName(config_.precision),
+                          scaler_ ? fmt::format(", loss scale {} (x2 every {} steps without overflow)", scaler_->scale(),
+                                                config_.loss_scale.growth_interval)
+                                  : std::string());
+    }
     if (!resumed_from_.empty()) out_ << fmt::format("  resumed from {} at step {}\n", resumed_from_, first_step);
     if (first_step >= end_) {
       out_ << fmt::format("  nothing to train: the checkpoint is at step {} and the run stops at {} (raise "
@@ -459,22 +515,22 @@ class RankTrainer {
                      {"step", first_step},
                      {"world_size", env_.world_size},
                      {"schedule", p.schedule},
+                     {"precision", precisionName(config_.precision)},
                      {"resumed_from", resumed_from_}});
     progress_ = std::make_unique<ProgressBar>(out_, config_.steps, options_.out == nullptr && stdoutIsTerminal());
   }
 
-  void report(std::int64_t done, double loss, double lr, double step_s, double eta_s, double grad_norm) {
+  void report(std::int64_t done, double loss, double lr, double step_s, double eta_s, double grad_norm,
+              std::optional<double> loss_scale) {
     // Token data counts tokens; tensor data counts rows, whatever their shape.
     const bool tokens = config_.data.format != DataFormat::kTensors;
     const double rows_per_s = static_cast<double>(config_.global_batch_size) / step_s;
     const double throughput = tokens ? rows_per_s * config_.data.block_size : rows_per_s;
-    metrics_->write({{"event", "train"},
-                     {"step", done},
-                     {"loss", loss},
-                     {"lr", lr},
-                     {tokens ? "tokens_per_s" : "rows_per_s", throughput},
-                     {"grad_norm", grad_norm},
-                     {"step_s", step_s}});
+    nlohmann::json record{{"event", "train"}, {"step", done},           {"loss", loss},
+                          {"lr", lr},         {"grad_norm", grad_norm}, {"step_s", step_s}};
+    record[tokens ? "tokens_per_s" : "rows_per_s"] = throughput;
+    if (loss_scale) record["loss_scale"] = *loss_scale;
+    metrics_->write(record);
     progress_->update(StepReport{done, loss, lr, throughput, eta_s, tokens ? "tok/s" : "rows/s", grad_norm});
   }
 
@@ -510,6 +566,10 @@ class RankTrainer {
                           s.seconds, *s.first_loss, *s.last_loss);
       if (s.last_eval_loss) out_ << fmt::format(", held-out loss {:.4f}", *s.last_eval_loss);
       if (s.skipped_steps > 0) out_ << fmt::format(", {} updates skipped (non-finite)", s.skipped_steps);
+      if (s.overflow_steps > 0) {
+        out_ << fmt::format(", {} updates skipped (fp16 overflow; loss scale now {})", s.overflow_steps,
+                            scaler_->scale());
+      }
       out_ << "\n";
     }
     if (!s.checkpoint.empty()) {
@@ -534,6 +594,7 @@ class RankTrainer {
   std::unique_ptr<RankChannel> channel_;  // after runner_: destroyed first (Note [Orderly exit])
   std::unique_ptr<Dataset> dataset_;
   std::map<int, std::unique_ptr<torch::optim::Optimizer>> optimizers_;
+  std::optional<LossScaler> scaler_;  // training.precision fp16 only
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<ProgressBar> progress_;
   std::vector<RankStepProfile> traced_;

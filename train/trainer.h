@@ -31,6 +31,7 @@ struct TrainSummary {
   std::optional<double> last_eval_loss;
   std::string checkpoint;  // the newest checkpoint folder, if any
   std::int64_t skipped_steps = 0;  // updates dropped by training.on_nonfinite: skip_step
+  std::int64_t overflow_steps = 0;  // fp16: updates dropped because gradients overflowed the loss scale
   double seconds = 0.0;
 };
 

@@ -91,6 +91,16 @@ TEST_F(TrainConfigTest, MistakesNameTheKey) {
       {"empty complex key", "", "? :\n", {"has a map as a key"}},
       {"microbatches wrap to zero", "microbatches: 2", "microbatches: 4294967296",
        {"pipeline.microbatches must be an integer in [1, 2147483647], got '4294967296'"}},
+      {"unknown precision", "  steps: 4\n", "  steps: 4\n  precision: fp8\n",
+       {"t.yaml:", "training.precision must be one of fp32, bf16, fp16, got 'fp8'"}},
+      {"loss scale without fp16", "  steps: 4\n", "  steps: 4\n  precision: bf16\n  loss_scale: {initial: 1024}\n",
+       {"t.yaml:", "training.loss_scale applies to training.precision fp16 only (precision is bf16)"}},
+      {"loss scale not positive", "  steps: 4\n", "  steps: 4\n  precision: fp16\n  loss_scale: {initial: 0}\n",
+       {"training.loss_scale.initial must be a number > 0"}},
+      {"loss scale beyond float32", "  steps: 4\n", "  steps: 4\n  precision: fp16\n  loss_scale: {initial: 1e39}\n",
+       {"training.loss_scale.initial must be a number > 0 that fits float32"}},
+      {"unknown loss scale key", "  steps: 4\n", "  steps: 4\n  precision: fp16\n  loss_scale: {growth: 3}\n",
+       {"unknown key 'training.loss_scale.growth'", "growth_interval, initial"}},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
@@ -111,6 +121,18 @@ TEST_F(TrainConfigTest, MistakesNameTheKey) {
       }
     }
   }
+}
+
+TEST_F(TrainConfigTest, PrecisionAndLossScale) {
+  EXPECT_EQ(parseTrainConfig(valid(), "t.yaml").precision, PrecisionName::kFp32);
+  std::string text = valid();
+  text.replace(text.find("  steps: 4\n"), 11,
+               "  steps: 4\n  loss_scale: {initial: 4194304, growth_interval: 3}\n  precision: fp16\n");
+  TrainConfig c = parseTrainConfig(text, "t.yaml");  // loss_scale may come before precision
+  EXPECT_EQ(c.precision, PrecisionName::kFp16);
+  EXPECT_EQ(c.loss_scale.initial, 4194304.0);
+  EXPECT_EQ(c.loss_scale.growth_interval, 3);
+  EXPECT_EQ(parseTrainConfig(valid() + "", "t.yaml").loss_scale.initial, 65536.0);
 }
 
 TEST_F(TrainConfigTest, EvaluationNeedsHeldOutData) {
@@ -258,6 +280,7 @@ TEST_F(TrainConfigTest, ExampleShowsEveryKeyWithTheCodesDefault) {
   EXPECT_EQ(e.data.val_fraction, d.data.val_fraction);
   // data.dtype is shown commented (format text is always uint8).
   EXPECT_EQ(e.seed, d.seed);
+  EXPECT_EQ(e.precision, d.precision);
   EXPECT_EQ(e.eval_every, d.eval_every);
   EXPECT_EQ(e.eval_batches, d.eval_batches);
   EXPECT_EQ(e.on_nonfinite, d.on_nonfinite);
