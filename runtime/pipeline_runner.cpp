@@ -102,6 +102,7 @@ class PipelineRunner::Impl {
       if (program_.stage_to_rank[s] != pp_rank_) continue;
       owned_.push_back(std::make_unique<PipelineStage>(
           PipelineStage::fromSplit(options_.split_dir, manifest_, plan_, s, device_)));
+      owned_.back()->setActivationCheckpointing(options_.activation_checkpointing == Checkpointing::kFull);
       stages_[s] = owned_.back().get();
     }
     computes_loss_ = program_.stage_to_rank[manifest_.num_stages - 1] == pp_rank_;

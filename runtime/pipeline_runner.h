@@ -99,6 +99,12 @@ struct TensorMeta {
   at::ScalarType dtype = at::kFloat;
 };
 
+// What a training forward keeps for its backward (Note [Activation checkpointing]).
+enum class Checkpointing {
+  kNone,  // the stage's autograd graph, until its B (or W)
+  kFull,  // the stage's inputs and generator state only; B (or I) recomputes the forward
+};
+
 struct RunnerOptions {
   // A folder written by `pipeforge split`: pipe.json and stage_<i>.pt.
   std::string split_dir;
@@ -150,6 +156,9 @@ struct RunnerOptions {
   std::vector<std::vector<TensorMeta>> static_shapes;
 
   bool profile = false;  // record per-action timings (StepProfile) on each step
+
+  // Trades compute for memory: kFull runs each stage's forward twice.
+  Checkpointing activation_checkpointing = Checkpointing::kNone;
 };
 
 struct StepResult {

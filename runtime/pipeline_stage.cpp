@@ -14,6 +14,7 @@
 #include "frontend/pt2_import.h"
 #include "runtime/comm_plan.h"
 #include "runtime/errors.h"
+#include "runtime/rng_state.h"
 #include "runtime/split_backward.h"
 #include "stage/file_digest.h"
 #include "stage/manifest.h"
@@ -27,6 +28,12 @@ class PipelineStage::Impl {
     std::vector<at::Tensor> outputs;
     at::Tensor loss;                            // set on the last stage
     std::unique_ptr<WeightGradWork> weight;     // between I and W
+    // Checkpointed forward (Note [Activation checkpointing]): no outputs nor
+    // loss until the recompute, which replays these.
+    bool pending_recompute = false;
+    RngState rng;
+    std::vector<std::pair<std::string, at::Tensor>> buffers;  // mutable buffers as the forward found them
+    LossFn loss_fn;
   };
 
   Impl(torch::jit::Module module, StageSignature sig) : module_(std::move(module)), sig_(std::move(sig)) {
@@ -42,6 +49,175 @@ class PipelineStage::Impl {
                                      sig_.input_wants_grad.size(), sig_.num_module_inputs));
     }
     for (const auto& p : module_.named_parameters(/*recurse=*/true)) params_.push_back(p.value);
+    if (!params_.empty()) device_ = params_.front().device().str();
+  }
+
+  // The module's forward on `inputs` (module inputs first), as a list of outputs.
+  std::vector<at::Tensor> run(int mb, const std::vector<at::Tensor>& inputs) {
+    std::vector<c10::IValue> args(inputs.begin(), inputs.begin() + sig_.num_module_inputs);
+    c10::IValue result;
+    {
+      // Note [Plain autograd graphs]: optimized, the graph executor merges ops
+      // into DifferentiableGraph nodes whose backward computes every gradient
+      // at once, so I would pay for W's products and W again. Unoptimized,
+      // every op records its own backward node and split backward works.
+      torch::jit::GraphOptimizerEnabledGuard plain_graph(false);
+      try {
+        result = module_.forward(std::move(args));
+      } catch (const c10::Error& e) {
+        throw RuntimeError(fmt::format("stage {} forward of microbatch {} failed: {}", sig_.index, mb,
+                                       e.what_without_backtrace()));
+      }
+    }
+    std::vector<at::Tensor> outputs;
+    if (result.isTuple()) {
+      for (const auto& v : result.toTupleRef().elements()) {
+        if (!v.isTensor()) {
+          throw RuntimeError(fmt::format("stage {}: forward returned a {} inside its tuple; stages return tensors only",
+                                         sig_.index, v.tagKind()));
+        }
+        outputs.push_back(v.toTensor());
+      }
+    } else if (result.isTensor()) {
+      outputs.push_back(result.toTensor());
+    } else {
+      throw RuntimeError(fmt::format("stage {}: forward returned a {}; a stage returns a tuple of tensors", sig_.index,
+                                     result.tagKind()));
+    }
+    if (static_cast<int>(outputs.size()) != sig_.num_outputs) {
+      throw RuntimeError(fmt::format("stage {}: forward returned {} outputs but pipe.json says {}", sig_.index,
+                                     outputs.size(), sig_.num_outputs));
+    }
+    return outputs;
+  }
+
+  // ---- activation checkpointing ---------------------------------------------
+  //
+  // Note [Activation checkpointing]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A checkpointed training forward (F) runs the stage without grad, so the
+  // activations inside the stage are freed as soon as the forward is done;
+  // the microbatch keeps only its inputs (the leaves the recompute starts
+  // from), the CPU generator's state (and the device's on CUDA) taken just
+  // before F, and the buffers F changes (Note [Buffers under recompute]).
+  // Its outputs are sent as usual: they are the values the recompute
+  // produces again, bit for bit, because the recompute runs the same module
+  // on the same inputs with the same parameters (the optimizer steps only
+  // after the schedule) and the same random draws:
+  //
+  //   F:  state S0 -> [stage forward][loss] -> S1 -> later Fs draw from S1 ...
+  //   B:  save now=Sk; set S0 -> [stage forward][loss] (same masks); set Sk
+  //
+  // so no draw after the replay sees it, and a run with checkpointing draws
+  // the same masks as one without. On the last stage the loss is a function
+  // (setLoss), run again on the recomputed outputs, inside the replay. B (or
+  // I) recomputes first and then runs the backward as without checkpointing;
+  // W works from the graph the recompute built and I kept.
+
+  std::map<std::string, at::Tensor> buffersByName() const {
+    std::map<std::string, at::Tensor> out;
+    for (const auto& b : module_.named_buffers(/*recurse=*/true)) out.emplace(b.name, b.value);
+    return out;
+  }
+
+  // Note [Buffers under recompute]: a buffer the forward changes (BatchNorm's
+  // running statistics, a call counter) must change once per microbatch, and
+  // the recompute must read it as the checkpointed forward did. The first
+  // checkpointed forward learns which buffers change (their tensor or its
+  // version counter); every checkpointed forward then keeps a copy of those
+  // as it found them, and the recompute runs with that copy in their place
+  // (BufferReplayGuard). Buffers that never change (GPT's causal mask) are
+  // never copied.
+  void checkpointedForward(Microbatch& m, int mb, std::vector<at::Tensor>& outputs) {
+    struct Seen {
+      const c10::TensorImpl* impl;
+      std::int64_t version;
+      at::Tensor copy;
+    };
+    torch::NoGradGuard no_grad;
+    std::map<std::string, Seen> before;
+    for (auto& [name, t] : buffersByName()) {
+      if (mutable_buffers_ && !mutable_buffers_->count(name)) continue;
+      before.emplace(name, Seen{t.unsafeGetTensorImpl(), static_cast<std::int64_t>(t._version()), t.clone()});
+    }
+    m.rng = captureRng(device_);
+    outputs = run(mb, m.inputs);
+    if (!mutable_buffers_) {
+      mutable_buffers_.emplace();
+      for (auto& [name, t] : buffersByName()) {
+        auto it = before.find(name);
+        if (it == before.end() || it->second.impl != t.unsafeGetTensorImpl() ||
+            it->second.version != static_cast<std::int64_t>(t._version())) {
+          mutable_buffers_->insert(name);
+        }
+      }
+    }
+    for (auto& [name, seen] : before) {
+      if (mutable_buffers_->count(name)) m.buffers.emplace_back(name, std::move(seen.copy));
+    }
+    m.pending_recompute = true;
+  }
+
+  // Sets the buffer `dotted` (an FQN such as "counter.count") to `value`.
+  void rebindBuffer(const std::string& dotted, const at::Tensor& value) {
+    torch::jit::Module owner = module_;
+    std::size_t begin = 0;
+    for (std::size_t dot = dotted.find('.'); dot != std::string::npos; dot = dotted.find('.', begin)) {
+      owner = owner.attr(dotted.substr(begin, dot - begin)).toModule();
+      begin = dot + 1;
+    }
+    owner.setattr(dotted.substr(begin), value);
+  }
+
+  // For its lifetime the changed buffers are the copies the forward found;
+  // afterwards the module holds its own tensors again, on every exit. The
+  // tensors are swapped, not copied into: the recomputed graph may have saved
+  // the copy (x * count), and another microbatch's graph the module's own
+  // tensor, and neither may see an in-place change after it was saved.
+  class BufferReplayGuard {
+   public:
+    BufferReplayGuard(Impl& s, const std::vector<std::pair<std::string, at::Tensor>>& as_forward_found) : s_(s) {
+      std::map<std::string, at::Tensor> now = s_.buffersByName();
+      for (const auto& [name, value] : as_forward_found) {
+        own_.emplace_back(name, now.at(name));
+        s_.rebindBuffer(name, value);
+      }
+    }
+    ~BufferReplayGuard() {
+      for (const auto& [name, value] : own_) s_.rebindBuffer(name, value);
+    }
+    BufferReplayGuard(const BufferReplayGuard&) = delete;
+    BufferReplayGuard& operator=(const BufferReplayGuard&) = delete;
+
+   private:
+    Impl& s_;
+    std::vector<std::pair<std::string, at::Tensor>> own_;
+  };
+
+  // Before B or I: the forward again, with grad, the same dropout masks and
+  // the same buffers as the checkpointed forward; then the loss.
+  void recompute(Microbatch& m, int mb) {
+    if (!m.pending_recompute) return;
+    {
+      BufferReplayGuard buffers(*this, m.buffers);
+      // The loss runs inside the replay too: in the forward it drew right
+      // after the stage (a TorchScript loss may draw).
+      RngReplayGuard replay(device_, m.rng);
+      torch::AutoGradMode grad(true);
+      auto body = [&] {
+        m.outputs = run(mb, m.inputs);
+        if (m.loss_fn) m.loss = m.loss_fn(m.outputs, m.inputs);
+      };
+      if (recompute_context_) {
+        recompute_context_(body);
+      } else {
+        body();
+      }
+    }
+    m.pending_recompute = false;
+    m.rng = RngState{};
+    m.buffers.clear();
+    m.loss_fn = nullptr;
   }
 
   Microbatch& live(int mb, const char* action) {
@@ -67,6 +243,10 @@ class PipelineStage::Impl {
   StageSignature sig_;
   std::vector<at::Tensor> params_;
   std::map<int, Microbatch> live_;
+  std::string device_ = "cpu";  // the generators a forward draws from
+  bool checkpointing_ = false;
+  std::function<void(const std::function<void()>&)> recompute_context_;
+  std::optional<std::set<std::string>> mutable_buffers_;  // learned by the first checkpointed forward
 };
 
 PipelineStage::PipelineStage(const torch::jit::Module& module, StageSignature signature)
@@ -137,46 +317,23 @@ std::vector<at::Tensor> PipelineStage::forward(int mb, std::vector<at::Tensor> i
     inputs[i] = inputs[i].detach();
     if (grad) inputs[i].requires_grad_(true);
   }
-  std::vector<c10::IValue> args(inputs.begin(), inputs.begin() + s.sig_.num_module_inputs);
-  c10::IValue result;
-  {
-    std::optional<torch::NoGradGuard> no_grad;
-    if (!keep_for_backward) no_grad.emplace();
-    // Note [Plain autograd graphs]: optimized, the graph executor merges ops
-    // into DifferentiableGraph nodes whose backward computes every gradient
-    // at once, so I would pay for W's products and W again. Unoptimized,
-    // every op records its own backward node and split backward works.
-    torch::jit::GraphOptimizerEnabledGuard plain_graph(false);
-    try {
-      result = s.module_.forward(std::move(args));
-    } catch (const c10::Error& e) {
-      throw RuntimeError(fmt::format("stage {} forward of microbatch {} failed: {}", s.sig_.index, mb,
-                                     e.what_without_backtrace()));
-    }
-  }
   std::vector<at::Tensor> outputs;
-  if (result.isTuple()) {
-    for (const auto& v : result.toTupleRef().elements()) {
-      if (!v.isTensor()) {
-        throw RuntimeError(fmt::format("stage {}: forward returned a {} inside its tuple; stages return tensors only",
-                                       s.sig_.index, v.tagKind()));
-      }
-      outputs.push_back(v.toTensor());
+  if (!keep_for_backward) {
+    torch::NoGradGuard no_grad;
+    return s.run(mb, inputs);
+  }
+  Impl::Microbatch& m = s.live_[mb];
+  m.inputs = std::move(inputs);
+  try {
+    if (s.checkpointing_) {
+      s.checkpointedForward(m, mb, outputs);
+    } else {
+      outputs = s.run(mb, m.inputs);
+      m.outputs = outputs;
     }
-  } else if (result.isTensor()) {
-    outputs.push_back(result.toTensor());
-  } else {
-    throw RuntimeError(fmt::format("stage {}: forward returned a {}; a stage returns a tuple of tensors",
-                                   s.sig_.index, result.tagKind()));
-  }
-  if (static_cast<int>(outputs.size()) != s.sig_.num_outputs) {
-    throw RuntimeError(fmt::format("stage {}: forward returned {} outputs but pipe.json says {}", s.sig_.index,
-                                   outputs.size(), s.sig_.num_outputs));
-  }
-  if (keep_for_backward) {
-    Impl::Microbatch& m = s.live_[mb];
-    m.inputs = std::move(inputs);
-    m.outputs = outputs;
+  } catch (...) {
+    s.live_.erase(mb);
+    throw;
   }
   return outputs;
 }
@@ -185,12 +342,31 @@ const std::vector<at::Tensor>& PipelineStage::inputsOf(int mb) const {
   return impl_->live(mb, "reading the inputs").inputs;
 }
 
-void PipelineStage::setLoss(int mb, const at::Tensor& loss) { impl_->live(mb, "setting the loss").loss = loss; }
+at::Tensor PipelineStage::setLoss(int mb, const std::vector<at::Tensor>& outputs, LossFn fn) {
+  Impl::Microbatch& m = impl_->live(mb, "setting the loss");
+  if (!m.pending_recompute) {
+    m.loss = fn(outputs, m.inputs);
+    return m.loss;
+  }
+  at::Tensor value;
+  {
+    torch::NoGradGuard no_grad;
+    value = fn(outputs, m.inputs);
+  }
+  m.loss_fn = std::move(fn);
+  return value;
+}
+
+void PipelineStage::setActivationCheckpointing(bool on) { impl_->checkpointing_ = on; }
+void PipelineStage::setRecomputeContext(std::function<void(const std::function<void()>&)> around) {
+  impl_->recompute_context_ = std::move(around);
+}
 
 std::vector<at::Tensor> PipelineStage::backward(int mb, const std::vector<at::Tensor>& grads) {
   Impl& s = *impl_;
   Impl::Microbatch& m = s.live(mb, "backward");
   if (m.weight) throw std::logic_error(fmt::format("stage {}: B of microbatch {} after its I", s.sig_.index, mb));
+  s.recompute(m, mb);
   s.checkGrads(m, grads, mb);
   std::vector<at::Tensor> out = backwardFull(s.roots(m), grads, m.inputs);
   s.live_.erase(mb);
@@ -201,6 +377,7 @@ std::vector<at::Tensor> PipelineStage::backwardInput(int mb, const std::vector<a
   Impl& s = *impl_;
   Impl::Microbatch& m = s.live(mb, "input backward");
   if (m.weight) throw std::logic_error(fmt::format("stage {}: I of microbatch {} twice", s.sig_.index, mb));
+  s.recompute(m, mb);
   s.checkGrads(m, grads, mb);
   InputGradResult r = pipeforge::runtime::backwardInput(s.roots(m), grads, m.inputs, s.params_);
   m.weight = std::move(r.weight);

@@ -10,6 +10,7 @@
 // never passed to the module, read by the loss.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -62,9 +63,23 @@ class PipelineStage {
   // The inputs forward made leaves of (loss inputs included), until backward.
   const std::vector<at::Tensor>& inputsOf(int mb) const;
 
-  // Makes `loss` (a scalar computed from this microbatch's outputs and loss
-  // inputs) the root of its backward instead of the outputs.
-  void setLoss(int mb, const at::Tensor& loss);
+  // The loss of one microbatch: a scalar from the stage's outputs and its
+  // inputs (loss inputs included), as forward returned and kept them.
+  using LossFn = std::function<at::Tensor(const std::vector<at::Tensor>& outputs,
+                                          const std::vector<at::Tensor>& inputs)>;
+  // Computes microbatch `mb`'s loss with `fn` from `outputs` (what forward
+  // returned) and its inputs, and makes it the root of its backward instead
+  // of the outputs; returns it. With activation checkpointing `fn` is kept
+  // and runs again on the recomputed outputs.
+  at::Tensor setLoss(int mb, const std::vector<at::Tensor>& outputs, LossFn fn);
+
+  // Note [Activation checkpointing]: when on, a training forward keeps no
+  // graph, only the inputs and the generators' state; B (or I) recomputes the
+  // forward, and the loss, with the same dropout masks before its backward.
+  void setActivationCheckpointing(bool on);
+  // Runs the recompute (forward and loss) inside `around`, e.g. the autocast
+  // the executor runs forwards in; unset: as is.
+  void setRecomputeContext(std::function<void(const std::function<void()>&)> around);
 
   // B: `grads` has one gradient per output (undefined: none), or one for the
   // loss after setLoss. Returns one gradient per input (undefined where none)

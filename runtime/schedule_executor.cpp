@@ -38,6 +38,28 @@ std::string describe(const TensorMeta& m) {
 
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
+// The model's outputs for one microbatch, in pipe.json order: from the last
+// stage's `outputs`, its `inputs` (loss inputs) and the microbatch's root inputs.
+std::vector<at::Tensor> modelOutputsOf(const CommPlan& plan, const std::vector<at::Tensor>& outputs,
+                                       const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& roots,
+                                       const std::string& device) {
+  std::vector<at::Tensor> out;
+  for (const ModelOutput& mo : plan.model_outputs) {
+    switch (mo.kind) {
+      case ModelOutput::Kind::kOwn:
+        out.push_back(outputs.at(mo.index));
+        break;
+      case ModelOutput::Kind::kLossInput:
+        out.push_back(inputs.at(mo.index));
+        break;
+      case ModelOutput::Kind::kRoot:
+        out.push_back(roots.at(mo.index).to(device));
+        break;
+    }
+  }
+  return out;
+}
+
 // An error already turned into a full report (and published when it is ours).
 class ReportedError : public std::runtime_error {
  public:
@@ -49,6 +71,16 @@ class ReportedError : public std::runtime_error {
 class ScheduleExecutor::Impl {
  public:
   Impl(Communicator& comm, ExecutorConfig cfg) : comm_(comm), cfg_(std::move(cfg)) {
+    // A checkpointed stage recomputes its forward (and loss) inside its
+    // backward: under the same autocast as the forward (Note [Mixed precision]).
+    for (PipelineStage* stage : cfg_.stages) {
+      if (stage == nullptr) continue;
+      stage->setRecomputeContext([this](const std::function<void()>& body) {
+        std::optional<compat::AutocastGuard> autocast;
+        startAutocast(autocast);
+        body();
+      });
+    }
     me_ = cfg_.rank_offset + cfg_.pipeline_rank;
     const auto& s2r = cfg_.program->stage_to_rank;
     for (const Edge& e : cfg_.plan->edges) {
@@ -223,43 +255,38 @@ class ScheduleExecutor::Impl {
   void finishLastStage(PipelineStage& stage, int mb, const std::vector<at::Tensor>& outputs,
                        const std::vector<at::Tensor>& given) {
     // Loss inputs: in training the leaves the stage made (so the loss's
-    // backward reaches them), in eval the tensors as received.
-    const std::vector<at::Tensor>& inputs = req_->train ? stage.inputsOf(mb) : given;
-    std::vector<at::Tensor> model_outputs;
-    for (const ModelOutput& mo : cfg_.plan->model_outputs) {
-      switch (mo.kind) {
-        case ModelOutput::Kind::kOwn:
-          model_outputs.push_back(outputs.at(mo.index));
-          break;
-        case ModelOutput::Kind::kLossInput:
-          model_outputs.push_back(inputs.at(mo.index));
-          break;
-        case ModelOutput::Kind::kRoot:
-          model_outputs.push_back(req_->inputs.at(mb).at(mo.index).to(cfg_.device));
-          break;
-      }
-    }
+    // backward reaches them; setLoss passes them), in eval the tensors as received.
+    const std::vector<at::Tensor>& roots = req_->inputs.at(mb);
     if (!req_->targets.empty()) {
       std::vector<at::Tensor> targets;
       for (const at::Tensor& t : req_->targets.at(mb)) targets.push_back(t.to(cfg_.device));
-      at::Tensor loss;
+      // A function of the stage's outputs and inputs, not a tensor: under
+      // activation checkpointing the stage runs it again after its recompute
+      // (in the same autocast: setRecomputeContext). The backward's root is
+      // the loss times grad_scale (fp16 loss scaling); the reported loss is not.
+      PipelineStage::LossFn loss_of = [plan = cfg_.plan, fn = cfg_.loss, device = cfg_.device, roots, targets,
+                                       reduction = req_->reduction, scale = req_->loss_scale,
+                                       grad_scale = req_->grad_scale](const std::vector<at::Tensor>& outs,
+                                                                      const std::vector<at::Tensor>& ins) {
+        at::Tensor loss = (*fn)(modelOutputsOf(*plan, outs, ins, roots, device), targets, reduction) * scale;
+        return grad_scale == 1.0 ? loss : loss * grad_scale;
+      };
+      at::Tensor root;
       {
         std::optional<compat::AutocastGuard> autocast;
         startAutocast(autocast);
-        loss = (*cfg_.loss)(model_outputs, targets, req_->reduction);
+        root = req_->train ? stage.setLoss(mb, outputs, std::move(loss_of)) : loss_of(outputs, given);
       }
-      loss = loss * req_->loss_scale;
-      if (req_->train) {
-        at::Tensor root = req_->grad_scale == 1.0 ? loss : loss * req_->grad_scale;
-        stage.setLoss(mb, root);
-        losses_[mb] = root;
-      }
+      if (req_->train) losses_[mb] = root;
+      const at::Tensor loss = req_->grad_scale == 1.0 ? root : root / req_->grad_scale;
       out_.losses.at(mb) = loss.item<double>();
     } else if (req_->train) {
       throw RuntimeError("a training step needs targets for the loss");
     }
     if (!req_->train) {
-      for (const at::Tensor& t : model_outputs) out_.outputs.at(mb).push_back(t.detach());
+      for (const at::Tensor& t : modelOutputsOf(*cfg_.plan, outputs, given, roots, cfg_.device)) {
+        out_.outputs.at(mb).push_back(t.detach());
+      }
     }
   }
 

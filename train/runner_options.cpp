@@ -43,6 +43,9 @@ runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const std::st
   ro.loss = lossKind(config.loss);
   ro.loss_module = config.loss_module;
   ro.precision = precisionOf(config.precision);
+  ro.activation_checkpointing = config.pipeline.activation_checkpointing == ActivationCheckpointing::kFull
+                                    ? runtime::Checkpointing::kFull
+                                    : runtime::Checkpointing::kNone;
   ro.dp_degree = config.pipeline.data_parallel;
   ro.device = config.device;
   ro.backend = backendOf(config.backend);

@@ -198,6 +198,30 @@ void parseModel(const Section& top, const YAML::Node& node, TrainConfig& c) {
   }
 }
 
+// `none`, `full`, or `{every_n: k}` (refused for now: recomputing every k-th
+// submodule call needs each stage cut at its submodule calls at load time).
+ActivationCheckpointing parseCheckpointing(const Section& s, const YAML::Node& node) {
+  const std::string name = "activation_checkpointing";
+  const std::string expected = "none, full or a map {every_n: k}";
+  if (node.IsMap()) {
+    Section sub(s.origin(), s.key(name));
+    sub.read(node, s.key(name), {{"every_n", [&](const YAML::Node& v) {
+                                   std::int64_t k = sub.integer(v, "every_n", 1);
+                                   throw ConfigError(fmt::format(
+                                       "{}: {} ({}) is not supported yet: recomputing every k-th submodule call "
+                                       "inside a stage is not implemented; use {}: full (each stage recomputes its "
+                                       "whole forward in its backward) or none",
+                                       sub.where(v), sub.key("every_n"), k, s.key(name)));
+                                 }}});
+    // An empty map: nothing chosen.
+    s.fail(node, name, expected);
+  }
+  std::string text = s.scalar<std::string>(node, name, expected);
+  if (text == "none") return ActivationCheckpointing::kNone;
+  if (text == "full") return ActivationCheckpointing::kFull;
+  s.fail(node, name, expected);
+}
+
 void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
   Section s(top.origin(), "pipeline");
   s.read(node, "pipeline",
@@ -219,7 +243,9 @@ void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
           {"microbatches", [&](const YAML::Node& v) { c.pipeline.microbatches = s.smallInteger(v, "microbatches", 1); }},
           {"stages_per_rank",
            [&](const YAML::Node& v) { c.pipeline.stages_per_rank = s.smallInteger(v, "stages_per_rank", 1); }},
-          {"data_parallel", [&](const YAML::Node& v) { c.pipeline.data_parallel = s.smallInteger(v, "data_parallel", 1); }}});
+          {"data_parallel", [&](const YAML::Node& v) { c.pipeline.data_parallel = s.smallInteger(v, "data_parallel", 1); }},
+          {"activation_checkpointing",
+           [&](const YAML::Node& v) { c.pipeline.activation_checkpointing = parseCheckpointing(s, v); }}});
 }
 
 void parseOptimizer(const Section& top, const YAML::Node& node, TrainConfig& c) {

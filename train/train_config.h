@@ -30,11 +30,18 @@ struct ModelConfig {
   std::string split_dir;
 };
 
+// What a training forward keeps for its backward (runtime Note [Activation checkpointing]).
+enum class ActivationCheckpointing {
+  kNone,  // every stage's autograd graph
+  kFull,  // each stage's inputs only; its backward recomputes the forward
+};
+
 struct PipelineConfig {
   std::string schedule = "1F1B";  // a name from schedules::scheduleNames()
   int microbatches = 1;
   int stages_per_rank = 1;
   int data_parallel = 1;  // world = pipeline ranks x data_parallel
+  ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kNone;
 };
 
 enum class LossName {

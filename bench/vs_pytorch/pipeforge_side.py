@@ -24,9 +24,11 @@ def write_spec(path: str, cuts: list) -> None:
 
 def write_config(path: str, job: dict, split_dir: str, out_dir: str) -> None:
     opt = job["optimizer"]
+    # bench/activation_checkpointing.py sets it; absent: the default (none).
+    ckpt = f", activation_checkpointing: {job['activation_checkpointing']}" if "activation_checkpointing" in job else ""
     with open(path, "w") as f:
         f.write(f"""model: {{split_dir: {split_dir}}}
-pipeline: {{schedule: {job['schedule']}, microbatches: {job['microbatches']}, stages_per_rank: {job['stages_per_rank']}}}
+pipeline: {{schedule: {job['schedule']}, microbatches: {job['microbatches']}, stages_per_rank: {job['stages_per_rank']}{ckpt}}}
 loss: cross_entropy
 optimizer: {{name: adamw, lr: {opt['lr']}, betas: {opt['betas']}, eps: {opt['eps']}, weight_decay: {opt['weight_decay']}}}
 lr_schedule: {{decay: constant, warmup_steps: 0}}

@@ -160,6 +160,40 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
+# (c') The same GPT with dropout on the embeddings and on every residual
+# branch: the activation checkpointing tests train it with dropout active, so
+# a recompute must replay the forward's masks exactly.
+class DropoutBlock(Block):
+    def __init__(self, n_embd: int, n_head: int, block_size: int, p: float) -> None:
+        super().__init__(n_embd, n_head, block_size)
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x):
+        x = x + self.drop(self.attn(self.ln_1(x)))
+        x = x + self.drop(self.mlp(self.ln_2(x)))
+        return x
+
+
+class DropoutGPT(GPT):
+    def __init__(self, vocab: int, n_layer: int, n_embd: int, n_head: int, block_size: int, p: float = 0.2) -> None:
+        super().__init__(vocab, n_layer, n_embd, n_head, block_size)
+        self.blocks = nn.ModuleList(DropoutBlock(n_embd, n_head, block_size, p) for _ in range(n_layer))
+        self.drop = nn.Dropout(p)
+        for module in self.blocks.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        T = idx.size(1)
+        pos = torch.arange(0, T, dtype=torch.long, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
 # (d) pipe_split() markers at top level and inside a submodule.
 class MarkedPair(nn.Module):
     def __init__(self) -> None:
@@ -418,6 +452,9 @@ def build(name: str, gpt_layers: int):
         return MLP(), [torch.randn(8, 8, generator=g)], "script"
     if name == "mlp_traced":
         return MLP(), [torch.randn(8, 8, generator=g)], "trace"
+    if name == "gpt_dropout":
+        model = DropoutGPT(n_layer=gpt_layers, **GPT_TEST)
+        return model, [torch.randint(0, GPT_TEST["vocab"], (4, GPT_TEST["block_size"]), generator=g)], "script"
     if name.startswith("gpt"):
         cfg = GPT_DEMO if name.startswith("gpt_demo") else GPT_TEST
         model = GPT(n_layer=gpt_layers, **cfg)
@@ -465,7 +502,8 @@ def save_model(name: str, out_dir: str, gpt_layers: int) -> None:
     os.replace(ref + ".tmp", ref)
 
 
-DEFAULT_MODELS = ["seed_example", "mlp", "mlp_traced", "gpt", "markers", "multi_io", "loop_model", "gpt_demo",
+DEFAULT_MODELS = ["seed_example", "mlp", "mlp_traced", "gpt", "gpt_dropout", "markers", "multi_io", "loop_model",
+                  "gpt_demo",
                   "list_across_cut", "list_grown_later", "dict_across_cut", "buffer_across_cut", "buffer_within_stage",
                   "buffer_read_before_write", "shared_norm", "list_in_loop", "unused_state"]
 

@@ -30,7 +30,7 @@ Batch makeBatch(const std::string& model) {
   if (model == "mlp") {
     b.inputs = {torch::randn({kBatch, 8})};
     b.targets = {torch::randn({kBatch, 4})};
-  } else if (model == "gpt") {
+  } else if (model == "gpt" || model == "gpt_dropout") {
     b.inputs = {torch::randint(0, 64, {kBatch, 16})};
     b.targets = {torch::randint(0, 64, {kBatch, 16})};
     b.loss = LossKind::kCrossEntropy;
@@ -143,6 +143,82 @@ CaseReport runGradCase(const GradCase& c, const std::string& splits_root,
   if (rep.ok) {
     rep.message = fmt::format("{}: ok on rank {} ({} params, max grad err {:.2g}, loss err {:.2g})", name,
                               runner.rank(), rep.params_checked, rep.max_grad_err, rep.loss_err);
+  }
+  return rep;
+}
+
+CaseReport runCheckpointingCase(const GradCase& c, const std::string& splits_root,
+                                std::shared_ptr<runtime::Communicator> comm) {
+  CaseReport rep;
+  std::string name = fmt::format("checkpointing {} {} ranks={} mb={}", c.model, c.schedule, c.ranks, c.microbatches);
+  Batch batch = makeBatch(c.model);
+  struct Run {
+    std::map<std::string, at::Tensor> grads;
+    std::vector<double> losses;
+  };
+  auto step = [&](runtime::Checkpointing mode, std::uint64_t seed) {
+    runtime::RunnerOptions opts;
+    opts.split_dir = fmt::format("{}/{}_{}", splits_root, c.model, c.ranks * c.stages_per_rank);
+    opts.schedule = c.schedule;
+    opts.num_microbatches = c.microbatches;
+    opts.stages_per_rank = c.stages_per_rank;
+    opts.loss = batch.loss;
+    opts.timeout = std::chrono::seconds(60);
+    opts.activation_checkpointing = mode;
+    runtime::PipelineRunner runner(opts, comm);
+    torch::manual_seed(seed);  // this process's generator: ranks are processes here
+    Run r;
+    r.losses = runner.trainStep(batch.inputs, batch.targets).losses;
+    for (const runtime::NamedTensor& p : runner.parameters()) {
+      // A tied group held by two local stages appears twice with equal gradients.
+      r.grads[fmt::format("{}@{}", p.name, p.stage)] =
+          p.tensor.grad().defined() ? p.tensor.grad().clone() : torch::zeros_like(p.tensor);
+    }
+    runner.barrier();
+    return r;
+  };
+  Run plain = step(runtime::Checkpointing::kNone, 7);
+  Run ckpt = step(runtime::Checkpointing::kFull, 7);
+  Run other_masks = step(runtime::Checkpointing::kNone, 8);
+
+  if (plain.losses.size() != ckpt.losses.size()) {
+    rep.ok = false;
+    rep.message += fmt::format("{}: {} losses without checkpointing, {} with\n", name, plain.losses.size(),
+                               ckpt.losses.size());
+  }
+  for (std::size_t i = 0; i < std::min(plain.losses.size(), ckpt.losses.size()); ++i) {
+    rep.loss_err = std::max(rep.loss_err, std::abs(plain.losses[i] - ckpt.losses[i]));
+  }
+  if (rep.loss_err > kCheckpointAtol) {
+    rep.ok = false;
+    rep.message += fmt::format("{}: microbatch losses differ by up to {:.3g}\n", name, rep.loss_err);
+  }
+  double mask_effect = 0.0;
+  for (const auto& [key, g] : plain.grads) {
+    auto it = ckpt.grads.find(key);
+    if (it == ckpt.grads.end()) {
+      rep.ok = false;
+      rep.message += fmt::format("{}: {} missing with checkpointing\n", name, key);
+      continue;
+    }
+    double err = (g - it->second).abs().max().item<double>();
+    rep.max_grad_err = std::max(rep.max_grad_err, err);
+    mask_effect = std::max(mask_effect, (g - other_masks.grads.at(key)).abs().max().item<double>());
+    ++rep.params_checked;
+    if (err > kCheckpointAtol) {
+      rep.ok = false;
+      rep.message += fmt::format("{}: gradient of {} differs by up to {:.3g} with checkpointing\n", name, key, err);
+    }
+  }
+  if (mask_effect < 1e-4) {
+    rep.ok = false;
+    rep.message += fmt::format("{}: another seed changed no gradient by more than {:.3g}; is dropout active?\n", name,
+                               mask_effect);
+  }
+  if (rep.ok) {
+    rep.message = fmt::format("{}: ok on rank {} ({} params, max grad err {:.2g}, loss err {:.2g}, other masks change "
+                              "gradients by {:.2g})",
+                              name, comm->rank(), rep.params_checked, rep.max_grad_err, rep.loss_err, mask_effect);
   }
   return rep;
 }

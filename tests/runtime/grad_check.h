@@ -42,6 +42,16 @@ std::vector<GradCase> acceptanceCases(int ranks);
 CaseReport runGradCase(const GradCase& c, const std::string& splits_root,
                        std::shared_ptr<runtime::Communicator> comm);
 
+// Activation checkpointing (Note [Activation checkpointing]): one training
+// step of `c` with RunnerOptions::activation_checkpointing kFull against the
+// same step without it, both from the same generator seed, so dropout draws
+// the same masks; every gradient this rank holds and the losses must agree
+// within kCheckpointAtol. Also checks that dropout is active: a step from
+// another seed must change the gradients.
+inline constexpr double kCheckpointAtol = 1e-6;
+CaseReport runCheckpointingCase(const GradCase& c, const std::string& splits_root,
+                                std::shared_ptr<runtime::Communicator> comm);
+
 // <build>/runtime_splits, written by tests/runtime/make_splits.py.
 std::string splitsRoot();
 

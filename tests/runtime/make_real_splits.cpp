@@ -1,6 +1,6 @@
 // Writes the split folders the runtime tests use, with the real splitter
 // (stage::splitModelToDirectory): <out>/<model>_<stages> for the zoo's mlp,
-// gpt and multi_io, cut by the `uniform` policy.
+// gpt, gpt_dropout (in 2 and 4 stages) and multi_io, cut by the `uniform` policy.
 //
 // multi_io has six submodules, so no split cuts it into eight stages; that
 // one folder comes from make_splits.py (hand-written stages) instead.
@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   const std::vector<Model> models = {
       {"mlp", "[{shape: [8, 8]}]", {1, 2, 4, 8}},
       {"gpt", "[{shape: [4, 16], dtype: int64, high: 64}]", {1, 2, 4, 8}},
+      {"gpt_dropout", "[{shape: [4, 16], dtype: int64, high: 64}]", {2, 4}},
       {"multi_io", "[{shape: [6, 8]}, {shape: [6, 8]}, {shape: [6, 8], dtype: int64, high: 2}]", {1, 2, 4}},
   };
   try {

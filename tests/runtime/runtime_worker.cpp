@@ -2,6 +2,7 @@
 // through the local launcher (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set).
 //
 //   runtime_worker accept SPLITS         every acceptance case for WORLD_SIZE ranks
+//   runtime_worker checkpointing SPLITS  activation checkpointing against none, gpt_dropout
 //   runtime_worker fail SPLITS R throw   rank R throws on its 3rd send, mid-step
 //   runtime_worker fail SPLITS R die     rank R dies (SIGKILL) on its 3rd send
 // Exit 0 when everything held; 1 with the reason on stderr otherwise.
@@ -69,6 +70,25 @@ int accept(const std::string& splits) {
   return ok ? 0 : 1;
 }
 
+// Activation checkpointing on gpt_dropout (tied embedding/head, dropout
+// active): with against without, for GPipe, 1F1B and both zero-bubble schedules.
+int checkpointing(const std::string& splits) {
+  auto comm = connect(std::chrono::seconds(60));
+  bool ok = true;
+  for (const char* schedule : {"GPipe", "1F1B", "ZBVZeroBubble", "InterleavedZeroBubble"}) {
+    testing::GradCase c;
+    c.model = "gpt_dropout";
+    c.schedule = schedule;
+    c.ranks = comm->worldSize();
+    c.stages_per_rank = testing::stagesPerRankFor(schedule);
+    c.microbatches = 2 * c.ranks;
+    testing::CaseReport r = testing::runCheckpointingCase(c, splits, comm);
+    (r.ok ? std::cout : std::cerr) << r.message << std::endl;
+    ok &= r.ok;
+  }
+  return ok ? 0 : 1;
+}
+
 int fail(const std::string& splits, int fail_rank, const std::string& how) {
   auto comm = std::make_shared<FailingComm>(connect(std::chrono::seconds(60)), fail_rank, how);
   runtime::RunnerOptions o;
@@ -91,8 +111,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
     if (args.size() == 2 && args[0] == "accept") return accept(args[1]);
+    if (args.size() == 2 && args[0] == "checkpointing") return checkpointing(args[1]);
     if (args.size() == 4 && args[0] == "fail") return fail(args[1], std::stoi(args[2]), args[3]);
-    std::cerr << "usage: runtime_worker accept SPLITS | fail SPLITS RANK throw|die\n";
+    std::cerr << "usage: runtime_worker accept SPLITS | checkpointing SPLITS | fail SPLITS RANK throw|die\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "rank " << (std::getenv("RANK") ? std::getenv("RANK") : "?") << " error: " << e.what() << std::endl;

@@ -49,6 +49,16 @@ TEST_F(TrainConfigTest, ValidConfigHasDefaults) {
   EXPECT_EQ(c.steps, 4);
   EXPECT_NE(c.model.inline_spec.find("num_stages: 2"), std::string::npos);
   EXPECT_EQ(replicaBatchSize(c), 4);
+  EXPECT_EQ(c.pipeline.activation_checkpointing, ActivationCheckpointing::kNone);
+}
+
+TEST_F(TrainConfigTest, ActivationCheckpointingForms) {
+  for (const auto& [line, want] : std::vector<std::pair<std::string, ActivationCheckpointing>>{
+           {"none", ActivationCheckpointing::kNone}, {"full", ActivationCheckpointing::kFull}}) {
+    std::string text = valid();
+    text.replace(text.find("microbatches: 2"), 15, "microbatches: 2\n  activation_checkpointing: " + line);
+    EXPECT_EQ(parseTrainConfig(text, "t.yaml").pipeline.activation_checkpointing, want) << line;
+  }
 }
 
 TEST_F(TrainConfigTest, ScheduleNamesIgnoreCase) {
@@ -101,6 +111,22 @@ TEST_F(TrainConfigTest, MistakesNameTheKey) {
        {"training.loss_scale.initial must be a number > 0 that fits float32"}},
       {"unknown loss scale key", "  steps: 4\n", "  steps: 4\n  precision: fp16\n  loss_scale: {growth: 3}\n",
        {"unknown key 'training.loss_scale.growth'", "growth_interval, initial"}},
+      {"checkpointing typo", "microbatches: 2", "microbatches: 2\n  activation_checkpointing: ful",
+       {"t.yaml:7:", "pipeline.activation_checkpointing must be none, full or a map {every_n: k}", "'ful'"}},
+      {"checkpointing bool", "microbatches: 2", "microbatches: 2\n  activation_checkpointing: true",
+       {"pipeline.activation_checkpointing must be", "'true'"}},
+      {"checkpointing empty", "microbatches: 2", "microbatches: 2\n  activation_checkpointing:",
+       {"pipeline.activation_checkpointing must be", "got nothing"}},
+      {"checkpointing list", "microbatches: 2", "microbatches: 2\n  activation_checkpointing: [full]",
+       {"pipeline.activation_checkpointing must be", "got a list"}},
+      {"checkpointing empty map", "microbatches: 2", "microbatches: 2\n  activation_checkpointing: {}",
+       {"pipeline.activation_checkpointing must be", "got a map"}},
+      {"checkpointing unknown map key", "microbatches: 2", "microbatches: 2\n  activation_checkpointing: {every: 2}",
+       {"unknown key 'pipeline.activation_checkpointing.every'", "takes every_n"}},
+      {"every_n zero", "microbatches: 2", "microbatches: 2\n  activation_checkpointing: {every_n: 0}",
+       {"pipeline.activation_checkpointing.every_n must be an integer >= 1, got '0'"}},
+      {"every_n not supported yet", "microbatches: 2", "microbatches: 2\n  activation_checkpointing: {every_n: 2}",
+       {"t.yaml:7:", "pipeline.activation_checkpointing.every_n (2) is not supported yet", "full"}},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);

@@ -1,0 +1,170 @@
+#!/usr/bin/python3
+"""Training with activation checkpointing equals eager training in PyTorch.
+
+`pipeforge train --nproc 2` with `pipeline.activation_checkpointing: full`
+(every stage's forward keeps no graph and its backward recomputes it) trains
+the zoo's `gpt` (embedding and head tied across the two ends of the pipeline)
+for 4 steps of SGD with momentum, with 1F1B and with ZBVZeroBubble (split
+backward: I recomputes, W works from the recomputed graph). The same steps run
+in one PyTorch process: torch.jit.load(gpt.pt) on the same rows
+(interop_common.batch_rows mirrors Pipeforge's sampler), cut into the same
+microbatches, each microbatch's loss divided by their number before its
+backward. Losses and final parameters (read back from `pipeforge export`)
+must agree within rtol 1e-4, atol 1e-5: float32 along different but
+equivalent paths, as test_pt2_training_matches_eager.py; the measured
+differences are printed. `gpt` has no dropout (PyTorch's single process draws
+masks in another order than the pipeline's ranks); dropout replay is checked
+against training without checkpointing in runtime_checkpointing_test.
+
+Then the refusals through the binary: `{every_n: 2}` (not supported yet) and
+a misspelt value stop `pipeforge train` with exit 1 and the key named.
+
+Usage: test_checkpointing_matches_eager.py PIPEFORGE_BINARY ZOO_DIR
+"""
+import json
+import os
+import subprocess
+import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "interop"))
+import interop_common as common  # noqa: E402
+
+STEPS = 4
+MICROBATCHES = 4
+ROWS_PER_MB = 2
+ROWS = 40
+SEED = 7
+RTOL, ATOL = 1e-4, 1e-5
+LR, MOMENTUM = 0.05, 0.9
+SCHEDULES = {"1F1B": 1, "ZBVZeroBubble": 2}  # schedule -> stages per rank
+RANKS = 2
+
+
+def make_data(torch, path: str) -> None:
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, 64, (ROWS, 17), generator=g)
+    torch.save({"inputs": tokens[:, :-1].contiguous(), "targets": tokens[:, 1:].contiguous()}, path)
+
+
+def train_eager(torch, model_path: str, data_path: str):
+    import torch.nn.functional as F
+    model = torch.jit.load(model_path)
+    model.train()
+    data = torch.load(data_path)
+    inputs, targets = data["inputs"], data["targets"]
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, foreach=False)
+    losses = []
+    for step in range(STEPS):
+        rows = torch.tensor(common.batch_rows(SEED, targets.size(0), step, ROWS_PER_MB * MICROBATCHES))
+        x, y = inputs.index_select(0, rows), targets.index_select(0, rows)
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for mb in range(MICROBATCHES):
+            part = slice(mb * ROWS_PER_MB, (mb + 1) * ROWS_PER_MB)
+            out = model(x[part])
+            loss = F.cross_entropy(out.reshape(-1, out.size(-1)), y[part].reshape(-1))
+            (loss / MICROBATCHES).backward()
+            total += loss.item()
+        opt.step()
+        losses.append(total / MICROBATCHES)
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def write_config(path: str, run: str, model_path: str, data_path: str, schedule: str, checkpointing: str) -> None:
+    per_rank = SCHEDULES.get(schedule, 1)
+    with open(path, "w") as f:
+        f.write(f"""model: {{path: {model_path}, num_stages: {RANKS * per_rank}, policy: parameters}}
+pipeline:
+  schedule: {schedule}
+  microbatches: {MICROBATCHES}
+  stages_per_rank: {per_rank}
+  activation_checkpointing: {checkpointing}
+loss: cross_entropy
+optimizer: {{name: sgd, lr: {LR}, momentum: {MOMENTUM}}}
+lr_schedule: {{decay: constant, warmup_steps: 0}}
+data: {{format: tensors, path: {data_path}, val_fraction: 0.0}}
+training: {{steps: {STEPS}, global_batch_size: {ROWS_PER_MB * MICROBATCHES}, seed: {SEED}, eval_every: 0}}
+checkpoint: {{dir: {run}/ckpt}}
+distributed: {{timeout_s: 60}}
+output: {{dir: {run}/out}}
+""")
+
+
+def train_pipeforge(torch, binary: str, d: str, model_path: str, data_path: str, schedule: str):
+    run = os.path.join(d, f"ckpt-{schedule}")
+    write_config(run + ".yaml", run, model_path, data_path, schedule, "full")
+    common.run_pipeforge(binary, "train", "--config", run + ".yaml", "--nproc", str(RANKS),
+                         env={"OMP_NUM_THREADS": "1"})
+    trained = os.path.join(run, "trained.pt")
+    common.run_pipeforge(binary, "export", os.path.join(run, "ckpt"), "--model", model_path, "--out", trained)
+    with open(os.path.join(run, "out", "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    losses = [r["loss"] for r in sorted((r for r in records if r["event"] == "train"), key=lambda r: r["step"])]
+    state = torch.jit.load(trained).state_dict()
+    return losses, {k: v.detach() for k, v in state.items()}
+
+
+def check_refusals(binary: str, d: str, model_path: str, data_path: str) -> list:
+    problems = []
+    cases = [("{every_n: 2}", ["pipeline.activation_checkpointing.every_n (2) is not supported yet", "full"]),
+             ("fulll", ["pipeline.activation_checkpointing must be none, full or a map {every_n: k}", "'fulll'"])]
+    for i, (value, fragments) in enumerate(cases):
+        run = os.path.join(d, f"refuse-{i}")
+        write_config(run + ".yaml", run, model_path, data_path, "1F1B", value)
+        r = subprocess.run([binary, "train", "--config", run + ".yaml", "--nproc", str(RANKS)], capture_output=True,
+                           text=True)
+        text = r.stdout + r.stderr
+        missing = [f for f in fragments if f not in text]
+        if r.returncode != 1 or missing:
+            problems.append(f"activation_checkpointing: {value}: exit {r.returncode}, missing {missing}:\n{text}")
+        else:
+            print(f"refused activation_checkpointing: {value}: {text.strip().splitlines()[-1][:160]}")
+    return problems
+
+
+def main() -> None:
+    binary, zoo = sys.argv[1], sys.argv[2]
+    try:
+        import torch
+    except ImportError as e:
+        common.skip(f"no torch in {sys.executable}: {e}")
+    torch.set_num_threads(1)
+    model_path = os.path.join(zoo, "gpt.pt")
+    failures = []
+    with common.temp_dir("pf-ckpt-train-") as d:
+        data_path = os.path.join(d, "data.pt")
+        make_data(torch, data_path)
+        ref_losses, ref_state = train_eager(torch, model_path, data_path)
+        initial = torch.jit.load(model_path).state_dict()
+        for schedule in SCHEDULES:
+            losses, state = train_pipeforge(torch, binary, d, model_path, data_path, schedule)
+            problems = []
+            if len(losses) != STEPS:
+                problems.append(f"{len(losses)} losses for {STEPS} steps")
+            loss_diff = max((abs(a - b) for a, b in zip(losses, ref_losses)), default=float("inf"))
+            if not all(abs(a - b) <= ATOL + RTOL * abs(b) for a, b in zip(losses, ref_losses)):
+                problems.append(f"losses {losses} vs eager {ref_losses}")
+            if sorted(state) != sorted(ref_state):
+                problems.append(f"names differ: {sorted(set(state) ^ set(ref_state))}")
+            diff, moved = 0.0, 0
+            for k in sorted(set(state) & set(ref_state)):
+                a, b = state[k], ref_state[k]
+                diff = max(diff, (a.double() - b.double()).abs().max().item())
+                moved += not torch.equal(b, initial[k])
+                if not torch.allclose(a, b, rtol=RTOL, atol=ATOL):
+                    problems.append(f"{k}: max |diff| {(a - b).abs().max().item():.3g}")
+            if moved == 0:
+                problems.append("training moved no parameter")
+            print(f"checkpointing full, {RANKS} ranks {schedule:14s} max |loss diff| {loss_diff:.2e}  "
+                  f"max |param diff| {diff:.2e}  {'ok' if not problems else 'MISMATCH'}", flush=True)
+            failures += [f"{schedule}: {p}" for p in problems]
+        failures += check_refusals(binary, d, model_path, data_path)
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures))
+        sys.exit(1)
+    print(f"training with activation checkpointing equals eager PyTorch training (rtol {RTOL}, atol {ATOL})")
+
+
+if __name__ == "__main__":
+    main()
