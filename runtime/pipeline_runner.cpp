@@ -53,11 +53,19 @@ const char* precisionName(Precision precision) {
 class PipelineRunner::Impl {
  public:
   Impl(const RunnerOptions& options, std::shared_ptr<Communicator> comm) : options_(options) {
+    guarded([&] { setUp(std::move(comm)); });
+  }
+
+  // Runs `fn`, turning the errors of manifests, schedules and the
+  // environment into RuntimeError.
+  template <class Fn>
+  void guarded(Fn fn) {
     try {
-      setUp(std::move(comm));
+      fn();
     } catch (const stage::ManifestError& e) {
       throw RuntimeError(e.what());
     } catch (const schedules::ScheduleError& e) {
+      if (options_.program) throw RuntimeError(fmt::format("the given schedule program: {}", e.what()));
       throw RuntimeError(fmt::format("schedule '{}': {}", options_.schedule, e.what()));
     } catch (const DistEnvError& e) {
       throw RuntimeError(e.what());
@@ -94,49 +102,10 @@ class PipelineRunner::Impl {
     device_ = resolveDevice(options_.device, local_rank);
     checkPrecision();
 
-    buildProgram();
-
-    // Stages on this rank.
-    stages_.resize(manifest_.num_stages);
-    for (int s = 0; s < manifest_.num_stages; ++s) {
-      if (program_.stage_to_rank[s] != pp_rank_) continue;
-      owned_.push_back(std::make_unique<PipelineStage>(
-          PipelineStage::fromSplit(options_.split_dir, manifest_, plan_, s, device_)));
-      owned_.back()->setActivationCheckpointing(options_.activation_checkpointing == Checkpointing::kFull);
-      stages_[s] = owned_.back().get();
-    }
-    computes_loss_ = program_.stage_to_rank[manifest_.num_stages - 1] == pp_rank_;
-    if (computes_loss_) loss_ = std::make_unique<LossFunction>(options_.loss, options_.loss_module, device_);
-
-    ExecutorConfig cfg;
-    cfg.program = &program_;
-    cfg.plan = &plan_;
-    cfg.pipeline_rank = pp_rank_;
-    cfg.rank_offset = dp_rank_ * pp_size_;
-    cfg.stages = stages_;
-    cfg.loss = loss_.get();
-    cfg.device = device_;
-    cfg.precision = options_.precision;
-    cfg.shapes = options_.shapes;
-    cfg.static_shapes = options_.static_shapes;
-    cfg.dp_degree = options_.dp_degree;
-    for (int d = 0; d < options_.dp_degree; ++d) cfg.dp_group.push_back(d * pp_size_ + pp_rank_);
-
+    program_ = buildProgram();
+    loadStages();
     std::vector<std::vector<int>> groups;
-    for (const auto& fqns : manifest_.tied) {
-      for (int d = 0; d < options_.dp_degree; ++d) {
-        ExecutorConfig::Tied tied = tiedGroup(fqns, d * pp_size_);
-        addGroup(groups, tied.ranks);
-        if (d == dp_rank_) cfg.tied.push_back(std::move(tied));
-      }
-    }
-    if (options_.dp_degree > 1) {
-      for (int r = 0; r < pp_size_; ++r) {
-        std::vector<int> g;
-        for (int d = 0; d < options_.dp_degree; ++d) g.push_back(d * pp_size_ + r);
-        addGroup(groups, g);
-      }
-    }
+    ExecutorConfig cfg = executorConfig(groups);
 
     if (comm) {
       comm_ = std::move(comm);
@@ -156,6 +125,85 @@ class PipelineRunner::Impl {
     executor_ = std::make_unique<ScheduleExecutor>(*comm_, std::move(cfg));
   }
 
+  // Note [Replacing the program]: setProgram leaves the runner as if it had
+  // been constructed with the new program, over the same communicator. The
+  // stages are loaded again from the split folder even when this rank keeps
+  // them: the new program may place them elsewhere (a V layout instead of a
+  // loop), and "as constructed" is the only state that is the same on every
+  // rank whatever moved. The process group stays; the groups of tied stages
+  // that a new layout needs are created on first use (c10d_comm.h), which is
+  // safe because every member reaches each collective in the same order.
+  void setProgram(const schedules::Program& program) {
+    guarded([&] {
+      RunnerOptions next = options_;
+      next.program = program;
+      std::swap(options_, next);
+      schedules::Program lowered;
+      try {
+        lowered = buildProgram();  // checks it before anything is torn down
+      } catch (...) {
+        std::swap(options_, next);
+        throw;
+      }
+      executor_.reset();
+      stages_.clear();
+      owned_.clear();
+      loss_.reset();
+      program_ = std::move(lowered);
+      loadStages();
+      std::vector<std::vector<int>> groups;  // created on first use
+      executor_ = std::make_unique<ScheduleExecutor>(*comm_, executorConfig(groups));
+    });
+  }
+
+  // This rank's stages and, on the rank holding the last one, the loss.
+  void loadStages() {
+    stages_.assign(manifest_.num_stages, nullptr);
+    for (int s = 0; s < manifest_.num_stages; ++s) {
+      if (program_.stage_to_rank[s] != pp_rank_) continue;
+      owned_.push_back(std::make_unique<PipelineStage>(
+          PipelineStage::fromSplit(options_.split_dir, manifest_, plan_, s, device_)));
+      owned_.back()->setActivationCheckpointing(options_.activation_checkpointing == Checkpointing::kFull);
+      stages_[s] = owned_.back().get();
+    }
+    computes_loss_ = program_.stage_to_rank[manifest_.num_stages - 1] == pp_rank_;
+    if (computes_loss_) loss_ = std::make_unique<LossFunction>(options_.loss, options_.loss_module, device_);
+  }
+
+  // The executor's view of program_ and the stages; `groups` receives every
+  // group allreduceSum will use.
+  ExecutorConfig executorConfig(std::vector<std::vector<int>>& groups) const {
+    ExecutorConfig cfg;
+    cfg.program = &program_;
+    cfg.plan = &plan_;
+    cfg.pipeline_rank = pp_rank_;
+    cfg.rank_offset = dp_rank_ * pp_size_;
+    cfg.stages = stages_;
+    cfg.loss = loss_.get();
+    cfg.device = device_;
+    cfg.precision = options_.precision;
+    cfg.shapes = options_.shapes;
+    cfg.static_shapes = options_.static_shapes;
+    cfg.dp_degree = options_.dp_degree;
+    for (int d = 0; d < options_.dp_degree; ++d) cfg.dp_group.push_back(d * pp_size_ + pp_rank_);
+
+    for (const auto& fqns : manifest_.tied) {
+      for (int d = 0; d < options_.dp_degree; ++d) {
+        ExecutorConfig::Tied tied = tiedGroup(fqns, d * pp_size_);
+        addGroup(groups, tied.ranks);
+        if (d == dp_rank_) cfg.tied.push_back(std::move(tied));
+      }
+    }
+    if (options_.dp_degree > 1) {
+      for (int r = 0; r < pp_size_; ++r) {
+        std::vector<int> g;
+        for (int d = 0; d < options_.dp_degree; ++d) g.push_back(d * pp_size_ + r);
+        addGroup(groups, g);
+      }
+    }
+    return cfg;
+  }
+
   void checkPrecision() const {
     const bool cuda = device_.rfind("cuda", 0) == 0;
     const auto device = cuda ? compat::AutocastDevice::kCuda : compat::AutocastDevice::kCpu;
@@ -173,10 +221,12 @@ class PipelineRunner::Impl {
     if (why) throw RuntimeError(fmt::format("precision {} on {}: {}", precisionName(options_.precision), device_, *why));
   }
 
-  void buildProgram() {
+  // The lowered program options_ asks for, checked against the job.
+  schedules::Program buildProgram() const {
     int stages = manifest_.num_stages;
+    schedules::Program program;
     if (options_.program) {
-      program_ = *options_.program;
+      program = *options_.program;
     } else {
       if (stages != pp_size_ * options_.stages_per_rank) {
         throw RuntimeError(fmt::format("the split in '{}' has {} stages but {} pipeline ranks x {} stages per rank = "
@@ -188,19 +238,20 @@ class PipelineRunner::Impl {
       sc.num_ranks = pp_size_;
       sc.stages_per_rank = options_.stages_per_rank;
       sc.num_microbatches = options_.num_microbatches;
-      program_ = schedules::generateSchedule(options_.schedule, sc);
+      program = schedules::generateSchedule(options_.schedule, sc);
     }
-    if (!schedules::hasSendRecv(program_)) program_ = schedules::lowerForExecution(program_);
-    if (program_.num_ranks != pp_size_ || program_.num_stages != stages ||
-        static_cast<int>(program_.stage_to_rank.size()) != stages) {
+    if (!schedules::hasSendRecv(program)) program = schedules::lowerForExecution(program);
+    if (program.num_ranks != pp_size_ || program.num_stages != stages ||
+        static_cast<int>(program.stage_to_rank.size()) != stages) {
       throw RuntimeError(fmt::format("the program has {} ranks and {} stages but the job has {} pipeline ranks and "
                                      "the split {} stages",
-                                     program_.num_ranks, program_.num_stages, pp_size_, stages));
+                                     program.num_ranks, program.num_stages, pp_size_, stages));
     }
-    if (program_.num_microbatches != options_.num_microbatches) {
+    if (program.num_microbatches != options_.num_microbatches) {
       throw RuntimeError(fmt::format("the program runs {} microbatches but num_microbatches is {}",
-                                     program_.num_microbatches, options_.num_microbatches));
+                                     program.num_microbatches, options_.num_microbatches));
     }
+    return program;
   }
 
   ExecutorConfig::Tied tiedGroup(const std::vector<std::string>& fqns, int offset) const {
@@ -393,6 +444,10 @@ void PipelineRunner::allreduceSumAll(const at::Tensor& values) {
     throw RuntimeError(report);
   }
 }
+
+void PipelineRunner::setProgram(const schedules::Program& program) { impl_->setProgram(program); }
+
+void PipelineRunner::setProfiling(bool on) { impl_->options_.profile = on; }
 
 int PipelineRunner::rank() const { return impl_->rank_; }
 int PipelineRunner::worldSize() const { return impl_->world_; }

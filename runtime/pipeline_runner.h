@@ -223,6 +223,17 @@ class PipelineRunner {
 
   // Waits for every rank (checkpointing); bounded by the timeout.
   void barrier();
+
+  // Runs `program` (compute-only or lowered, as RunnerOptions::program) from
+  // the next step on, as if the runner had been constructed with it: this
+  // rank's stages are loaded again from the split folder (parameters and
+  // buffers as in the files, no gradients), over the same process group
+  // (Note [Replacing the program]). Every rank must switch to the same
+  // program before its next step. Throws RuntimeError, and keeps the current
+  // program, when `program` does not fit the job.
+  void setProgram(const schedules::Program& program);
+  // Records per-action timings (RunnerOptions::profile) on the steps that follow, or stops.
+  void setProfiling(bool on);
   // Sums `values` (a small float64 CPU tensor, the same shape on every rank)
   // over every rank, in place: how ranks agree on a decision. A collective.
   void allreduceSumAll(const at::Tensor& values);

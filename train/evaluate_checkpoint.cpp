@@ -26,7 +26,8 @@ namespace fs = std::filesystem;
 
 void runRank(const EvalRequest& r, std::int64_t batches) {
   const TrainConfig config = loadTrainConfig(r.config_path);
-  runtime::RunnerOptions ro = runnerOptionsFor(config, r.split_dir);
+  const int world = runtime::resolveDistEnv({}).world_size;
+  runtime::RunnerOptions ro = runnerOptionsFor(config, r.split_dir, world / config.pipeline.data_parallel);
   ro.profile = false;
   runtime::PipelineRunner runner(ro);
   loadRunnerWeights(runner, r.checkpoint);

@@ -5,6 +5,9 @@
 #include <chrono>
 #include <cstdint>
 
+#include "schedules/auto_schedule.h"
+#include "train/schedule_profile.h"
+
 namespace pipeforge::train {
 namespace {
 
@@ -34,10 +37,18 @@ runtime::Backend backendOf(const std::string& name) {
 
 }  // namespace
 
-runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const std::string& split_dir) {
+runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const std::string& split_dir,
+                                        int pipeline_ranks) {
   runtime::RunnerOptions ro;
   ro.split_dir = split_dir;
   ro.schedule = config.pipeline.schedule;
+  ro.program = config.pipeline.csv_program;
+  if (!ro.program && config.pipeline.schedule == schedules::kAutoScheduleName) {
+    // Note [Auto schedule] in train/trainer.cpp: start on the profiling
+    // program; training replaces it with the chosen one, and evaluation
+    // (any valid schedule computes the same) keeps it.
+    ro.program = profilingProgram(pipeline_ranks, config.pipeline.stages_per_rank, config.pipeline.microbatches);
+  }
   ro.num_microbatches = config.pipeline.microbatches;
   ro.stages_per_rank = config.pipeline.stages_per_rank;
   ro.loss = lossKind(config.loss);

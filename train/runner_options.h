@@ -10,7 +10,9 @@
 
 namespace pipeforge::train {
 
-runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const std::string& split_dir);
+// `pipeline_ranks` (world / data_parallel) sizes pipeline.schedule auto's
+// profiling program.
+runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const std::string& split_dir, int pipeline_ranks);
 
 // How each microbatch's loss is reduced and scaled for the global batch
 // `global` under loss_normalization (Note [Per-token loss]); the same for a

@@ -16,7 +16,12 @@
 #include <fmt/ranges.h>
 
 #include "partitioner/split_spec.h"
+#include "schedules/auto_schedule.h"
+#include "schedules/csv.h"
 #include "schedules/generate.h"
+#include "schedules/lower.h"
+#include "schedules/simulate_unit.h"
+#include "schedules/validate.h"
 
 namespace pipeforge::train {
 namespace {
@@ -222,13 +227,37 @@ ActivationCheckpointing parseCheckpointing(const Section& s, const YAML::Node& n
   s.fail(node, name, expected);
 }
 
+// Reads pipeline.schedule_csv's file: a PyTorch-format schedule that
+// validates (PyTorch's rules) and runs to the end once lowered. What it must
+// match in the job (ranks, stages) is checked by checkLayout.
+schedules::Program readScheduleCsv(const std::string& where, const std::string& path) {
+  schedules::Program program;
+  try {
+    program = schedules::loadCsvFile(path);
+  } catch (const schedules::ScheduleError& e) {
+    throw ConfigError(fmt::format("{}: pipeline.schedule_csv: {}", where, e.what()));
+  }
+  try {
+    schedules::validateProgram(program);
+    schedules::simulateUnit(schedules::hasSendRecv(program) ? program : schedules::lowerForExecution(program));
+  } catch (const schedules::ScheduleError& e) {
+    throw ConfigError(fmt::format("{}: pipeline.schedule_csv '{}' is not a schedule that can run: {}", where, path,
+                                  e.what()));
+  }
+  return program;
+}
+
 void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
   Section s(top.origin(), "pipeline");
+  std::string csv_where;
+  bool has_schedule = false;
   s.read(node, "pipeline",
          {{"schedule",
            [&](const YAML::Node& v) {
+             has_schedule = true;
              std::string name = s.string(v, "schedule");
              auto names = schedules::scheduleNames();
+             names.push_back(schedules::kAutoScheduleName);
              for (const auto& known : names) {
                if (known.size() == name.size() &&
                    std::equal(known.begin(), known.end(), name.begin(),
@@ -237,8 +266,14 @@ void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
                  return;
                }
              }
-             throw ConfigError(fmt::format("{}: pipeline.schedule '{}' is not a schedule; use one of {}", s.where(v),
-                                           name, fmt::join(names, ", ")));
+             throw ConfigError(fmt::format("{}: pipeline.schedule '{}' is not a schedule; use one of {} (or "
+                                           "pipeline.schedule_csv for a schedule in a CSV file)",
+                                           s.where(v), name, fmt::join(names, ", ")));
+           }},
+          {"schedule_csv",
+           [&](const YAML::Node& v) {
+             c.pipeline.schedule_csv = s.string(v, "schedule_csv");
+             csv_where = s.where(v);
            }},
           {"microbatches", [&](const YAML::Node& v) { c.pipeline.microbatches = s.smallInteger(v, "microbatches", 1); }},
           {"stages_per_rank",
@@ -246,6 +281,28 @@ void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
           {"data_parallel", [&](const YAML::Node& v) { c.pipeline.data_parallel = s.smallInteger(v, "data_parallel", 1); }},
           {"activation_checkpointing",
            [&](const YAML::Node& v) { c.pipeline.activation_checkpointing = parseCheckpointing(s, v); }}});
+  auto& p = c.pipeline;
+  if (csv_where.empty()) return;
+  if (has_schedule) {
+    throw ConfigError(fmt::format("{}: pipeline.schedule and pipeline.schedule_csv are both set; keep one: schedule "
+                                  "names a schedule to generate (or auto), schedule_csv reads one from a file",
+                                  s.where(node)));
+  }
+  requireFile(top.origin(), "pipeline.schedule_csv", p.schedule_csv);
+  std::error_code ec;
+  if (!fs::is_regular_file(p.schedule_csv, ec)) {
+    throw ConfigError(fmt::format("{}: pipeline.schedule_csv '{}' is not a regular file; give a CSV file such as "
+                                  "`pipeforge schedule ... --csv` or PyTorch's _dump_csv writes",
+                                  csv_where, p.schedule_csv));
+  }
+  p.csv_program = readScheduleCsv(csv_where, p.schedule_csv);
+  if (p.csv_program->num_microbatches != p.microbatches) {
+    throw ConfigError(fmt::format("{}: pipeline.schedule_csv '{}' runs {} microbatches (0..{}) but "
+                                  "pipeline.microbatches is {}; set pipeline.microbatches: {} or use a schedule for {}",
+                                  csv_where, p.schedule_csv, p.csv_program->num_microbatches,
+                                  p.csv_program->num_microbatches - 1, p.microbatches,
+                                  p.csv_program->num_microbatches, p.microbatches));
+  }
 }
 
 void parseOptimizer(const Section& top, const YAML::Node& node, TrainConfig& c) {
@@ -567,6 +624,23 @@ void checkLayout(const TrainConfig& c, int world_size, int num_stages) {
                                   c.origin, world_size, p.data_parallel));
   }
   const int pp = world_size / p.data_parallel;
+  if (p.csv_program) {
+    // The CSV fixes the ranks and stages; say so before the generic layout message.
+    const schedules::Program& csv = *p.csv_program;
+    if (csv.num_ranks != pp) {
+      throw ConfigError(fmt::format("{}: pipeline.schedule_csv '{}' has {} rows (pipeline ranks) but the job has {} "
+                                    "pipeline ranks ({} ranks / pipeline.data_parallel {}); run {} ranks (--nproc), or "
+                                    "use a schedule for {} ranks",
+                                    c.origin, p.schedule_csv, csv.num_ranks, pp, world_size, p.data_parallel,
+                                    static_cast<std::int64_t>(csv.num_ranks) * p.data_parallel, pp));
+    }
+    if (csv.num_stages != num_stages) {
+      throw ConfigError(fmt::format("{}: pipeline.schedule_csv '{}' runs {} stages (0..{}) but the split has {}; split "
+                                    "into {} stages (model.num_stages), or use a schedule for {} stages",
+                                    c.origin, p.schedule_csv, csv.num_stages, csv.num_stages - 1, num_stages,
+                                    csv.num_stages, num_stages));
+    }
+  }
   const std::int64_t stages_needed = static_cast<std::int64_t>(pp) * p.stages_per_rank;  // int would overflow
   if (num_stages != stages_needed) {
     throw ConfigError(fmt::format("{}: the split has {} stages but {} ranks / pipeline.data_parallel {} = {} pipeline "
@@ -575,6 +649,8 @@ void checkLayout(const TrainConfig& c, int world_size, int num_stages) {
                                   c.origin, num_stages, world_size, p.data_parallel, pp, p.stages_per_rank,
                                   stages_needed, stages_needed));
   }
+  // A CSV was checked above; `auto` finds a schedule for any layout.
+  if (p.csv_program || p.schedule == schedules::kAutoScheduleName) return;
   schedules::ScheduleConfig sc;
   sc.num_ranks = pp;
   sc.stages_per_rank = p.stages_per_rank;
@@ -586,6 +662,10 @@ void checkLayout(const TrainConfig& c, int world_size, int num_stages) {
                                   "microbatches {}: {}",
                                   c.origin, p.schedule, pp, p.stages_per_rank, p.microbatches, e.what()));
   }
+}
+
+std::string scheduleLabel(const TrainConfig& config) {
+  return config.pipeline.schedule_csv.empty() ? config.pipeline.schedule : config.pipeline.schedule_csv;
 }
 
 std::int64_t replicaBatchSize(const TrainConfig& config) {

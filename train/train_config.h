@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "schedules/program.h"
+
 namespace pipeforge::train {
 
 class ConfigError : public std::runtime_error {
@@ -37,7 +39,13 @@ enum class ActivationCheckpointing {
 };
 
 struct PipelineConfig {
-  std::string schedule = "1F1B";  // a name from schedules::scheduleNames()
+  // A name from schedules::scheduleNames(), or "auto": profile the stages and
+  // search for the fastest schedule (train/schedule_choice.h).
+  std::string schedule = "1F1B";
+  // A PyTorch-format schedule CSV (compute_only or compute_comms) instead of
+  // `schedule`, and the program read from it.
+  std::string schedule_csv;
+  std::optional<schedules::Program> csv_program;
   int microbatches = 1;
   int stages_per_rank = 1;
   int data_parallel = 1;  // world = pipeline ranks x data_parallel
@@ -159,8 +167,13 @@ TrainConfig parseTrainConfig(const std::string& yaml_text, const std::string& or
 TrainConfig loadTrainConfig(const std::string& path);
 
 // Checks the layout against the job: `world_size` ranks, and a split with
-// `num_stages` stages. Throws ConfigError naming the keys to change.
+// `num_stages` stages (and pipeline.schedule_csv's rows and stages against
+// them). Throws ConfigError naming the keys to change.
 void checkLayout(const TrainConfig& config, int world_size, int num_stages);
+
+// What metrics, progress and checkpoints call the schedule: its name, "auto",
+// or the CSV file's path.
+std::string scheduleLabel(const TrainConfig& config);
 
 // Rows of the global batch each data-parallel replica trains on.
 std::int64_t replicaBatchSize(const TrainConfig& config);

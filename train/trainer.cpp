@@ -17,6 +17,8 @@
 #include <fmt/ranges.h>
 
 #include "runtime/pipeline_runner.h"
+#include "schedules/auto_schedule.h"
+#include "schedules/csv.h"
 #include "stage/manifest.h"
 #include "train/checkpoint.h"
 #include "train/dataset.h"
@@ -28,6 +30,8 @@
 #include "train/rank_channel.h"
 #include "train/run_trace.h"
 #include "train/runner_options.h"
+#include "train/schedule_choice.h"
+#include "train/schedule_profile.h"
 
 namespace pipeforge::train {
 namespace {
@@ -52,10 +56,16 @@ class RankTrainer {
     checkLayout(config_, env_.world_size, manifest_.num_stages);
     timeout_ = std::chrono::milliseconds(static_cast<std::int64_t>(config.timeout_s * 1000));
 
-    runner_ = std::make_unique<runtime::PipelineRunner>(runnerOptionsFor(config, options.split_dir));
+    const PipelineConfig& pipeline = config.pipeline;
+    const int pipeline_ranks = env_.world_size / pipeline.data_parallel;
+    const bool auto_schedule = !pipeline.csv_program && pipeline.schedule == schedules::kAutoScheduleName;
+    runtime::RunnerOptions ro = runnerOptionsFor(config, options.split_dir, pipeline_ranks);
+    ro.profile = config.trace || auto_schedule;
+    runner_ = std::make_unique<runtime::PipelineRunner>(ro);
     if (config.precision == PrecisionName::kFp16) scaler_.emplace(config.loss_scale);
     channel_ = std::make_unique<RankChannel>(env_, timeout_);
     dataset_ = openDataset(config.data, config.seed);
+    if (auto_schedule) pickAutoSchedule(pipeline_ranks);
 
     indexTiedNames();  // no_decay globs were checked against the split before the ranks started
     // One optimizer per stage, so each stage's checkpoint stands alone.
@@ -175,6 +185,77 @@ class RankTrainer {
   }
 
   int rank() const { return runner_->rank(); }
+
+  // Note [Auto schedule]: `pipeline.schedule: auto` picks the schedule on the
+  // real model before training. The runner starts with the profiling program
+  // (Note [Profiling order]) three times on the first training batch, without
+  // an optimizer step: the first run warms the modules up (TorchScript
+  // optimizes a method over its first calls), the other two are timed. Each
+  // stage's median F, I, W and B times reach every rank in one allreduce to
+  // which only replica 0 contributes, so every sum is one rank's number plus
+  // zeros: bitwise the same on every rank. Every rank then runs the same
+  // deterministic search (train/schedule_choice.h); the ranks compare digests
+  // of what they chose, all digests in one allreduce so that all take the
+  // same decision, and switch to it with setProgram, which loads the stages
+  // again from the split (Note [Replacing the program]): parameters, buffers
+  // and gradients are as if profiling never ran, and so is the CPU generator
+  // (restored here; resume() seeds every generator afterwards anyway).
+  // Training is then what it would be with the chosen schedule in the config.
+  struct AutoChoice {
+    ScheduleChoice choice;
+    schedules::CostModel costs;  // measured, in milliseconds
+    std::uint32_t digest = 0;
+  };
+
+  void pickAutoSchedule(int pipeline_ranks) {
+    const auto& p = config_.pipeline;
+    const int stages = manifest_.num_stages;
+    const at::Tensor rng = cpuRngState();
+    Batch batch = myShare(dataset_->batch(DataSplit::kTrain, 0, config_.global_batch_size));
+    constexpr int kWarmUpRuns = 1, kTimedRuns = 2;
+    std::vector<runtime::StepProfile> timed;
+    for (int run = 0; run < kWarmUpRuns + kTimedRuns; ++run) {
+      try {
+        runner_->trainStep(batch.inputs, batch.targets);
+      } catch (const std::exception& e) {
+        throw std::runtime_error(fmt::format("profiling the stages for pipeline.schedule auto: {}", e.what()));
+      }
+      runner_->zeroGrad();
+      if (run >= kWarmUpRuns) timed.push_back(runner_->lastProfile());
+    }
+    std::vector<double> mine = medianActionTimes(timed, stages);
+    at::Tensor times = at::zeros({static_cast<std::int64_t>(mine.size())}, at::kDouble);
+    if (runner_->dpRank() == 0) {
+      auto t = times.accessor<double, 1>();
+      for (std::size_t k = 0; k < mine.size(); ++k) t[k] = mine[k];
+    }
+    runner_->allreduceSumAll(times);
+    std::vector<double> all(times.data_ptr<double>(), times.data_ptr<double>() + times.numel());
+
+    ScheduleChoiceRequest request;
+    request.num_ranks = pipeline_ranks;
+    request.stages_per_rank = p.stages_per_rank;
+    request.num_microbatches = p.microbatches;
+    request.costs = costModelFromTimes(all, stages);
+    ScheduleChoice choice = chooseSchedule(request);
+
+    at::Tensor digests = at::zeros({env_.world_size}, at::kDouble);
+    digests.accessor<double, 1>()[rank()] = static_cast<double>(programDigest(choice.program));
+    runner_->allreduceSumAll(digests);
+    auto d = digests.accessor<double, 1>();
+    for (int r = 1; r < env_.world_size; ++r) {
+      if (d[r] != d[0]) {
+        throw std::runtime_error(fmt::format("pipeline.schedule auto: rank {} chose another program than rank 0 "
+                                             "(digest {:08x} vs {:08x}) from the same costs; this is a bug, please "
+                                             "report it; name a schedule in pipeline.schedule meanwhile",
+                                             r, static_cast<std::uint32_t>(d[r]), static_cast<std::uint32_t>(d[0])));
+      }
+    }
+    runner_->setProgram(choice.program);
+    runner_->setProfiling(config_.trace);
+    setCpuRngState(rng);
+    auto_choice_ = AutoChoice{std::move(choice), request.costs, static_cast<std::uint32_t>(d[0])};
+  }
 
   // Note [Non-finite steps]: after every backward each rank checks its own
   // stages' gradients (and the loss, where it is computed), and all ranks sum
@@ -423,7 +504,8 @@ class RankTrainer {
       meta.step = done;
       meta.num_stages = manifest_.num_stages;
       meta.source = manifest_.source;
-      meta.schedule = config_.pipeline.schedule;
+      meta.schedule = scheduleLabel(config_);
+      if (auto_choice_) meta.schedule += ": " + auto_choice_->choice.origin;
       meta.world_size = env_.world_size;
       meta.seed = config_.seed;
       meta.tied = manifest_.tied;
@@ -493,10 +575,13 @@ class RankTrainer {
     metrics_path_ = (fs::path(config_.output_dir) / "metrics.jsonl").string();
     metrics_ = std::make_unique<MetricsLog>(metrics_path_);
     const auto& p = config_.pipeline;
-    out_ << fmt::format("pipeforge train: {} ranks = {} pipeline x {} data-parallel, {} stages, schedule {}, {} "
+    out_ << fmt::format("pipeforge train: {} ranks = {} pipeline x {} data-parallel, {} stages, schedule {}{}, {} "
                         "microbatches, {} steps of {} rows\n",
                         env_.world_size, env_.world_size / p.data_parallel, p.data_parallel, manifest_.num_stages,
-                        p.schedule, p.microbatches, config_.steps, config_.global_batch_size);
+                        scheduleLabel(config_), p.csv_program ? " (CSV)" : "", p.microbatches, config_.steps,
+                        config_.global_batch_size);
+    nlohmann::json auto_record;
+    if (auto_choice_) auto_record = reportAutoSchedule(*auto_choice_);
     out_ << "  data: " << dataset_->describe() << "\n";
     if (config_.precision != PrecisionName::kFp32) {
       out_ << fmt::format("  precision: {} autocast{}\n", precisionName(config_.precision),
@@ -511,13 +596,63 @@ class RankTrainer {
                           first_step, end_);
     }
     out_ << std::flush;
-    metrics_->write({{"event", "start"},
-                     {"step", first_step},
-                     {"world_size", env_.world_size},
-                     {"schedule", p.schedule},
-                     {"precision", precisionName(config_.precision)},
-                     {"resumed_from", resumed_from_}});
+    nlohmann::json start = {{"event", "start"},
+                            {"step", first_step},
+                            {"world_size", env_.world_size},
+                            {"schedule", scheduleLabel(config_)},
+                            {"precision", precisionName(config_.precision)},
+                            {"resumed_from", resumed_from_}};
+    if (auto_choice_) start["auto_schedule"] = auto_record;
+    metrics_->write(start);
     progress_ = std::make_unique<ProgressBar>(out_, config_.steps, options_.out == nullptr && stdoutIsTerminal());
+  }
+
+  // Rank 0: prints what `auto` chose and the named schedules it was measured
+  // against, writes the program to <output.dir>/auto_schedule.csv (for
+  // pipeline.schedule_csv), and returns all of it for the start event.
+  nlohmann::json reportAutoSchedule(const AutoChoice& a) {
+    const ScheduleChoice& c = a.choice;
+    const std::string csv = (fs::path(config_.output_dir) / "auto_schedule.csv").string();
+    writeFileAtomically(csv, schedules::programToCsv(c.program));
+    out_ << fmt::format("  schedule auto: {} ({} layout), simulated step {:.4g} ms (lower bound {:.4g} ms), peak "
+                        "{:g} microbatch activations per rank; written to {}\n",
+                        c.origin, layoutName(c.layout), c.makespan, c.lower_bound, c.peak_memory, csv);
+    nlohmann::json costs = nlohmann::json::array();
+    std::string f, i, w, b;
+    for (std::size_t s = 0; s < a.costs.stages.size(); ++s) {
+      const schedules::StageCost& sc = a.costs.stages[s];
+      f += fmt::format(" {:.3g}", sc.forward);
+      i += fmt::format(" {:.3g}", sc.backward_input);
+      w += fmt::format(" {:.3g}", sc.backward_weight);
+      b += fmt::format(" {:.3g}", sc.fullBackward());
+      costs.push_back({{"stage", s}, {"F", sc.forward}, {"I", sc.backward_input}, {"W", sc.backward_weight},
+                       {"B", sc.fullBackward()}});
+    }
+    out_ << fmt::format("    measured ms per stage: F{} | I{} | W{} | B{}\n", f, i, w, b);
+    nlohmann::json named = nlohmann::json::array();
+    std::string ran, not_run;
+    for (const NamedScheduleTime& n : c.named) {
+      named.push_back({{"name", n.name},
+                       {"simulated_step_ms", n.makespan ? nlohmann::json(*n.makespan) : nlohmann::json()},
+                       {"note", n.note}});
+      if (n.makespan) {
+        ran += fmt::format("{}{} {:.4g} ms ({:+.1f}%)", ran.empty() ? "" : ", ", n.name, *n.makespan,
+                           100.0 * (*n.makespan / c.makespan - 1.0));
+      } else {
+        not_run += fmt::format("{}{}", not_run.empty() ? "" : ", ", n.name);
+      }
+    }
+    if (!ran.empty()) out_ << "    named schedules, simulated: " << ran << "\n";
+    if (!not_run.empty()) out_ << "    not for this job (why: metrics.jsonl): " << not_run << "\n";
+    return {{"chosen", c.origin},
+            {"layout", layoutName(c.layout)},
+            {"simulated_step_ms", c.makespan},
+            {"lower_bound_ms", c.lower_bound},
+            {"peak_activation_memory", c.peak_memory},
+            {"program_digest", fmt::format("{:08x}", a.digest)},
+            {"csv", csv},
+            {"measured_ms", costs},
+            {"named", named}};
   }
 
   void report(std::int64_t done, double loss, double lr, double step_s, double eta_s, double grad_norm,
@@ -605,9 +740,10 @@ class RankTrainer {
   Clock::time_point loop_start_;
   double window_s_ = 0.0;  // step time since the last log line
   std::int64_t window_steps_ = 0;
-  std::deque<PendingReport> pending_;
+  std::deque<PendingReport> pending_;  // rank 0's reports waiting for proof (Note [Deferred reports])
   std::map<std::string, std::string> canonical_;  // tied name -> its group's first name
-  std::map<std::string, int> first_holder_;       // canonical parameter name -> first stage holding it  // rank 0's reports waiting for proof (Note [Deferred reports])
+  std::map<std::string, int> first_holder_;       // canonical parameter name -> first stage holding it
+  std::optional<AutoChoice> auto_choice_;  // pipeline.schedule auto (Note [Auto schedule])
 };
 
 }  // namespace

@@ -202,6 +202,105 @@ TEST_F(TrainConfigTest, LayoutMustFitTheWorld) {
   }
 }
 
+TEST_F(TrainConfigTest, AutoScheduleIsAName) {
+  std::string text = valid();
+  text.replace(text.find("1F1B"), 4, "AUTO");
+  TrainConfig c = parseTrainConfig(text, "t.yaml");
+  EXPECT_EQ(c.pipeline.schedule, "auto");
+  EXPECT_FALSE(c.pipeline.csv_program);
+  EXPECT_NO_THROW(checkLayout(c, 2, 2));
+  EXPECT_NO_THROW(checkLayout(c, 1, 1));
+  EXPECT_EQ(scheduleLabel(c), "auto");
+}
+
+// pipeline.schedule_csv: a PyTorch-format CSV, checked against the layout.
+class ScheduleCsvTest : public TrainConfigTest {
+ protected:
+  // The config with `schedule: 1F1B` replaced by schedule_csv of `csv_text`.
+  std::string withCsv(const std::string& csv_text, const std::string& name = "sched.csv") {
+    path_ = dir_ + "/" + name;
+    std::ofstream(path_, std::ios::binary) << csv_text;
+    std::string text = valid();
+    text.replace(text.find("schedule: 1F1B"), 14, "schedule_csv: " + path_);
+    return text;
+  }
+  std::string path_;
+};
+
+// 2 ranks, 2 stages, 2 microbatches, 1F1B-like; and its lowered form.
+constexpr const char* kComputeOnly = "0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n";
+constexpr const char* kComputeComms =
+    "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"
+    "1RECV_F0,1RECV_F1,1F0,1B0,1SEND_B0,1F1,1B1,1SEND_B1\n";
+
+TEST_F(ScheduleCsvTest, ReadsBothFormats) {
+  for (const char* csv : {kComputeOnly, kComputeComms}) {
+    SCOPED_TRACE(csv);
+    TrainConfig c = parseTrainConfig(withCsv(csv), "t.yaml");
+    ASSERT_TRUE(c.pipeline.csv_program);
+    EXPECT_EQ(c.pipeline.csv_program->num_ranks, 2);
+    EXPECT_EQ(c.pipeline.csv_program->num_microbatches, 2);
+    EXPECT_EQ(c.pipeline.schedule_csv, path_);
+    EXPECT_EQ(scheduleLabel(c), path_);
+    EXPECT_NO_THROW(checkLayout(c, 2, 2));
+  }
+}
+
+TEST_F(ScheduleCsvTest, MistakesNameTheFileAndTheFix) {
+  struct Case {
+    const char* name;
+    std::string csv;
+    std::string extra_from, extra_to;  // a further change to the config
+    std::vector<std::string> expected;
+  };
+  const std::vector<Case> cases = {
+      {"malformed cell", "0F0,0X1\n1F0\n", "", "", {"t.yaml:5: pipeline.schedule_csv:", "sched.csv", "CSV row 1", "0X1"}},
+      {"no actions", "\n\n", "", "", {"t.yaml:5: pipeline.schedule_csv:", "sched.csv"}},
+      {"backward before forward", "0B0,0F0,0F1,0B1\n1F0,1B0,1F1,1B1\n", "", "",
+       {"t.yaml:5: pipeline.schedule_csv '", "sched.csv' is not a schedule that can run"}},
+      {"deadlock", "0F0,0B0,0F1,0B1\n1F1,1F0,1B0,1B1\n", "", "",
+       {"sched.csv' is not a schedule that can run"}},
+      {"wrong microbatches", "0F0,0B0\n1F0,1B0\n", "", "",
+       {"sched.csv' runs 1 microbatches", "pipeline.microbatches is 2", "pipeline.microbatches: 1"}},
+      {"both keys", kComputeOnly, "microbatches: 2", "microbatches: 2\n  schedule: GPipe",
+       {"pipeline.schedule and pipeline.schedule_csv are both set"}},
+      {"missing file", kComputeOnly, "sched.csv", "nope.csv", {"pipeline.schedule_csv", "nope.csv", "does not exist"}},
+      {"a folder", kComputeOnly, "/sched.csv", "", {"t.yaml:5: pipeline.schedule_csv '", "is not a regular file"}},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    std::string text = withCsv(k.csv);
+    if (!k.extra_from.empty()) text.replace(text.find(k.extra_from), k.extra_from.size(), k.extra_to);
+    try {
+      parseTrainConfig(text, "t.yaml");
+      ADD_FAILURE() << "accepted:\n" << text;
+    } catch (const ConfigError& e) {
+      for (const auto& fragment : k.expected) {
+        EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << "missing '" << fragment << "' in: " << e.what();
+      }
+    }
+  }
+}
+
+TEST_F(ScheduleCsvTest, LayoutMustFitTheCsv) {
+  const TrainConfig c = parseTrainConfig(withCsv(kComputeOnly), "t.yaml");
+  try {
+    checkLayout(c, 3, 3);
+    ADD_FAILURE();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("sched.csv' has 2 rows (pipeline ranks) but the job has 3"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("run 2 ranks"), std::string::npos) << e.what();
+  }
+  try {
+    checkLayout(c, 2, 4);
+    ADD_FAILURE();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("sched.csv' runs 2 stages (0..1) but the split has 4"), std::string::npos)
+        << e.what();
+  }
+}
+
 // Every config shipped in configs/ parses (paths are relative to the
 // repository root, where the build tree is `build/`).
 TEST_F(TrainConfigTest, ShippedConfigsParse) {

@@ -1,0 +1,56 @@
+// `pipeline.schedule: auto`, part 2: the schedule for measured costs. The
+// search is the one `pipeforge schedule --name auto` runs
+// (schedules/auto_schedule.h), once per stage layout the job can take: the
+// loop, and with two or more stages per rank also the V (where ZBVZeroBubble
+// and DualPipeV live). Torch-free and deterministic: the same request gives
+// the same program on every rank (the search's tie-breaks and its local
+// search's random moves are fixed), which the trainer checks with
+// programDigest.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "schedules/cost_model.h"
+#include "schedules/program.h"
+
+namespace pipeforge::train {
+
+struct ScheduleChoiceRequest {
+  int num_ranks = 1;
+  int stages_per_rank = 1;
+  int num_microbatches = 1;
+  schedules::CostModel costs;  // one entry per stage, times in milliseconds
+};
+
+// How a named schedule (schedules::scheduleNames()) fares on the same costs.
+struct NamedScheduleTime {
+  std::string name;
+  std::optional<double> makespan;  // simulated step time; absent when it cannot run this job
+  std::string note;                // why not
+};
+
+struct ScheduleChoice {
+  schedules::Program program;  // compute-only
+  std::string origin;          // the candidate it came from (AutoScheduleResult::origin)
+  schedules::StageLayout layout = schedules::StageLayout::kLoop;
+  double makespan = 0.0;       // simulated step time
+  double peak_memory = 0.0;    // max over ranks, in microbatch activations of one stage
+  double lower_bound = 0.0;    // no schedule of the chosen layout can be faster
+  std::vector<NamedScheduleTime> named;  // in scheduleNames() order
+};
+
+// The fastest schedule the search finds, over the layouts above; on equal
+// simulated times the loop layout. Throws ScheduleError for a request the
+// search rejects (sizes below 1, costs of another stage count).
+ScheduleChoice chooseSchedule(const ScheduleChoiceRequest& request);
+
+const char* layoutName(schedules::StageLayout layout);
+
+// FNV-1a of the program's CSV and stage layout: equal programs, equal digests.
+// Below 2^32, so a float64 allreduce carries it exactly.
+std::uint32_t programDigest(const schedules::Program& program);
+
+}  // namespace pipeforge::train

@@ -1,0 +1,111 @@
+#include "train/schedule_profile.h"
+
+#include <algorithm>
+
+#include "schedules/lower.h"
+
+namespace pipeforge::train {
+namespace {
+
+namespace sch = pipeforge::schedules;
+
+sch::Action action(int stage, sch::ActionType type, int microbatch) {
+  sch::Action a;
+  a.stage = stage;
+  a.type = type;
+  a.microbatch = microbatch;
+  return a;
+}
+
+int timedKind(sch::ActionType type) {
+  switch (type) {
+    case sch::ActionType::kForward: return static_cast<int>(TimedKind::kForward);
+    case sch::ActionType::kBackwardInput: return static_cast<int>(TimedKind::kBackwardInput);
+    case sch::ActionType::kBackwardWeight: return static_cast<int>(TimedKind::kBackwardWeight);
+    case sch::ActionType::kFullBackward: return static_cast<int>(TimedKind::kFullBackward);
+    case sch::ActionType::kUnshard:
+    case sch::ActionType::kReshard:
+    case sch::ActionType::kSendF:
+    case sch::ActionType::kRecvF:
+    case sch::ActionType::kSendB:
+    case sch::ActionType::kRecvB:
+    case sch::ActionType::kReduceGrad:
+    case sch::ActionType::kOverlapFB: return -1;
+  }
+  return -1;
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+}  // namespace
+
+sch::Program profilingProgram(int num_ranks, int stages_per_rank, int num_microbatches) {
+  sch::Program program;
+  program.num_ranks = num_ranks;
+  program.num_stages = num_ranks * stages_per_rank;
+  program.num_microbatches = num_microbatches;
+  program.stage_to_rank = sch::makeStageToRank(num_ranks, program.num_stages, sch::StageLayout::kLoop);
+  program.actions.resize(num_ranks);
+  auto add = [&](int stage, sch::ActionType type, int mb) {
+    program.actions[program.stage_to_rank[stage]].push_back(action(stage, type, mb));
+  };
+  for (int mb = 0; mb < num_microbatches; ++mb) {
+    const bool split = mb % 2 == 1;
+    for (int s = 0; s < program.num_stages; ++s) add(s, sch::ActionType::kForward, mb);
+    for (int s = program.num_stages - 1; s >= 0; --s) {
+      add(s, split ? sch::ActionType::kBackwardInput : sch::ActionType::kFullBackward, mb);
+    }
+    if (!split) continue;
+    for (int s = program.num_stages - 1; s >= 0; --s) add(s, sch::ActionType::kBackwardWeight, mb);
+  }
+  return sch::addSendRecv(program);
+}
+
+std::vector<double> medianActionTimes(const std::vector<runtime::StepProfile>& profiles, int num_stages) {
+  std::vector<std::vector<double>> samples(static_cast<std::size_t>(num_stages) * kTimedKinds);
+  for (const runtime::StepProfile& profile : profiles) {
+    for (const runtime::TimedStep& step : profile.steps) {
+      const int kind = timedKind(step.action.type);
+      if (kind < 0 || step.action.stage < 0 || step.action.stage >= num_stages) continue;
+      const double ms = 1e3 * std::max(0.0, step.end_s - step.start_s - step.wait_s);
+      samples[static_cast<std::size_t>(step.action.stage) * kTimedKinds + kind].push_back(ms);
+    }
+  }
+  std::vector<double> times(samples.size(), 0.0);
+  for (std::size_t k = 0; k < samples.size(); ++k) {
+    if (!samples[k].empty()) times[k] = median(samples[k]);
+  }
+  return times;
+}
+
+sch::CostModel costModelFromTimes(const std::vector<double>& times, int num_stages) {
+  sch::CostModel model;
+  model.stages.clear();
+  model.comm_latency = 0.0;
+  auto at = [&](int stage, TimedKind kind) {
+    const std::size_t k = static_cast<std::size_t>(stage) * kTimedKinds + static_cast<int>(kind);
+    return k < times.size() ? times[k] : 0.0;
+  };
+  for (int s = 0; s < num_stages; ++s) {
+    sch::StageCost cost;
+    double f = at(s, TimedKind::kForward);
+    double i = at(s, TimedKind::kBackwardInput);
+    double w = at(s, TimedKind::kBackwardWeight);
+    double b = at(s, TimedKind::kFullBackward);
+    if (i <= 0.0 || w <= 0.0) i = w = 0.5 * b;
+    if (b <= 0.0) b = i + w;
+    cost.forward = std::max(f, kMinActionMs);
+    cost.backward_input = std::max(i, kMinActionMs);
+    cost.backward_weight = std::max(w, kMinActionMs);
+    cost.full_backward = std::max(b, kMinActionMs);
+    cost.activation_memory = 1.0;
+    model.stages.push_back(cost);
+  }
+  return model;
+}
+
+}  // namespace pipeforge::train
