@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: install, build, split the bundled GPT
 # example into 2 stages and train it as a byte-level language model on 2 local
-# ranks (Gloo on CPU, 1F1B), then show where the results are.
+# ranks (Gloo on CPU, 1F1B), then sample from it and draw its curves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIPEFORGE_TARGETS="pipeforge pipeforge_zoo" bash scripts/build.sh
@@ -26,4 +26,11 @@ if [ "$BUILD_DIR" != build ]; then
   sed "s|path: build/zoo/|path: $BUILD_DIR/zoo/|" configs/demo_gpt.yaml > out/demo/demo_gpt.yaml
   config=out/demo/demo_gpt.yaml
 fi
-exec "$PF" train --config "$config" --nproc 2
+"$PF" train --config "$config" --nproc 2
+
+echo "== generate: a sample from the trained checkpoint, the stages pipelined on 2 ranks"
+"$PF" generate out/demo_gpt/ckpt --model "$BUILD_DIR/zoo/gpt_demo.pt" --prompt "This License" --tokens 240 \
+  --temperature 0.8 --top-k 20 --seed 1
+
+echo "== plot: the loss, learning rate, throughput and grad norm curves"
+"$PF" plot out/demo_gpt/metrics.jsonl --svg out/demo_gpt/curves.svg
