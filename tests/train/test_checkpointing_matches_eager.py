@@ -16,6 +16,10 @@ differences are printed. `gpt` has no dropout (PyTorch's single process draws
 masks in another order than the pipeline's ranks); dropout replay is checked
 against training without checkpointing in runtime_checkpointing_test.
 
+With bf16 autocast and dropout active (the zoo's `gpt_dropout`, ZBVZeroBubble),
+checkpointing must change nothing at all: losses, grad norms and trained
+parameters bit for bit equal to the same run without it.
+
 Then the refusals through the binary: `{every_n: 2}` (not supported yet) and
 a misspelt value stop `pipeforge train` with exit 1 and the key named.
 
@@ -71,7 +75,8 @@ def train_eager(torch, model_path: str, data_path: str):
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def write_config(path: str, run: str, model_path: str, data_path: str, schedule: str, checkpointing: str) -> None:
+def write_config(path: str, run: str, model_path: str, data_path: str, schedule: str, checkpointing: str,
+                 precision: str = "fp32") -> None:
     per_rank = SCHEDULES.get(schedule, 1)
     with open(path, "w") as f:
         f.write(f"""model: {{path: {model_path}, num_stages: {RANKS * per_rank}, policy: parameters}}
@@ -84,7 +89,8 @@ loss: cross_entropy
 optimizer: {{name: sgd, lr: {LR}, momentum: {MOMENTUM}}}
 lr_schedule: {{decay: constant, warmup_steps: 0}}
 data: {{format: tensors, path: {data_path}, val_fraction: 0.0}}
-training: {{steps: {STEPS}, global_batch_size: {ROWS_PER_MB * MICROBATCHES}, seed: {SEED}, eval_every: 0}}
+training: {{steps: {STEPS}, global_batch_size: {ROWS_PER_MB * MICROBATCHES}, seed: {SEED}, eval_every: 0,
+           precision: {precision}}}
 checkpoint: {{dir: {run}/ckpt}}
 distributed: {{timeout_s: 60}}
 output: {{dir: {run}/out}}
@@ -103,6 +109,33 @@ def train_pipeforge(torch, binary: str, d: str, model_path: str, data_path: str,
     losses = [r["loss"] for r in sorted((r for r in records if r["event"] == "train"), key=lambda r: r["step"])]
     state = torch.jit.load(trained).state_dict()
     return losses, {k: v.detach() for k, v in state.items()}
+
+
+def check_bf16_dropout(torch, binary: str, d: str, zoo: str, data_path: str) -> list:
+    """bf16 autocast with dropout on ZBV: checkpointing changes nothing, bit for bit (the recompute runs
+    in the forward's autocast and replays its dropout masks)."""
+    model_path = os.path.join(zoo, "gpt_dropout.pt")
+    runs = {}
+    for checkpointing in ("none", "full"):
+        run = os.path.join(d, f"bf16-{checkpointing}")
+        write_config(run + ".yaml", run, model_path, data_path, "ZBVZeroBubble", checkpointing, "bf16")
+        common.run_pipeforge(binary, "train", "--config", run + ".yaml", "--nproc", str(RANKS),
+                             env={"OMP_NUM_THREADS": "1"})
+        trained = os.path.join(run, "trained.pt")
+        common.run_pipeforge(binary, "export", os.path.join(run, "ckpt"), "--model", model_path, "--out", trained)
+        with open(os.path.join(run, "out", "metrics.jsonl")) as f:
+            train = sorted((r for r in map(json.loads, f) if r["event"] == "train"), key=lambda r: r["step"])
+        runs[checkpointing] = ([(r["loss"], r["grad_norm"]) for r in train], torch.jit.load(trained).state_dict())
+    (a_log, a_state), (b_log, b_state) = runs["none"], runs["full"]
+    problems = []
+    if len(a_log) != STEPS or a_log != b_log:
+        problems.append(f"bf16 losses and grad norms differ with checkpointing: {a_log} vs {b_log}")
+    differing = [k for k in a_state if not torch.equal(a_state[k], b_state[k])]
+    if differing:
+        problems.append(f"bf16 parameters differ with checkpointing: {differing[:4]}")
+    print(f"bf16 + dropout, ZBVZeroBubble: checkpointing full vs none: {len(a_log)} steps, losses and grad norms "
+          f"{'identical' if a_log == b_log else 'DIFFERENT'}, {len(differing)} parameters differ")
+    return problems
 
 
 def check_refusals(binary: str, d: str, model_path: str, data_path: str) -> list:
@@ -159,6 +192,7 @@ def main() -> None:
             print(f"checkpointing full, {RANKS} ranks {schedule:14s} max |loss diff| {loss_diff:.2e}  "
                   f"max |param diff| {diff:.2e}  {'ok' if not problems else 'MISMATCH'}", flush=True)
             failures += [f"{schedule}: {p}" for p in problems]
+        failures += check_bf16_dropout(torch, binary, d, zoo, data_path)
         failures += check_refusals(binary, d, model_path, data_path)
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
