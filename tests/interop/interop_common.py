@@ -140,3 +140,37 @@ def batch_rows(seed: int, train_rows: int, step: int, batch_size: int) -> list:
         k = step * batch_size + j
         rows.append(epoch_order(seed, k // train_rows, train_rows)[k % train_rows])
     return rows
+
+
+# --- comparing two trainings of the same model ------------------------------
+
+
+def compare_training(torch, losses: list, ref_losses: list, state: dict, ref_state: dict, rtol: float, atol: float,
+                     initial: dict = None) -> tuple:
+    """Per-step losses and final parameters of a run against a reference run.
+
+    Returns (problems, max |loss diff|, max |param diff|): problems is empty
+    when there are as many losses as reference steps, every loss and every
+    parameter is within `atol + rtol * |reference|` (torch.allclose's rule),
+    the parameter names are the same and, given `initial`, training moved at
+    least one parameter (a run that trained nothing proves nothing).
+    """
+    problems = []
+    if len(losses) != len(ref_losses):
+        problems.append(f"{len(losses)} losses for {len(ref_losses)} steps")
+    loss_diff = max((abs(a - b) for a, b in zip(losses, ref_losses)), default=float("inf"))
+    if not all(abs(a - b) <= atol + rtol * abs(b) for a, b in zip(losses, ref_losses)):
+        problems.append(f"losses {losses} vs reference {ref_losses}")
+    if sorted(state) != sorted(ref_state):
+        problems.append(f"names differ: {sorted(set(state) ^ set(ref_state))}")
+    param_diff, moved = 0.0, 0
+    for k in sorted(set(state) & set(ref_state)):
+        a, b = state[k], ref_state[k]
+        param_diff = max(param_diff, (a.double() - b.double()).abs().max().item())
+        if initial is not None:
+            moved += not torch.equal(b, initial[k])
+        if not torch.allclose(a, b, rtol=rtol, atol=atol):
+            problems.append(f"{k}: max |diff| {(a - b).abs().max().item():.3g}")
+    if initial is not None and moved == 0:
+        problems.append("training moved no parameter")
+    return problems, loss_diff, param_diff

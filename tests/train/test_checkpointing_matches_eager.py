@@ -172,23 +172,8 @@ def main() -> None:
         initial = torch.jit.load(model_path).state_dict()
         for schedule in SCHEDULES:
             losses, state = train_pipeforge(torch, binary, d, model_path, data_path, schedule)
-            problems = []
-            if len(losses) != STEPS:
-                problems.append(f"{len(losses)} losses for {STEPS} steps")
-            loss_diff = max((abs(a - b) for a, b in zip(losses, ref_losses)), default=float("inf"))
-            if not all(abs(a - b) <= ATOL + RTOL * abs(b) for a, b in zip(losses, ref_losses)):
-                problems.append(f"losses {losses} vs eager {ref_losses}")
-            if sorted(state) != sorted(ref_state):
-                problems.append(f"names differ: {sorted(set(state) ^ set(ref_state))}")
-            diff, moved = 0.0, 0
-            for k in sorted(set(state) & set(ref_state)):
-                a, b = state[k], ref_state[k]
-                diff = max(diff, (a.double() - b.double()).abs().max().item())
-                moved += not torch.equal(b, initial[k])
-                if not torch.allclose(a, b, rtol=RTOL, atol=ATOL):
-                    problems.append(f"{k}: max |diff| {(a - b).abs().max().item():.3g}")
-            if moved == 0:
-                problems.append("training moved no parameter")
+            problems, loss_diff, diff = common.compare_training(torch, losses, ref_losses, state, ref_state, RTOL,
+                                                                ATOL, initial)
             print(f"checkpointing full, {RANKS} ranks {schedule:14s} max |loss diff| {loss_diff:.2e}  "
                   f"max |param diff| {diff:.2e}  {'ok' if not problems else 'MISMATCH'}", flush=True)
             failures += [f"{schedule}: {p}" for p in problems]

@@ -168,13 +168,8 @@ def train_pipeforge(torch, binary: str, run: str, model_path: str, data_path: st
 
 def compare(torch, label: str, case: dict, train: list, state: dict, ref) -> list:
     ref_losses, ref_norms, ref_state = ref
-    problems = []
     losses = [r["loss"] for r in train]
-    if len(losses) != STEPS:
-        problems.append(f"{len(losses)} losses for {STEPS} steps")
-    loss_diff = max((abs(a - b) for a, b in zip(losses, ref_losses)), default=float("inf"))
-    if not all(abs(a - b) <= ATOL + RTOL * abs(b) for a, b in zip(losses, ref_losses)):
-        problems.append(f"losses {losses} vs PyTorch {ref_losses}")
+    problems, loss_diff, diff = common.compare_training(torch, losses, ref_losses, state, ref_state, RTOL, ATOL)
     if any("rows_per_s" not in r or "tokens_per_s" in r for r in train):
         problems.append("tensor data must report rows_per_s (and no tokens_per_s)")
     norm_diff = 0.0
@@ -185,14 +180,6 @@ def compare(torch, label: str, case: dict, train: list, state: dict, ref) -> lis
             problems.append(f"grad_norm {norms} vs clip_grad_norm_ {ref_norms}")
         if not all(n > case["clip"] for n in ref_norms):
             problems.append(f"norms {ref_norms} never exceed {case['clip']}: clipping was not exercised")
-    if sorted(state) != sorted(ref_state):
-        problems.append(f"names differ: {sorted(set(state) ^ set(ref_state))}")
-    diff = 0.0
-    for k in sorted(set(state) & set(ref_state)):
-        a, b = state[k], ref_state[k]
-        diff = max(diff, (a.double() - b.double()).abs().max().item())
-        if not torch.allclose(a, b, rtol=RTOL, atol=ATOL):
-            problems.append(f"{k}: max |diff| {(a - b).abs().max().item():.3g}")
     print(f"{label:34s} max |loss diff| {loss_diff:.2e}  max |param diff| {diff:.2e}  grad_norm rel diff "
           f"{norm_diff:.1e}  {'ok' if not problems else 'MISMATCH'}", flush=True)
     return [f"{label}: {p}" for p in problems]
