@@ -32,6 +32,7 @@ matches no parameter, per_token with a loss module, a missing loss module.
 Usage: test_training_options_match_pytorch.py PIPEFORGE_BINARY ZOO_DIR
 """
 import fnmatch
+import inspect
 import json
 import os
 import subprocess
@@ -123,7 +124,10 @@ def train_pytorch(torch, model_path: str, data_path: str, case: dict, microbatch
                 (loss / microbatches).backward()
                 total += loss.item() / microbatches
         if case.get("clip"):
-            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), case["clip"], foreach=False).item())
+            # torch 1.13's clip_grad_norm_ has no foreach switch (and no foreach path to switch off).
+            clip = torch.nn.utils.clip_grad_norm_
+            extra = {"foreach": False} if "foreach" in inspect.signature(clip).parameters else {}
+            norms.append(clip(model.parameters(), case["clip"], **extra).item())
         opt.step()
         losses.append(total)
     return losses, norms, {k: v.detach().clone() for k, v in model.named_parameters()}
