@@ -32,6 +32,40 @@ std::string identifierFor(const std::string& raw, size_t index) {
   return name;
 }
 
+// Note [Stage signatures]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A stage input that is an argument of the model keeps that argument's name
+// and default value, so a stage file reads like the model where it takes the
+// model's arguments: `forward(self, x: Tensor, scale: float=2., mask:
+// Optional[Tensor]=None)`, and stage0(x) in Python uses scale 2.0 as model(x)
+// does. Inputs from earlier stages keep their generated `in<i>_...` names.
+// The graph's input names are what a saved file prints, the schema holds the
+// defaults: both are set.
+void keepModelArguments(torch::jit::Module& stage, Graph& graph, const torch::jit::Module& model,
+                        const std::vector<ValueSource>& sources) {
+  const c10::FunctionSchema& original = model.get_method("forward").function().getSchema();
+  torch::jit::Function& fn = stage.get_method("forward").function();
+  std::vector<c10::Argument> args = fn.getSchema().arguments();
+  std::set<std::string> taken;
+  for (const auto& a : args) taken.insert(a.name());
+  for (size_t i = 0; i < sources.size() && i + 1 < args.size(); ++i) {
+    if (sources[i].kind != ValueSource::Kind::kInput) continue;
+    const auto k = static_cast<size_t>(sources[i].index) + 1;
+    if (k >= original.arguments().size()) continue;
+    const c10::Argument& from = original.arguments()[k];
+    c10::Argument& to = args[i + 1];
+    std::string name = to.name();
+    if (!taken.count(from.name())) {
+      taken.erase(name);
+      name = from.name();
+      taken.insert(name);
+      graph.inputs()[i + 1]->setDebugName(name);
+    }
+    to = c10::Argument(name, to.type(), to.N(), from.default_value(), to.kwarg_only());
+  }
+  fn.setSchema(fn.getSchema().cloneWithArguments(std::move(args)));
+}
+
 std::string sanitizeTypeName(const std::string& path) {
   std::string out;
   for (char c : path) out += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
@@ -306,6 +340,7 @@ BuiltStages buildStages(const frontend::OpenedModel& model, const frontend::Mode
 
     StageModuleBuilder builder(model.module(), k);
     torch::jit::Module module = builder.finish(g);
+    keepModelArguments(module, *g, model.module(), info.inputs);
     info.num_outputs = static_cast<int>(outs.size());
     for (const auto& p : module.named_parameters(true)) {
       info.parameters.push_back(p.name);

@@ -81,6 +81,47 @@ class SplitLoadsInPython(unittest.TestCase):
                 finally:
                     shutil.rmtree(tmp)
 
+    def test_stages_keep_the_models_argument_names_and_defaults(self):
+        """Note [Stage signatures]: stage 0 reads `forward(self, x, scale: float=2., mask=None)` as the model."""
+        from typing import Optional
+
+        class Defaults(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = torch.nn.Linear(4, 4)
+                self.b = torch.nn.Linear(4, 4)
+
+            def forward(self, x, scale: float = 2.0, mask: Optional[torch.Tensor] = None):
+                h = self.a(x) * scale
+                if mask is not None:
+                    h = h * mask
+                return self.b(h)
+
+        tmp = tempfile.mkdtemp(prefix="pf-py-")
+        try:
+            torch.manual_seed(0)
+            model = torch.jit.script(Defaults())
+            path = os.path.join(tmp, "defaults.pt")
+            model.save(path)
+            spec = os.path.join(tmp, "spec.yaml")
+            with open(spec, "w") as f:
+                f.write("split_points:\n  b: BEGINNING\n")
+            out = os.path.join(tmp, "stages")
+            subprocess.run([PIPEFORGE, "split", path, "--spec", spec, "--out", out], check=True,
+                           stdout=subprocess.DEVNULL)
+            stage0 = torch.jit.load(os.path.join(out, "stage_0.pt"))
+            stage1 = torch.jit.load(os.path.join(out, "stage_1.pt"))
+            want = [(a.name, a.default_value) for a in model.forward.schema.arguments[1:]]
+            got = [(a.name, a.default_value) for a in stage0.forward.schema.arguments[1:]]
+            self.assertEqual(got, want)
+            x, mask = torch.randn(3, 4), torch.rand(4)
+            with torch.no_grad():
+                for args, kwargs in [((x,), {}), ((x, 0.5), {}), ((x,), {"mask": mask}), ((x, 3.0, mask), {})]:
+                    expected = model(*args, **kwargs)
+                    self.assertTrue(torch.equal(stage1(*stage0(*args, **kwargs))[0], expected), (args, kwargs))
+        finally:
+            shutil.rmtree(tmp)
+
 
 if __name__ == "__main__":
     unittest.main(argv=[sys.argv[0]])
