@@ -31,7 +31,8 @@ void runRank(const EvalRequest& r, std::int64_t batches) {
   ro.profile = false;
   runtime::PipelineRunner runner(ro);
   loadRunnerWeights(runner, r.checkpoint);
-  std::unique_ptr<Dataset> data = openDataset(config.data, config.seed);
+  const DataLayout layout = dataLayoutFor(config, stage::readManifest(r.split_dir).inputs);
+  std::unique_ptr<Dataset> data = openDataset(config.data, config.seed, layout);
 
   // Each replica's last stage computes its rows' loss; a sum over every rank
   // of these slots, divided by the replicas, is each batch's mean.
@@ -40,7 +41,7 @@ void runRank(const EvalRequest& r, std::int64_t batches) {
   const std::int64_t first = runner.dpRank() * rows;
   for (std::int64_t k = 0; k < batches; ++k) {
     const Batch global = data->batch(DataSplit::kHeldOut, k, config.global_batch_size);
-    const Batch batch = config.pipeline.data_parallel > 1 ? sliceBatch(global, first, first + rows) : global;
+    const Batch batch = config.pipeline.data_parallel > 1 ? sliceBatch(global, first, first + rows, layout) : global;
     runtime::EvalResult result = runner.evalStep(batch.inputs, batch.targets, lossScalingFor(config, global));
     if (result.loss.has_loss) losses[k].fill_(result.loss.loss);
   }
@@ -83,8 +84,12 @@ std::string checkpointToEvaluate(const EvalRequest& r, const TrainConfig& config
 void launch(const EvalRequest& r, std::int64_t batches) {
   const TrainConfig config = loadTrainConfig(r.config_path);
   const std::string step_dir = fs::absolute(checkpointToEvaluate(r, config)).string();
-  // Held-out data first: a config without it fails here, before any split.
-  openDataset(config.data, config.seed)->batch(DataSplit::kHeldOut, 0, config.global_batch_size);
+  // Held-out data first: a config without it fails here, before any split
+  // (tensor data after it: its inputs may be named after the model's).
+  auto checkHeldOut = [&](const DataLayout& layout) {
+    openDataset(config.data, config.seed, layout)->batch(DataSplit::kHeldOut, 0, config.global_batch_size);
+  };
+  if (config.data.format != DataFormat::kTensors) checkHeldOut({});
 
   std::optional<ScratchDir> scratch;
   std::string split_dir = config.model.split_dir;
@@ -100,6 +105,7 @@ void launch(const EvalRequest& r, std::int64_t batches) {
   checkDevice(config, nproc);
   checkLayout(config, nproc, manifest.num_stages);
   checkInputSizes(config, manifest);
+  if (config.data.format == DataFormat::kTensors) checkHeldOut(dataLayoutFor(config, manifest.inputs));
 
   LocalRanksOptions options;
   options.args = {"eval",          "--config",   r.config_path, "--checkpoint", step_dir,

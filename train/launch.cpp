@@ -105,18 +105,24 @@ void checkInputSizes(const TrainConfig& config, const stage::PipeManifest& manif
     if (d.min == d.max) return fmt::format("a static size of {}", d.min);
     return d.max < 0 ? fmt::format("sizes >= {}", d.min) : fmt::format("sizes {}..{}", d.min, d.max);
   };
+  // The batch dim of each input: dim 0, or its pipeline.input_chunks dim; a
+  // replicated input has none (Note [Input chunks] in train/dataset.h).
+  const std::vector<ChunkEntry> chunks = inputChunksFor(config, manifest.inputs);
   for (size_t i = 0; i < manifest.input_dims.size(); ++i) {
     const auto& dims = manifest.input_dims[i];
     const std::string& name = manifest.inputs.at(i);
-    if (!dims.empty() && !accepts(dims[0], rows)) {
-      const std::int64_t fit = dims[0].min * config.pipeline.microbatches * config.pipeline.data_parallel;
+    const ChunkEntry chunk = i < chunks.size() ? chunks[i] : ChunkEntry{};
+    if (chunk.replicate) continue;
+    const auto b = static_cast<std::size_t>(chunk.dim);
+    if (dims.size() > b && !accepts(dims[b], rows)) {
+      const std::int64_t fit = dims[b].min * config.pipeline.microbatches * config.pipeline.data_parallel;
       throw ConfigError(fmt::format(
-          "model '{}' was exported with {} in dimension 0 (the batch) of input '{}', but training feeds microbatches "
+          "model '{}' was exported with {} in dimension {} (the batch) of input '{}', but training feeds microbatches "
           "of {} rows (training.global_batch_size {} / pipeline.data_parallel {} / pipeline.microbatches {}); "
-          "re-export with a dynamic batch, torch.export.export(..., dynamic_shapes={{\"{}\": {{0: "
+          "re-export with a dynamic batch, torch.export.export(..., dynamic_shapes={{\"{}\": {{{}: "
           "torch.export.Dim(\"batch\")}}}}), or set training.global_batch_size to {}",
-          manifest.source, describe(dims[0]), name, rows, config.global_batch_size, config.pipeline.data_parallel,
-          config.pipeline.microbatches, name, fit));
+          manifest.source, describe(dims[b]), b, name, rows, config.global_batch_size, config.pipeline.data_parallel,
+          config.pipeline.microbatches, name, b, fit));
     }
     if (config.data.format == DataFormat::kTokens && i == 0 && dims.size() >= 2 &&
         !accepts(dims[1], config.data.block_size)) {
@@ -185,7 +191,8 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
   checkLayout(config, request.nproc, manifest.num_stages);
   checkSplitFolder(split_dir, manifest);
   checkAgainstSplit(config, manifest);
-  openDataset(config.data, config.seed);  // unreadable data fails here, once, not on every rank
+  // Unreadable data, or data that does not fit the model's inputs, fails here, once, not on every rank.
+  openDataset(config.data, config.seed, dataLayoutFor(config, manifest.inputs));
 
   runtime::LaunchOptions options;
   options.executable = fs::read_symlink("/proc/self/exe").string();

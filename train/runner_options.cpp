@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "schedules/auto_schedule.h"
+#include "stage/manifest.h"
 #include "train/schedule_profile.h"
 
 namespace pipeforge::train {
@@ -35,6 +36,14 @@ runtime::Backend backendOf(const std::string& name) {
   return runtime::Backend::kAuto;
 }
 
+std::vector<runtime::ChunkSpec> chunkSpecsOf(const std::vector<ChunkEntry>& entries) {
+  std::vector<runtime::ChunkSpec> out;
+  for (const ChunkEntry& e : entries) {
+    out.push_back(e.replicate ? runtime::ChunkSpec::replicated() : runtime::ChunkSpec::split(e.dim));
+  }
+  return out;
+}
+
 }  // namespace
 
 runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const std::string& split_dir,
@@ -50,6 +59,11 @@ runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const std::st
     ro.program = profilingProgram(pipeline_ranks, config.pipeline.stages_per_rank, config.pipeline.microbatches);
   }
   ro.num_microbatches = config.pipeline.microbatches;
+  // Note [Input chunks] in train/dataset.h: the same entries place the data's rows.
+  if (!config.pipeline.input_chunks.empty()) {
+    ro.input_chunks = chunkSpecsOf(inputChunksFor(config, stage::readManifest(split_dir).inputs));
+  }
+  ro.target_chunks = chunkSpecsOf(config.pipeline.target_chunks);
   ro.stages_per_rank = config.pipeline.stages_per_rank;
   ro.loss = lossKind(config.loss);
   ro.loss_module = config.loss_module;

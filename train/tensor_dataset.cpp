@@ -5,10 +5,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <iterator>
+#include <map>
 #include <numeric>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "train/sampling.h"
 
@@ -54,10 +57,96 @@ bool isTorchScriptArchive(const std::string& path) {
 
 }  // namespace
 
-Batch loadTensorFile(const std::string& path, const std::string& key) {
+namespace {
+
+// The file's inputs in the model's order: a dict by name is mapped onto
+// layout.input_names; a tensor or tuple is positional.
+std::vector<at::Tensor> modelInputs(const c10::IValue& value, const DataLayout& layout, const std::string& what) {
+  if (!value.isGenericDict()) return tensorsOf(value, what);
+  std::vector<std::string> keys;
+  std::map<std::string, at::Tensor> by_name;
+  for (const auto& kv : value.toGenericDict()) {
+    if (!kv.key().isString() || !kv.value().isTensor()) {
+      throw ConfigError(fmt::format("{} is a dict; it must map input names (strings) to tensors, got {} -> {}", what,
+                                    kv.key().tagKind(), kv.value().tagKind()));
+    }
+    keys.push_back(kv.key().toStringRef());
+    by_name[keys.back()] = kv.value().toTensor();
+  }
+  const std::string model = fmt::format("[{}]", fmt::join(layout.input_names, ", "));
+  const std::string file = fmt::format("[{}]", fmt::join(keys, ", "));
+  if (layout.input_names.empty()) {
+    throw ConfigError(fmt::format("{} is a dict by input name {}, but the model's input names are not known here; "
+                                  "give the inputs as a tuple in the model's order",
+                                  what, file));
+  }
+  for (const auto& key : keys) {
+    if (std::find(layout.input_names.begin(), layout.input_names.end(), key) == layout.input_names.end()) {
+      throw ConfigError(fmt::format("{} has key '{}', which is not an input of the model; the model's inputs are {}, "
+                                    "the file's keys {}: rename the key",
+                                    what, key, model, file));
+    }
+  }
+  std::vector<at::Tensor> out;
+  for (const auto& name : layout.input_names) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      throw ConfigError(fmt::format("{} has no key '{}', an input of the model; the model's inputs are {}, the file's "
+                                    "keys {}: add it",
+                                    what, name, model, file));
+    }
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+// Every split tensor has the same number of rows along its row dim (Note
+// [Input chunks] in train/dataset.h); returns it.
+std::int64_t countRows(const Batch& batch, const DataLayout& layout, const std::string& where) {
+  std::int64_t rows = -1;
+  std::string first;
+  auto visit = [&](const std::vector<at::Tensor>& list, const std::vector<ChunkEntry>& specs, const char* kind,
+                   const char* key) {
+    for (std::size_t k = 0; k < list.size(); ++k) {
+      const ChunkEntry spec = k < specs.size() ? specs[k] : ChunkEntry{};
+      if (spec.replicate) continue;
+      const at::Tensor& t = list[k];
+      const std::string name =
+          std::string(kind) == "input" && k < layout.input_names.size()
+              ? fmt::format("input '{}'", layout.input_names[k])
+              : fmt::format("{} {}", kind, k);
+      if (spec.dim >= t.dim()) {
+        throw ConfigError(fmt::format("{}: {} has shape {} with no dim {} to hold its rows; {} (pipeline.{}) must "
+                                      "name one of its dims or be replicate",
+                                      where, name, c10::str(t.sizes()), spec.dim, name, key));
+      }
+      if (rows < 0) {
+        rows = t.size(spec.dim);
+        first = fmt::format("{} has {} along dim {}", name, rows, spec.dim);
+      } else if (t.size(spec.dim) != rows) {
+        throw ConfigError(fmt::format("{}: every tensor needs the same rows along dim 0 (or along the dim "
+                                      "pipeline.input_chunks / target_chunks give it), but {} and {} has shape {} (row "
+                                      "dim {}); fix the data or pipeline.{}",
+                                      where, first, name, c10::str(t.sizes()), spec.dim, key));
+      }
+    }
+  };
+  visit(batch.inputs, layout.inputs, "input", "input_chunks");
+  visit(batch.targets, layout.targets, "target", "target_chunks");
+  if (rows < 0) {
+    throw ConfigError(fmt::format("{}: every input and target is replicate, so no tensor has rows to draw batches "
+                                  "from; split at least one (pipeline.input_chunks / target_chunks)",
+                                  where));
+  }
+  return rows;
+}
+
+}  // namespace
+
+Batch loadTensorFile(const std::string& path, const std::string& key, const DataLayout& layout) {
   const std::string form_hint =
-      "save it with torch.save({'inputs': x, 'targets': y}, path) (zip format, several tensors as a tuple) or as a "
-      "TorchScript module with attributes inputs and targets";
+      "save it with torch.save({'inputs': x, 'targets': y}, path) (zip format, several tensors as a tuple or a dict "
+      "by input name) or as a TorchScript module with attributes inputs and targets";
   if (!isZipArchive(path)) {
     throw ConfigError(fmt::format("{}: '{}' is not a zip archive (a legacy torch.save pickle cannot be read from "
                                   "C++); {}",
@@ -76,7 +165,7 @@ Batch loadTensorFile(const std::string& path, const std::string& key) {
         throw ConfigError(fmt::format("{}: the module in '{}' has no attribute '{}'; {}", key, path, name, form_hint));
       }
     }
-    batch.inputs = tensorsOf(holder.attr("inputs"), fmt::format("{}: '{}' attribute inputs", key, path));
+    batch.inputs = modelInputs(holder.attr("inputs"), layout, fmt::format("{}: '{}' attribute inputs", key, path));
     batch.targets = tensorsOf(holder.attr("targets"), fmt::format("{}: '{}' attribute targets", key, path));
   } else {
     std::ifstream in(path, std::ios::binary);
@@ -96,44 +185,47 @@ Batch loadTensorFile(const std::string& path, const std::string& key) {
     for (const char* name : {"inputs", "targets"}) {
       if (!dict.contains(name)) throw ConfigError(fmt::format("{}: '{}' has no key '{}'; {}", key, path, name, form_hint));
     }
-    batch.inputs = tensorsOf(dict.at("inputs"), fmt::format("{}: '{}' key inputs", key, path));
+    batch.inputs = modelInputs(dict.at("inputs"), layout, fmt::format("{}: '{}' key inputs", key, path));
     batch.targets = tensorsOf(dict.at("targets"), fmt::format("{}: '{}' key targets", key, path));
   }
-  const std::int64_t rows = batch.inputs[0].dim() > 0 ? batch.inputs[0].size(0) : 0;
-  for (const auto* list : {&batch.inputs, &batch.targets}) {
-    for (const auto& t : *list) {
-      if (t.dim() == 0 || t.size(0) != rows) {
-        throw ConfigError(fmt::format("{}: '{}': every tensor needs the rows along dim 0; inputs[0] has {} rows but "
-                                      "another tensor has shape {}",
-                                      key, path, rows, c10::str(t.sizes())));
-      }
-    }
+  if (!layout.inputs.empty() && layout.inputs.size() != batch.inputs.size()) {
+    throw ConfigError(fmt::format("{}: '{}' holds {} inputs but pipeline.input_chunks has {} entries, one per model "
+                                  "input [{}]",
+                                  key, path, batch.inputs.size(), layout.inputs.size(),
+                                  fmt::join(layout.input_names, ", ")));
   }
-  if (rows == 0) throw ConfigError(fmt::format("{}: '{}' has no rows", key, path));
+  if (!layout.targets.empty() && layout.targets.size() != batch.targets.size()) {
+    throw ConfigError(fmt::format("{}: '{}' holds {} targets but pipeline.target_chunks has {} entries; give one "
+                                  "per target",
+                                  key, path, batch.targets.size(), layout.targets.size()));
+  }
+  const std::string where = fmt::format("{}: '{}'", key, path);
+  if (countRows(batch, layout, where) == 0) throw ConfigError(fmt::format("{} has no rows", where));
   return batch;
 }
 
 class TensorDataset::Impl {
  public:
-  Impl(const DataConfig& config, std::uint64_t seed) : config_(config), seed_(seed) {
-    Batch all = loadTensorFile(config.path, "data.path");
-    rows_ = all.inputs[0].size(0);
+  Impl(const DataConfig& config, std::uint64_t seed, const DataLayout& layout)
+      : config_(config), seed_(seed), layout_(layout) {
+    Batch all = loadTensorFile(config.path, "data.path", layout_);
+    rows_ = rowsOf(all);
     if (!config.val_path.empty()) {
       train_ = std::move(all);
-      held_out_ = loadTensorFile(config.val_path, "data.val_path");
+      held_out_ = loadTensorFile(config.val_path, "data.val_path", layout_);
     } else {
       const auto held = static_cast<std::int64_t>(static_cast<double>(rows_) * config.val_fraction);
-      train_ = sliceBatch(all, 0, rows_ - held);
-      held_out_ = sliceBatch(all, rows_ - held, rows_);
+      train_ = sliceBatch(all, 0, rows_ - held, layout_);
+      held_out_ = sliceBatch(all, rows_ - held, rows_, layout_);
     }
-    if (train_.inputs[0].size(0) == 0) {
+    if (rowsOf(train_) == 0) {
       throw ConfigError(fmt::format("data.val_fraction {} leaves no training rows out of {}", config.val_fraction, rows_));
     }
   }
 
   Batch batch(DataSplit split, std::int64_t index, std::int64_t batch_size) {
     const Batch& source = split == DataSplit::kTrain ? train_ : held_out_;
-    const std::int64_t n = source.inputs[0].size(0);
+    const std::int64_t n = rowsOf(source);
     if (n == 0) {
       throw ConfigError("evaluation needs held-out data: set data.val_path or data.val_fraction > 0, or "
                         "training.eval_every: 0");
@@ -145,20 +237,40 @@ class TensorDataset::Impl {
       const std::int64_t k = index * batch_size + j;  // position in the endless sequence of rows
       p[j] = order(stream, k / n, n)[k % n];
     }
+    // Note [Input chunks]: split tensors are indexed along their row dim, replicated ones taken whole.
+    auto draw = [&](const std::vector<at::Tensor>& from, const std::vector<ChunkEntry>& specs, std::vector<at::Tensor>& to) {
+      for (std::size_t k = 0; k < from.size(); ++k) {
+        const ChunkEntry spec = k < specs.size() ? specs[k] : ChunkEntry{};
+        to.push_back(spec.replicate ? from[k] : from[k].index_select(spec.dim, rows));
+      }
+    };
     Batch out;
-    for (const auto& t : source.inputs) out.inputs.push_back(t.index_select(0, rows));
-    for (const auto& t : source.targets) out.targets.push_back(t.index_select(0, rows));
+    draw(source.inputs, layout_.inputs, out.inputs);
+    draw(source.targets, layout_.targets, out.targets);
     return out;
   }
 
   std::string describe() const {
     return fmt::format("{}: {} rows ({} train, {} held out{}), {} inputs, {} targets",
-                       std::filesystem::path(config_.path).filename().string(), rows_, train_.inputs[0].size(0),
-                       held_out_.inputs.empty() ? 0 : held_out_.inputs[0].size(0), heldOutFrom(config_),
+                       std::filesystem::path(config_.path).filename().string(), rows_, rowsOf(train_),
+                       held_out_.inputs.empty() ? 0 : rowsOf(held_out_), heldOutFrom(config_),
                        train_.inputs.size(), train_.targets.size());
   }
 
  private:
+  // Rows of a batch: along the row dim of its first split tensor.
+  std::int64_t rowsOf(const Batch& b) const {
+    auto first = [&](const std::vector<at::Tensor>& list, const std::vector<ChunkEntry>& specs) -> std::int64_t {
+      for (std::size_t k = 0; k < list.size(); ++k) {
+        const ChunkEntry spec = k < specs.size() ? specs[k] : ChunkEntry{};
+        if (!spec.replicate) return list[k].size(spec.dim);
+      }
+      return -1;
+    };
+    const std::int64_t n = first(b.inputs, layout_.inputs);
+    return n >= 0 ? n : first(b.targets, layout_.targets);
+  }
+
   // The row order of one epoch: a Fisher-Yates shuffle drawn from (seed, epoch).
   const std::vector<std::int64_t>& order(std::uint64_t stream, std::int64_t epoch, std::int64_t n) {
     if (cached_stream_ == stream && cached_epoch_ == epoch && static_cast<std::int64_t>(cached_.size()) == n) {
@@ -179,6 +291,7 @@ class TensorDataset::Impl {
 
   DataConfig config_;
   std::uint64_t seed_;
+  DataLayout layout_;
   std::int64_t rows_ = 0;
   Batch train_;
   Batch held_out_;
@@ -187,8 +300,8 @@ class TensorDataset::Impl {
   std::vector<std::int64_t> cached_;
 };
 
-TensorDataset::TensorDataset(const DataConfig& config, std::uint64_t seed)
-    : impl_(std::make_unique<Impl>(config, seed)) {}
+TensorDataset::TensorDataset(const DataConfig& config, std::uint64_t seed, const DataLayout& layout)
+    : impl_(std::make_unique<Impl>(config, seed, layout)) {}
 TensorDataset::~TensorDataset() = default;
 
 Batch TensorDataset::batch(DataSplit split, std::int64_t index, std::int64_t batch_size) {

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -247,6 +248,48 @@ schedules::Program readScheduleCsv(const std::string& where, const std::string& 
   return program;
 }
 
+// One chunk entry: an integer dim >= 0 or `replicate`.
+ChunkEntry parseChunkEntry(const Section& s, const YAML::Node& node, const std::string& name) {
+  const std::string expected = "an integer dim >= 0 (split along it) or replicate (every microbatch gets the whole "
+                               "tensor)";
+  ChunkEntry entry;
+  entry.where = s.where(node);
+  const std::string text = s.scalar<std::string>(node, name, expected);
+  if (text == "replicate") {
+    entry.replicate = true;
+    return entry;
+  }
+  const auto dim = s.scalar<std::int64_t>(node, name, expected);
+  if (dim < 0 || dim > std::numeric_limits<int>::max()) s.fail(node, name, expected);
+  entry.dim = static_cast<int>(dim);
+  return entry;
+}
+
+// pipeline.input_chunks: a list (model order) or a map by input name;
+// pipeline.target_chunks: a list (targets have no names).
+std::vector<ChunkEntry> parseChunks(const Section& s, const YAML::Node& node, const std::string& name, bool by_name) {
+  const std::string expected = by_name ? "a list of chunk entries (one per model input, in the model's order) or a "
+                                         "map from input name to entry, each an integer dim or replicate"
+                                       : "a list of chunk entries (one per target), each an integer dim or replicate";
+  std::vector<ChunkEntry> out;
+  if (node.IsSequence() && node.size() > 0) {
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      out.push_back(parseChunkEntry(s, node[i], fmt::format("{}[{}]", name, i)));
+    }
+    return out;
+  }
+  if (by_name && node.IsMap() && node.size() > 0) {
+    for (const auto& kv : node) {
+      const std::string input = s.scalar<std::string>(kv.first, name, "a map keyed by model input names");
+      ChunkEntry entry = parseChunkEntry(s, kv.second, fmt::format("{}.{}", name, input));
+      entry.name = input;
+      out.push_back(entry);
+    }
+    return out;
+  }
+  s.fail(node, name, expected);
+}
+
 void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
   Section s(top.origin(), "pipeline");
   std::string csv_where;
@@ -280,7 +323,10 @@ void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
            [&](const YAML::Node& v) { c.pipeline.stages_per_rank = s.smallInteger(v, "stages_per_rank", 1); }},
           {"data_parallel", [&](const YAML::Node& v) { c.pipeline.data_parallel = s.smallInteger(v, "data_parallel", 1); }},
           {"activation_checkpointing",
-           [&](const YAML::Node& v) { c.pipeline.activation_checkpointing = parseCheckpointing(s, v); }}});
+           [&](const YAML::Node& v) { c.pipeline.activation_checkpointing = parseCheckpointing(s, v); }},
+          {"input_chunks", [&](const YAML::Node& v) { c.pipeline.input_chunks = parseChunks(s, v, "input_chunks", true); }},
+          {"target_chunks",
+           [&](const YAML::Node& v) { c.pipeline.target_chunks = parseChunks(s, v, "target_chunks", false); }}});
   auto& p = c.pipeline;
   if (csv_where.empty()) return;
   if (has_schedule) {
@@ -530,6 +576,19 @@ void checkCrossKeys(const TrainConfig& c) {
                                   "inside it and use loss_normalization: per_microbatch",
                                   o));
   }
+  if ((!p.input_chunks.empty() || !p.target_chunks.empty()) && c.data.format != DataFormat::kTensors) {
+    throw ConfigError(fmt::format("{}: pipeline.{} needs data.format: tensors; token data is one input and one "
+                                  "target, both split along dim 0; remove the key",
+                                  o, p.input_chunks.empty() ? "target_chunks" : "input_chunks"));
+  }
+  for (const ChunkEntry& t : p.target_chunks) {
+    if (t.replicate && c.loss_normalization == LossNormalization::kPerToken) {
+      throw ConfigError(fmt::format("{}: pipeline.target_chunks replicates a target, which loss_normalization: "
+                                    "per_token would count once but every microbatch uses; split the target or use "
+                                    "loss_normalization: per_microbatch",
+                                    t.where));
+    }
+  }
   if (c.loss == LossName::kMse && c.data.format != DataFormat::kTensors) {
     throw ConfigError(fmt::format("{}: loss mse needs float targets; token data (data.format {}) has integer targets, "
                                   "use loss: cross_entropy",
@@ -662,6 +721,32 @@ void checkLayout(const TrainConfig& c, int world_size, int num_stages) {
                                   "microbatches {}: {}",
                                   c.origin, p.schedule, pp, p.stages_per_rank, p.microbatches, e.what()));
   }
+}
+
+std::vector<ChunkEntry> inputChunksFor(const TrainConfig& config, const std::vector<std::string>& model_inputs) {
+  const auto& given = config.pipeline.input_chunks;
+  if (given.empty()) return {};
+  const std::string names = fmt::format("[{}]", fmt::join(model_inputs, ", "));
+  if (given.front().name.empty()) {
+    if (given.size() != model_inputs.size()) {
+      throw ConfigError(fmt::format("{}: pipeline.input_chunks has {} entries but the model takes {} inputs {}; give "
+                                    "one entry per input, in that order, or a map by input name",
+                                    given.front().where, given.size(), model_inputs.size(), names));
+    }
+    return given;
+  }
+  std::vector<ChunkEntry> out(model_inputs.size());
+  for (std::size_t i = 0; i < model_inputs.size(); ++i) out[i].name = model_inputs[i];
+  for (const ChunkEntry& entry : given) {
+    auto it = std::find(model_inputs.begin(), model_inputs.end(), entry.name);
+    if (it == model_inputs.end()) {
+      throw ConfigError(fmt::format("{}: pipeline.input_chunks names '{}', which is not an input of the model; its "
+                                    "inputs are {}",
+                                    entry.where, entry.name, names));
+    }
+    out[static_cast<std::size_t>(it - model_inputs.begin())] = entry;
+  }
+  return out;
 }
 
 std::string scheduleLabel(const TrainConfig& config) {

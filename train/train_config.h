@@ -38,6 +38,16 @@ enum class ActivationCheckpointing {
   kFull,  // each stage's inputs only; its backward recomputes the forward
 };
 
+// One entry of pipeline.input_chunks / target_chunks: how a model input (or a
+// target) is cut into microbatches, as PyTorch's TensorChunkSpec, and so where
+// its rows are in the data (Note [Input chunks] in train/dataset.h).
+struct ChunkEntry {
+  std::string name;        // the model input it names (input_chunks given as a map); empty in a list
+  bool replicate = false;  // every microbatch (and replica) gets the whole tensor
+  int dim = 0;             // else: split along this dim
+  std::string where;       // file:line of the entry, for errors found against the split
+};
+
 struct PipelineConfig {
   // A name from schedules::scheduleNames(), or "auto": profile the stages and
   // search for the fastest schedule (train/schedule_choice.h).
@@ -50,6 +60,11 @@ struct PipelineConfig {
   int stages_per_rank = 1;
   int data_parallel = 1;  // world = pipeline ranks x data_parallel
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kNone;
+  // data.format tensors only; empty: every input (target) split along dim 0.
+  // input_chunks is a list in the model's input order or a map by input name
+  // (then every entry has a name); target_chunks is a list.
+  std::vector<ChunkEntry> input_chunks;
+  std::vector<ChunkEntry> target_chunks;
 };
 
 enum class LossName {
@@ -170,6 +185,11 @@ TrainConfig loadTrainConfig(const std::string& path);
 // `num_stages` stages (and pipeline.schedule_csv's rows and stages against
 // them). Throws ConfigError naming the keys to change.
 void checkLayout(const TrainConfig& config, int world_size, int num_stages);
+
+// pipeline.input_chunks in the order of `model_inputs` (pipe.json's input
+// names), an input a map leaves out split along dim 0; empty when unset.
+// Throws ConfigError for a list of another length or a name the model lacks.
+std::vector<ChunkEntry> inputChunksFor(const TrainConfig& config, const std::vector<std::string>& model_inputs);
 
 // What metrics, progress and checkpoints call the schedule: its name, "auto",
 // or the CSV file's path.

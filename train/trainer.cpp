@@ -64,7 +64,8 @@ class RankTrainer {
     runner_ = std::make_unique<runtime::PipelineRunner>(ro);
     if (config.precision == PrecisionName::kFp16) scaler_.emplace(config.loss_scale);
     channel_ = std::make_unique<RankChannel>(env_, timeout_);
-    dataset_ = openDataset(config.data, config.seed);
+    layout_ = dataLayoutFor(config, manifest_.inputs);
+    dataset_ = openDataset(config.data, config.seed, layout_);
     if (auto_schedule) pickAutoSchedule(pipeline_ranks);
 
     indexTiedNames();  // no_decay globs were checked against the split before the ranks started
@@ -399,7 +400,7 @@ class RankTrainer {
     if (dp == 1) return global;
     const std::int64_t rows = replicaBatchSize(config_);
     const std::int64_t d = runner_->dpRank();
-    return sliceBatch(global, d * rows, (d + 1) * rows);
+    return sliceBatch(global, d * rows, (d + 1) * rows, layout_);
   }
 
   // Note [Deferred reports]: rank 0 prints losses that other ranks compute,
@@ -727,6 +728,7 @@ class RankTrainer {
   std::chrono::milliseconds timeout_{0};
   std::unique_ptr<runtime::PipelineRunner> runner_;
   std::unique_ptr<RankChannel> channel_;  // after runner_: destroyed first (Note [Orderly exit])
+  DataLayout layout_;  // Note [Input chunks] in train/dataset.h
   std::unique_ptr<Dataset> dataset_;
   std::map<int, std::unique_ptr<torch::optim::Optimizer>> optimizers_;
   std::optional<LossScaler> scaler_;  // training.precision fp16 only

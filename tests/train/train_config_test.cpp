@@ -67,6 +67,89 @@ TEST_F(TrainConfigTest, ScheduleNamesIgnoreCase) {
   EXPECT_EQ(parseTrainConfig(text, "t.yaml").pipeline.schedule, "ZBVZeroBubble");
 }
 
+// pipeline.input_chunks: a list in the model's order or a map by input name,
+// each entry a dim or replicate; resolved against the model's input names.
+TEST_F(TrainConfigTest, InputChunksListAndMap) {
+  auto withChunks = [&](const std::string& lines) {
+    std::string text = valid();
+    text.replace(text.find("microbatches: 2"), 15, "microbatches: 2\n" + lines);
+    text.replace(text.find("format: tokens"), 14, "format: tensors");
+    text.erase(text.find("\n  block_size: 8"), 16);
+    return parseTrainConfig(text, "t.yaml");
+  };
+  TrainConfig list = withChunks("  input_chunks: [1, replicate]\n  target_chunks: [0]");
+  ASSERT_EQ(list.pipeline.input_chunks.size(), 2u);
+  EXPECT_FALSE(list.pipeline.input_chunks[0].replicate);
+  EXPECT_EQ(list.pipeline.input_chunks[0].dim, 1);
+  EXPECT_TRUE(list.pipeline.input_chunks[1].replicate);
+  ASSERT_EQ(list.pipeline.target_chunks.size(), 1u);
+  EXPECT_EQ(list.pipeline.target_chunks[0].dim, 0);
+  std::vector<ChunkEntry> ordered = inputChunksFor(list, {"x", "mask"});
+  EXPECT_TRUE(ordered[1].replicate);
+  try {
+    inputChunksFor(list, {"x"});
+    ADD_FAILURE() << "a list of the wrong length was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("t.yaml:"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("input_chunks has 2 entries but the model takes 1 inputs [x]"),
+              std::string::npos) << e.what();
+  }
+
+  TrainConfig map = withChunks("  input_chunks: {mask: replicate}");
+  ordered = inputChunksFor(map, {"x", "mask"});
+  ASSERT_EQ(ordered.size(), 2u);
+  EXPECT_FALSE(ordered[0].replicate);  // left out: split along dim 0
+  EXPECT_EQ(ordered[0].dim, 0);
+  EXPECT_TRUE(ordered[1].replicate);
+  try {
+    inputChunksFor(map, {"x", "attn"});
+    ADD_FAILURE() << "an unknown input name was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("names 'mask', which is not an input of the model; its inputs are [x, attn]"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(inputChunksFor(parseTrainConfig([&] {
+                               std::string t = valid();
+                               t.replace(t.find("format: tokens"), 14, "format: tensors");
+                               t.erase(t.find("\n  block_size: 8"), 16);
+                               return t;
+                             }(), "t.yaml"),
+                             {"x"}).empty());
+}
+
+TEST_F(TrainConfigTest, InputChunksMistakes) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"  input_chunks: [0, sideways]", "pipeline.input_chunks[1] must be an integer dim >= 0"},
+      {"  input_chunks: [-1]", "pipeline.input_chunks[0] must be an integer dim >= 0 (split along it) or replicate"},
+      {"  input_chunks: []", "pipeline.input_chunks must be a list of chunk entries"},
+      {"  input_chunks: 0", "pipeline.input_chunks must be a list of chunk entries"},
+      {"  target_chunks: {y: 0}", "pipeline.target_chunks must be a list of chunk entries (one per target)"},
+      {"  input_chunks: {mask: [1]}", "pipeline.input_chunks.mask must be an integer dim >= 0 (split along it) or replicate"},
+  };
+  for (const auto& [lines, expected] : cases) {
+    std::string text = valid();
+    text.replace(text.find("microbatches: 2"), 15, "microbatches: 2\n" + lines);
+    text.replace(text.find("format: tokens"), 14, "format: tensors");
+    text.erase(text.find("\n  block_size: 8"), 16);
+    try {
+      parseTrainConfig(text, "t.yaml");
+      ADD_FAILURE() << lines << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << lines << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("t.yaml:"), std::string::npos) << e.what();
+    }
+  }
+  std::string tokens = valid();
+  tokens.replace(tokens.find("microbatches: 2"), 15, "microbatches: 2\n  input_chunks: [0]");
+  try {
+    parseTrainConfig(tokens, "t.yaml");
+    ADD_FAILURE() << "input_chunks with token data was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("pipeline.input_chunks needs data.format: tensors"), std::string::npos)
+        << e.what();
+  }
+}
+
 struct BadCase {
   const char* name;
   std::string from, to;  // replaced in the valid config ("" from: appended)
