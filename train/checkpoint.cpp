@@ -183,24 +183,27 @@ void commitCheckpoint(const std::string& root, const CheckpointMeta& meta, int k
     j["stages"].push_back({{"index", s}, {"file", stageFile(s)}, {"optimizer", optimizerFile(s)}});
   }
   // Several hosts sharing this folder may commit at once: whoever renames
-  // first wins, and the others find the final folder in place.
+  // first wins, and the others find the final folder in place. A host that
+  // loses the race midway (the folder renamed while it read a digest or
+  // wrote meta.json) finds the winner's complete folder, which the checks
+  // below confirm; anything else is a real failure.
   std::error_code ec;
   if (fs::exists(partial, ec)) {
-    // Note [File digests]: what each file held when it was written.
-    j["files"] = nlohmann::json::object();
-    for (int s = 0; s < meta.num_stages; ++s) {
-      for (const std::string& name : {stageFile(s), optimizerFile(s)}) {
-        const fs::path file = fs::path(partial) / name;
-        if (fs::exists(file, ec)) j["files"][name] = stage::sha256OfFile(file.string());
-      }
-    }
     try {
+      // Note [File digests]: what each file held when it was written.
+      j["files"] = nlohmann::json::object();
+      for (int s = 0; s < meta.num_stages; ++s) {
+        for (const std::string& name : {stageFile(s), optimizerFile(s)}) {
+          const fs::path file = fs::path(partial) / name;
+          if (fs::exists(file, ec)) j["files"][name] = stage::sha256OfFile(file.string());
+        }
+      }
       writeFileAtomically((fs::path(partial) / "meta.json").string(), j.dump(2) + "\n");
-    } catch (const CheckpointError&) {
-      if (!fs::exists(fs::path(final_dir) / "meta.json", ec)) throw;
-    }
-    if (::rename(partial.c_str(), final_dir.c_str()) != 0 && !fs::exists(final_dir, ec)) {
-      throw CheckpointError(fmt::format("cannot rename '{}' to '{}': {}", partial, final_dir, std::strerror(errno)));
+      if (::rename(partial.c_str(), final_dir.c_str()) != 0 && !fs::exists(final_dir, ec)) {
+        throw CheckpointError(fmt::format("cannot rename '{}' to '{}': {}", partial, final_dir, std::strerror(errno)));
+      }
+    } catch (const std::exception&) {
+      if (fs::exists(partial, ec) || !fs::exists(fs::path(final_dir) / "meta.json", ec)) throw;
     }
   }
   if (!fs::exists(fs::path(final_dir) / "meta.json", ec)) {
