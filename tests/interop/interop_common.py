@@ -174,3 +174,17 @@ def compare_training(torch, losses: list, ref_losses: list, state: dict, ref_sta
     if initial is not None and moved == 0:
         problems.append("training moved no parameter")
     return problems, loss_diff, param_diff
+
+
+def expect_refusal(binary: str, config: str, label: str, fragments: list, nproc: int = 2) -> list:
+    """`pipeforge train --config config --nproc N` must exit 1 with every fragment in its output.
+
+    Returns the problems (empty when refused as expected) and prints the refusal's last line.
+    """
+    r = subprocess.run([binary, "train", "--config", config, "--nproc", str(nproc)], capture_output=True, text=True)
+    text = r.stdout + r.stderr
+    missing = [f for f in fragments if f not in text]
+    if r.returncode != 1 or missing:
+        return [f"refusal '{label}': exit {r.returncode}, missing {missing}:\n{text}"]
+    print(f"refused {label}: {text.strip().splitlines()[-1][:200]}")
+    return []

@@ -29,7 +29,6 @@ Usage: test_named_inputs_match_pytorch.py PIPEFORGE_BINARY
 """
 import json
 import os
-import subprocess
 import sys
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
@@ -136,14 +135,7 @@ def refusals(binary: str, d: str, model_path: str, paths: dict) -> list:
         run = os.path.join(d, "refuse-" + label.replace(" ", "_"))
         with open(run + ".yaml", "w") as f:
             f.write(config_text(run, model_path, data_path, chunks, 1))
-        r = subprocess.run([binary, "train", "--config", run + ".yaml", "--nproc", "2"], capture_output=True,
-                           text=True)
-        text = r.stdout + r.stderr
-        missing = [f for f in fragments if f not in text]
-        if r.returncode != 1 or missing:
-            problems.append(f"refusal '{label}': exit {r.returncode}, missing {missing}:\n{text}")
-        else:
-            print(f"refused {label}: {text.strip().splitlines()[-1][:200]}")
+        problems += common.expect_refusal(binary, run + ".yaml", label, fragments)
     return problems
 
 

@@ -35,7 +35,6 @@ import fnmatch
 import inspect
 import json
 import os
-import subprocess
 import sys
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
@@ -208,14 +207,7 @@ def refusals(binary: str, d: str, model_path: str, data_path: str, loss_pt: str)
         run = os.path.join(d, "refuse-" + label.replace(" ", "_"))
         with open(run + ".yaml", "w") as f:
             f.write(config_text(run, model_path, data_path, case, LAYOUTS["2r-1F1B"]))
-        r = subprocess.run([binary, "train", "--config", run + ".yaml", "--nproc", "2"], capture_output=True,
-                           text=True)
-        text = r.stdout + r.stderr
-        missing = [f for f in fragments if f not in text]
-        if r.returncode != 1 or missing:
-            problems.append(f"refusal '{label}': exit {r.returncode}, missing {missing}:\n{text}")
-        else:
-            print(f"refused {label}: {text.strip().splitlines()[-1][:160]}")
+        problems += common.expect_refusal(binary, run + ".yaml", label, fragments)
     return problems
 
 
