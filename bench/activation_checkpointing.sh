@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Activation checkpointing none vs full on bench/vs_pytorch's 24-block GPT,
+# Activation checkpointing none vs full vs every_n 2 on bench/vs_pytorch's 24-block GPT,
 # 2 ranks, 1F1B, 8 microbatches: peak RSS per rank and step time, with the
 # ratios (bench/activation_checkpointing.py; --help for its options).
 set -euo pipefail

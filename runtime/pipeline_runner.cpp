@@ -163,7 +163,9 @@ class PipelineRunner::Impl {
       if (program_.stage_to_rank[s] != pp_rank_) continue;
       owned_.push_back(std::make_unique<PipelineStage>(
           PipelineStage::fromSplit(options_.split_dir, manifest_, plan_, s, device_)));
-      owned_.back()->setActivationCheckpointing(options_.activation_checkpointing == Checkpointing::kFull);
+      owned_.back()->setActivationCheckpointing(
+          options_.activation_checkpointing != Checkpointing::kNone,
+          options_.activation_checkpointing == Checkpointing::kEveryN ? options_.checkpoint_every_n : 0);
       stages_[s] = owned_.back().get();
     }
     computes_loss_ = program_.stage_to_rank[manifest_.num_stages - 1] == pp_rank_;
@@ -401,6 +403,17 @@ std::vector<NamedTensor> PipelineRunner::parameters() const {
   for (PipelineStage* s : impl_->stages_) {
     if (s == nullptr) continue;
     for (auto& [name, t] : s->namedParameters()) out.push_back(NamedTensor{name, t, s->index()});
+  }
+  return out;
+}
+
+std::vector<std::string> PipelineRunner::recomputedCalls() const {
+  std::vector<std::string> out;
+  for (PipelineStage* s : impl_->stages_) {
+    if (s == nullptr) continue;
+    std::vector<std::string> calls = s->recomputedCalls();
+    std::string what = calls.empty() ? "nothing" : fmt::format("{}", fmt::join(calls, ", "));
+    out.push_back(fmt::format("stage {}: {}", s->index(), what));
   }
   return out;
 }

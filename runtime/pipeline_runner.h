@@ -103,6 +103,7 @@ struct TensorMeta {
 enum class Checkpointing {
   kNone,  // the stage's autograd graph, until its B (or W)
   kFull,  // the stage's inputs and generator state only; B (or I) recomputes the forward
+  kEveryN,  // every checkpoint_every_n-th submodule call is recomputed (Note [Checkpointing every k-th call])
 };
 
 struct RunnerOptions {
@@ -157,8 +158,10 @@ struct RunnerOptions {
 
   bool profile = false;  // record per-action timings (StepProfile) on each step
 
-  // Trades compute for memory: kFull runs each stage's forward twice.
+  // Trades compute for memory: kFull runs each stage's forward twice; kEveryN
+  // the k-th, 2k-th, ... submodule call of each stage's forward, k = checkpoint_every_n.
   Checkpointing activation_checkpointing = Checkpointing::kNone;
+  int checkpoint_every_n = 0;
 };
 
 struct StepResult {
@@ -220,6 +223,9 @@ class PipelineRunner {
   std::vector<NamedTensor> parameters() const;
   std::vector<NamedTensor> buffers() const;
   void zeroGrad();
+  // What activation checkpointing recomputes in each local stage, as
+  // "stage 1: blocks.3, blocks.5" (PipelineStage::recomputedCalls).
+  std::vector<std::string> recomputedCalls() const;
 
   // Waits for every rank (checkpointing); bounded by the timeout.
   void barrier();

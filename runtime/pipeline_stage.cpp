@@ -1,5 +1,6 @@
 #include "runtime/pipeline_stage.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -16,6 +17,7 @@
 #include "runtime/errors.h"
 #include "runtime/rng_state.h"
 #include "runtime/split_backward.h"
+#include "runtime/stage_segments.h"
 #include "stage/file_digest.h"
 #include "stage/manifest.h"
 
@@ -34,6 +36,17 @@ class PipelineStage::Impl {
     RngState rng;
     std::vector<std::pair<std::string, at::Tensor>> buffers;  // mutable buffers as the forward found them
     LossFn loss_fn;
+    // A segmented stage (Note [Running a segmented stage]): one run per
+    // segment, and the outputs as the loss's leaves.
+    struct SegmentRun {
+      std::vector<at::Tensor> inputs;   // leaves
+      std::vector<at::Tensor> outputs;  // with their graph once computed with grad
+      bool pending_recompute = false;
+      RngState rng;
+      std::vector<std::pair<std::string, at::Tensor>> buffers;
+    };
+    std::vector<SegmentRun> segments;
+    std::vector<at::Tensor> loss_leaves;
   };
 
   Impl(torch::jit::Module module, StageSignature sig) : module_(std::move(module)), sig_(std::move(sig)) {
@@ -54,7 +67,14 @@ class PipelineStage::Impl {
 
   // The module's forward on `inputs` (module inputs first), as a list of outputs.
   std::vector<at::Tensor> run(int mb, const std::vector<at::Tensor>& inputs) {
-    std::vector<c10::IValue> args(inputs.begin(), inputs.begin() + sig_.num_module_inputs);
+    return runModule(module_, mb, std::vector<c10::IValue>(inputs.begin(), inputs.begin() + sig_.num_module_inputs),
+                     sig_.num_outputs, "");
+  }
+
+  // `module` (the stage's, or one of its segments, named by `segment`) on
+  // `args`, as a list of `num_outputs` tensors.
+  std::vector<at::Tensor> runModule(torch::jit::Module& module, int mb, std::vector<c10::IValue> args, int num_outputs,
+                                    const std::string& segment) {
     c10::IValue result;
     {
       // Note [Plain autograd graphs]: optimized, the graph executor merges ops
@@ -63,9 +83,9 @@ class PipelineStage::Impl {
       // every op records its own backward node and split backward works.
       torch::jit::GraphOptimizerEnabledGuard plain_graph(false);
       try {
-        result = module_.forward(std::move(args));
+        result = module.forward(std::move(args));
       } catch (const c10::Error& e) {
-        throw RuntimeError(fmt::format("stage {} forward of microbatch {} failed: {}", sig_.index, mb,
+        throw RuntimeError(fmt::format("stage {} forward of microbatch {}{} failed: {}", sig_.index, mb, segment,
                                        e.what_without_backtrace()));
       }
     }
@@ -73,8 +93,10 @@ class PipelineStage::Impl {
     if (result.isTuple()) {
       for (const auto& v : result.toTupleRef().elements()) {
         if (!v.isTensor()) {
-          throw RuntimeError(fmt::format("stage {}: forward returned a {} inside its tuple; stages return tensors only",
-                                         sig_.index, v.tagKind()));
+          throw RuntimeError(fmt::format("stage {}{}: forward returned a {} inside its tuple; stages return tensors "
+                                         "only{}",
+                                         sig_.index, segment, v.tagKind(),
+                                         segment.empty() ? "" : "; use activation_checkpointing: full for this model"));
         }
         outputs.push_back(v.toTensor());
       }
@@ -84,9 +106,9 @@ class PipelineStage::Impl {
       throw RuntimeError(fmt::format("stage {}: forward returned a {}; a stage returns a tuple of tensors", sig_.index,
                                      result.tagKind()));
     }
-    if (static_cast<int>(outputs.size()) != sig_.num_outputs) {
-      throw RuntimeError(fmt::format("stage {}: forward returned {} outputs but pipe.json says {}", sig_.index,
-                                     outputs.size(), sig_.num_outputs));
+    if (static_cast<int>(outputs.size()) != num_outputs) {
+      throw RuntimeError(fmt::format("stage {}{}: forward returned {} outputs but pipe.json says {}", sig_.index,
+                                     segment, outputs.size(), num_outputs));
     }
     return outputs;
   }
@@ -128,45 +150,222 @@ class PipelineStage::Impl {
   // as it found them, and the recompute runs with that copy in their place
   // (BufferReplayGuard). Buffers that never change (GPT's causal mask) are
   // never copied.
-  void checkpointedForward(Microbatch& m, int mb, std::vector<at::Tensor>& outputs) {
-    struct Seen {
-      const c10::TensorImpl* impl;
-      std::int64_t version;
-      at::Tensor copy;
-    };
-    torch::NoGradGuard no_grad;
-    std::map<std::string, Seen> before;
+  // What a forward may change, taken before it: each buffer's tensor and
+  // version, to learn which ones it changes (first checkpointed forward only).
+  struct BufferIdentity {
+    const c10::TensorImpl* impl;
+    std::int64_t version;
+  };
+  std::map<std::string, BufferIdentity> bufferIdentities() const {
+    std::map<std::string, BufferIdentity> out;
     for (auto& [name, t] : buffersByName()) {
-      if (mutable_buffers_ && !mutable_buffers_->count(name)) continue;
-      before.emplace(name, Seen{t.unsafeGetTensorImpl(), static_cast<std::int64_t>(t._version()), t.clone()});
+      out.emplace(name, BufferIdentity{t.unsafeGetTensorImpl(), static_cast<std::int64_t>(t._version())});
     }
-    m.rng = captureRng(device_);
-    outputs = run(mb, m.inputs);
-    if (!mutable_buffers_) {
-      mutable_buffers_.emplace();
-      for (auto& [name, t] : buffersByName()) {
-        auto it = before.find(name);
-        if (it == before.end() || it->second.impl != t.unsafeGetTensorImpl() ||
-            it->second.version != static_cast<std::int64_t>(t._version())) {
-          mutable_buffers_->insert(name);
-        }
+    return out;
+  }
+  void learnMutableBuffers(const std::map<std::string, BufferIdentity>& before) {
+    mutable_buffers_.emplace();
+    for (auto& [name, t] : buffersByName()) {
+      auto it = before.find(name);
+      if (it == before.end() || it->second.impl != t.unsafeGetTensorImpl() ||
+          it->second.version != static_cast<std::int64_t>(t._version())) {
+        mutable_buffers_->insert(name);
       }
     }
-    for (auto& [name, seen] : before) {
-      if (mutable_buffers_->count(name)) m.buffers.emplace_back(name, std::move(seen.copy));
+  }
+  // Copies of the buffers a forward may change (all of them until learned).
+  std::vector<std::pair<std::string, at::Tensor>> snapshotBuffers() const {
+    torch::NoGradGuard no_grad;
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (auto& [name, t] : buffersByName()) {
+      if (!mutable_buffers_ || mutable_buffers_->count(name)) out.emplace_back(name, t.clone());
     }
+    return out;
+  }
+  void keepMutable(std::vector<std::pair<std::string, at::Tensor>>& copies) const {
+    copies.erase(std::remove_if(copies.begin(), copies.end(),
+                                [&](const auto& c) { return !mutable_buffers_->count(c.first); }),
+                 copies.end());
+  }
+
+  void checkpointedForward(Microbatch& m, int mb, std::vector<at::Tensor>& outputs) {
+    torch::NoGradGuard no_grad;
+    bool learn = !mutable_buffers_;
+    auto before = learn ? bufferIdentities() : std::map<std::string, BufferIdentity>{};
+    m.buffers = snapshotBuffers();
+    m.rng = captureRng(device_);
+    outputs = run(mb, m.inputs);
+    if (learn) learnMutableBuffers(before);
+    keepMutable(m.buffers);
     m.pending_recompute = true;
   }
 
+  // ---- a segmented stage -------------------------------------------------------
+  //
+  // Note [Running a segmented stage]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // With every_n (Note [Checkpointing every k-th call]) the stage runs as a
+  // chain of segments, each from leaves of its own: the stage inputs, and
+  // the outputs of earlier segments, detached. A checkpointed segment runs
+  // without grad and keeps its generator state and changing buffers, as a
+  // checkpointed stage does; the others keep their graph. Between segments
+  // only the values that cross are held, once (a leaf shares its producer's
+  // storage).
+  //
+  // Backward walks the chain from the last segment to the first: it sums
+  // the gradients arriving at each segment's outputs (from the loss or the
+  // next stage, and from later segments), recomputes the segment if it was
+  // checkpointed, and runs B, or I keeping a W per segment, from those roots
+  // to the segment's leaves. The loss runs on leaves of the stage outputs,
+  // so a last segment that is recomputed needs nothing from the loss's
+  // forward. Split into per-segment graphs, the gradients are the same sums
+  // of the same products; only the order of additions where a value fans
+  // out across segments may differ (within float rounding).
+
+  bool segmented() const { return !segments_.empty(); }
+
+  std::vector<at::Tensor> runSegment(int j, int mb, const std::vector<at::Tensor>& inputs) {
+    const stage::StageInfo& info = segment_plan_.dataflow.stages[j];
+    return runModule(segments_[j], mb, std::vector<c10::IValue>(inputs.begin(), inputs.end()), info.num_outputs,
+                     fmt::format(" (segment {}: {})", j, segment_plan_.calls[j]));
+  }
+
+  void segmentedForward(Microbatch& m, int mb, std::vector<at::Tensor>& outputs) {
+    const stage::PipeManifest& flow = segment_plan_.dataflow;
+    bool learn = !mutable_buffers_;
+    auto before = learn ? bufferIdentities() : std::map<std::string, BufferIdentity>{};
+    m.segments.resize(flow.stages.size());
+    for (std::size_t j = 0; j < flow.stages.size(); ++j) {
+      Microbatch::SegmentRun& r = m.segments[j];
+      for (const stage::ValueSource& src : flow.stages[j].inputs) {
+        bool from_input = src.kind == stage::ValueSource::Kind::kInput;
+        const at::Tensor& v = from_input ? m.inputs.at(src.index) : m.segments.at(src.stage).outputs.at(src.index);
+        at::Tensor leaf = v.detach();
+        if (at::isFloatingType(v.scalar_type()) && (!from_input || sig_.input_wants_grad[src.index])) {
+          leaf.requires_grad_(true);
+        }
+        r.inputs.push_back(std::move(leaf));
+      }
+      if (segment_plan_.checkpointed[j]) {
+        torch::NoGradGuard no_grad;
+        r.buffers = snapshotBuffers();
+        r.rng = captureRng(device_);
+        r.outputs = runSegment(static_cast<int>(j), mb, r.inputs);
+        r.pending_recompute = true;
+      } else {
+        r.outputs = runSegment(static_cast<int>(j), mb, r.inputs);
+      }
+    }
+    if (learn) learnMutableBuffers(before);
+    for (auto& r : m.segments) keepMutable(r.buffers);
+    outputs.clear();
+    for (const stage::ValueSource& src : flow.outputs) {
+      outputs.push_back(src.kind == stage::ValueSource::Kind::kInput ? m.inputs.at(src.index)
+                                                                     : m.segments.at(src.stage).outputs.at(src.index));
+    }
+  }
+
+  void recomputeSegment(Microbatch::SegmentRun& r, int j, int mb) {
+    {
+      BufferReplayGuard buffers(*this, r.buffers);
+      RngReplayGuard replay(device_, r.rng);
+      torch::AutoGradMode grad(true);
+      auto body = [&] { r.outputs = runSegment(j, mb, r.inputs); };
+      if (recompute_context_) {
+        recompute_context_(body);
+      } else {
+        body();
+      }
+    }
+    r.pending_recompute = false;
+    r.rng = RngState{};
+    r.buffers.clear();
+  }
+
+  // Every W of one I'd microbatch, segment by segment.
+  class ChainedWeightWork : public WeightGradWork {
+   public:
+    void run() override {
+      for (auto& w : parts) w->run();
+      parts.clear();
+    }
+    std::vector<std::unique_ptr<WeightGradWork>> parts;
+  };
+
+  // B (split: I) of a segmented microbatch; returns one gradient per stage input.
+  std::vector<at::Tensor> segmentedBackward(Microbatch& m, int mb, const std::vector<at::Tensor>& grads, bool split) {
+    const stage::PipeManifest& flow = segment_plan_.dataflow;
+    // Gradients arriving at each value, summed: (segment, output) or (-1, stage input).
+    std::map<std::pair<int, int>, at::Tensor> arriving;
+    auto keyOf = [](const stage::ValueSource& src) {
+      return src.kind == stage::ValueSource::Kind::kInput ? std::pair{-1, src.index} : std::pair{src.stage, src.index};
+    };
+    auto add = [&](std::pair<int, int> key, const at::Tensor& g) {
+      if (!g.defined()) return;
+      at::Tensor& slot = arriving[key];
+      slot = slot.defined() ? slot + g : g;
+    };
+    if (m.loss.defined()) {
+      std::vector<at::Tensor> wrt = m.loss_leaves;
+      wrt.insert(wrt.end(), m.inputs.begin(), m.inputs.end());
+      std::vector<at::Tensor> g = backwardFull({m.loss}, grads, wrt);
+      for (std::size_t o = 0; o < flow.outputs.size(); ++o) add(keyOf(flow.outputs[o]), g[o]);
+      for (std::size_t i = 0; i < m.inputs.size(); ++i) add({-1, static_cast<int>(i)}, g[flow.outputs.size() + i]);
+      m.loss = at::Tensor();
+      m.loss_leaves.clear();
+    } else {
+      for (std::size_t o = 0; o < flow.outputs.size(); ++o) add(keyOf(flow.outputs[o]), grads[o]);
+    }
+    auto chained = split ? std::make_unique<ChainedWeightWork>() : nullptr;
+    for (int j = static_cast<int>(m.segments.size()) - 1; j >= 0; --j) {
+      Microbatch::SegmentRun& r = m.segments[j];
+      std::vector<at::Tensor> root_grads;
+      bool any = false;
+      for (int o = 0; o < flow.stages[j].num_outputs; ++o) {
+        auto it = arriving.find({j, o});
+        root_grads.push_back(it == arriving.end() ? at::Tensor() : std::move(it->second));
+        if (it != arriving.end()) arriving.erase(it);
+        any = any || root_grads.back().defined();
+      }
+      if (any) {
+        if (r.pending_recompute) recomputeSegment(r, j, mb);
+        std::vector<at::Tensor> in_grads;
+        if (split) {
+          InputGradResult res = pipeforge::runtime::backwardInput(r.outputs, root_grads, r.inputs, params_);
+          in_grads = std::move(res.input_grads);
+          if (res.weight) chained->parts.push_back(std::move(res.weight));
+        } else {
+          in_grads = backwardFull(r.outputs, root_grads, r.inputs);
+        }
+        for (std::size_t i = 0; i < in_grads.size(); ++i) add(keyOf(flow.stages[j].inputs[i]), in_grads[i]);
+      }
+      if (!split) r = Microbatch::SegmentRun{};  // its graph is spent
+    }
+    if (split) m.weight = std::move(chained);
+    std::vector<at::Tensor> out(m.inputs.size());
+    for (std::size_t i = 0; i < m.inputs.size(); ++i) {
+      auto it = arriving.find({-1, static_cast<int>(i)});
+      if (it != arriving.end()) out[i] = std::move(it->second);
+    }
+    return out;
+  }
+
   // Sets the buffer `dotted` (an FQN such as "counter.count") to `value`.
+  // In a segmented stage, also in every segment that holds it: a segment's
+  // root is a container of its own (its submodules are the stage's).
   void rebindBuffer(const std::string& dotted, const at::Tensor& value) {
-    torch::jit::Module owner = module_;
+    rebindIn(module_, dotted, value);
+    for (torch::jit::Module& segment : segments_) rebindIn(segment, dotted, value);
+  }
+  static void rebindIn(torch::jit::Module owner, const std::string& dotted, const at::Tensor& value) {
     std::size_t begin = 0;
     for (std::size_t dot = dotted.find('.'); dot != std::string::npos; dot = dotted.find('.', begin)) {
-      owner = owner.attr(dotted.substr(begin, dot - begin)).toModule();
+      std::string name = dotted.substr(begin, dot - begin);
+      if (!owner.hasattr(name)) return;
+      owner = owner.attr(name).toModule();
       begin = dot + 1;
     }
-    owner.setattr(dotted.substr(begin), value);
+    if (owner.hasattr(dotted.substr(begin))) owner.setattr(dotted.substr(begin), value);
   }
 
   // For its lifetime the changed buffers are the copies the forward found;
@@ -232,7 +431,7 @@ class PipelineStage::Impl {
   std::vector<at::Tensor> roots(const Microbatch& m) const { return m.loss.defined() ? std::vector{m.loss} : m.outputs; }
 
   void checkGrads(const Microbatch& m, const std::vector<at::Tensor>& grads, int mb) const {
-    std::size_t want = m.loss.defined() ? 1 : m.outputs.size();
+    std::size_t want = m.loss.defined() || m.loss_fn ? 1 : static_cast<std::size_t>(sig_.num_outputs);
     if (grads.size() != want) {
       throw std::logic_error(fmt::format("stage {} microbatch {}: {} gradients for {} backward roots", sig_.index, mb,
                                          grads.size(), want));
@@ -245,6 +444,8 @@ class PipelineStage::Impl {
   std::map<int, Microbatch> live_;
   std::string device_ = "cpu";  // the generators a forward draws from
   bool checkpointing_ = false;
+  std::vector<torch::jit::Module> segments_;  // every_n: the stage cut at its calls
+  StageSegments segment_plan_;
   std::function<void(const std::function<void()>&)> recompute_context_;
   std::optional<std::set<std::string>> mutable_buffers_;  // learned by the first checkpointed forward
 };
@@ -325,7 +526,9 @@ std::vector<at::Tensor> PipelineStage::forward(int mb, std::vector<at::Tensor> i
   Impl::Microbatch& m = s.live_[mb];
   m.inputs = std::move(inputs);
   try {
-    if (s.checkpointing_) {
+    if (s.segmented()) {
+      s.segmentedForward(m, mb, outputs);
+    } else if (s.checkpointing_) {
       s.checkpointedForward(m, mb, outputs);
     } else {
       outputs = s.run(mb, m.inputs);
@@ -344,6 +547,16 @@ const std::vector<at::Tensor>& PipelineStage::inputsOf(int mb) const {
 
 at::Tensor PipelineStage::setLoss(int mb, const std::vector<at::Tensor>& outputs, LossFn fn) {
   Impl::Microbatch& m = impl_->live(mb, "setting the loss");
+  if (impl_->segmented()) {
+    // Note [Running a segmented stage]: the loss starts from leaves.
+    for (const at::Tensor& o : outputs) {
+      at::Tensor leaf = o.detach();
+      if (at::isFloatingType(o.scalar_type())) leaf.requires_grad_(true);
+      m.loss_leaves.push_back(std::move(leaf));
+    }
+    m.loss = fn(m.loss_leaves, m.inputs);
+    return m.loss;
+  }
   if (!m.pending_recompute) {
     m.loss = fn(outputs, m.inputs);
     return m.loss;
@@ -357,7 +570,26 @@ at::Tensor PipelineStage::setLoss(int mb, const std::vector<at::Tensor>& outputs
   return value;
 }
 
-void PipelineStage::setActivationCheckpointing(bool on) { impl_->checkpointing_ = on; }
+void PipelineStage::setActivationCheckpointing(bool on, int every_n) {
+  Impl& s = *impl_;
+  if (!s.live_.empty()) {
+    throw std::logic_error(fmt::format("stage {}: checkpointing changed with microbatches live", s.sig_.index));
+  }
+  s.checkpointing_ = on && every_n == 0;
+  s.segments_.clear();
+  s.segment_plan_ = StageSegments{};
+  if (on && every_n > 0) s.segment_plan_ = cutAtCalls(s.module_, s.sig_.index, every_n, s.segments_);
+}
+
+std::vector<std::string> PipelineStage::recomputedCalls() const {
+  const Impl& s = *impl_;
+  if (s.checkpointing_) return {"(the whole forward)"};
+  std::vector<std::string> out;
+  for (std::size_t j = 0; j < s.segment_plan_.checkpointed.size(); ++j) {
+    if (s.segment_plan_.checkpointed[j]) out.push_back(s.segment_plan_.calls[j]);
+  }
+  return out;
+}
 void PipelineStage::setRecomputeContext(std::function<void(const std::function<void()>&)> around) {
   impl_->recompute_context_ = std::move(around);
 }
@@ -366,8 +598,13 @@ std::vector<at::Tensor> PipelineStage::backward(int mb, const std::vector<at::Te
   Impl& s = *impl_;
   Impl::Microbatch& m = s.live(mb, "backward");
   if (m.weight) throw std::logic_error(fmt::format("stage {}: B of microbatch {} after its I", s.sig_.index, mb));
-  s.recompute(m, mb);
   s.checkGrads(m, grads, mb);
+  if (s.segmented()) {
+    std::vector<at::Tensor> out = s.segmentedBackward(m, mb, grads, /*split=*/false);
+    s.live_.erase(mb);
+    return out;
+  }
+  s.recompute(m, mb);
   std::vector<at::Tensor> out = backwardFull(s.roots(m), grads, m.inputs);
   s.live_.erase(mb);
   return out;
@@ -377,8 +614,9 @@ std::vector<at::Tensor> PipelineStage::backwardInput(int mb, const std::vector<a
   Impl& s = *impl_;
   Impl::Microbatch& m = s.live(mb, "input backward");
   if (m.weight) throw std::logic_error(fmt::format("stage {}: I of microbatch {} twice", s.sig_.index, mb));
-  s.recompute(m, mb);
   s.checkGrads(m, grads, mb);
+  if (s.segmented()) return s.segmentedBackward(m, mb, grads, /*split=*/true);
+  s.recompute(m, mb);
   InputGradResult r = pipeforge::runtime::backwardInput(s.roots(m), grads, m.inputs, s.params_);
   m.weight = std::move(r.weight);
   return r.input_grads;

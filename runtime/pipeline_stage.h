@@ -76,7 +76,14 @@ class PipelineStage {
   // Note [Activation checkpointing]: when on, a training forward keeps no
   // graph, only the inputs and the generators' state; B (or I) recomputes the
   // forward, and the loss, with the same dropout masks before its backward.
-  void setActivationCheckpointing(bool on);
+  // With `every_n` k > 0 only the k-th, 2k-th, ... submodule call of the
+  // forward is recomputed and the rest keep their graph (Note [Checkpointing
+  // every k-th call]); the stage is cut at its calls here. Throws
+  // RuntimeError when it cannot be.
+  void setActivationCheckpointing(bool on, int every_n = 0);
+  // What B recomputes: "(the whole forward)", the calls of each recomputed
+  // segment ("blocks.1"), or nothing.
+  std::vector<std::string> recomputedCalls() const;
   // Runs the recompute (forward and loss) inside `around`, e.g. the autocast
   // the executor runs forwards in; unset: as is.
   void setRecomputeContext(std::function<void(const std::function<void()>&)> around);

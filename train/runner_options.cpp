@@ -68,9 +68,18 @@ runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const std::st
   ro.loss = lossKind(config.loss);
   ro.loss_module = config.loss_module;
   ro.precision = precisionOf(config.precision);
-  ro.activation_checkpointing = config.pipeline.activation_checkpointing == ActivationCheckpointing::kFull
-                                    ? runtime::Checkpointing::kFull
-                                    : runtime::Checkpointing::kNone;
+  switch (config.pipeline.activation_checkpointing) {
+    case ActivationCheckpointing::kNone:
+      ro.activation_checkpointing = runtime::Checkpointing::kNone;
+      break;
+    case ActivationCheckpointing::kFull:
+      ro.activation_checkpointing = runtime::Checkpointing::kFull;
+      break;
+    case ActivationCheckpointing::kEveryN:
+      ro.activation_checkpointing = runtime::Checkpointing::kEveryN;
+      ro.checkpoint_every_n = config.pipeline.checkpoint_every_n;
+      break;
+  }
   ro.dp_degree = config.pipeline.data_parallel;
   ro.device = config.device;
   ro.backend = backendOf(config.backend);

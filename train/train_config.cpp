@@ -204,27 +204,32 @@ void parseModel(const Section& top, const YAML::Node& node, TrainConfig& c) {
   }
 }
 
-// `none`, `full`, or `{every_n: k}` (refused for now: recomputing every k-th
-// submodule call needs each stage cut at its submodule calls at load time).
-ActivationCheckpointing parseCheckpointing(const Section& s, const YAML::Node& node) {
+// `none`, `full`, or `{every_n: k}` (runtime Note [Checkpointing every k-th call]).
+void parseCheckpointing(const Section& s, const YAML::Node& node, PipelineConfig& p) {
   const std::string name = "activation_checkpointing";
   const std::string expected = "none, full or a map {every_n: k}";
   if (node.IsMap()) {
     Section sub(s.origin(), s.key(name));
+    bool given = false;
     sub.read(node, s.key(name), {{"every_n", [&](const YAML::Node& v) {
-                                   std::int64_t k = sub.integer(v, "every_n", 1);
-                                   throw ConfigError(fmt::format(
-                                       "{}: {} ({}) is not supported yet: recomputing every k-th submodule call "
-                                       "inside a stage is not implemented; use {}: full (each stage recomputes its "
-                                       "whole forward in its backward) or none",
-                                       sub.where(v), sub.key("every_n"), k, s.key(name)));
+                                   p.checkpoint_every_n = sub.smallInteger(v, "every_n", 1);
+                                   p.activation_checkpointing = ActivationCheckpointing::kEveryN;
+                                   given = true;
                                  }}});
+    if (given) return;
     // An empty map: nothing chosen.
     s.fail(node, name, expected);
   }
   std::string text = s.scalar<std::string>(node, name, expected);
-  if (text == "none") return ActivationCheckpointing::kNone;
-  if (text == "full") return ActivationCheckpointing::kFull;
+  p.checkpoint_every_n = 0;
+  if (text == "none") {
+    p.activation_checkpointing = ActivationCheckpointing::kNone;
+    return;
+  }
+  if (text == "full") {
+    p.activation_checkpointing = ActivationCheckpointing::kFull;
+    return;
+  }
   s.fail(node, name, expected);
 }
 
@@ -323,7 +328,7 @@ void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
            [&](const YAML::Node& v) { c.pipeline.stages_per_rank = s.smallInteger(v, "stages_per_rank", 1); }},
           {"data_parallel", [&](const YAML::Node& v) { c.pipeline.data_parallel = s.smallInteger(v, "data_parallel", 1); }},
           {"activation_checkpointing",
-           [&](const YAML::Node& v) { c.pipeline.activation_checkpointing = parseCheckpointing(s, v); }},
+           [&](const YAML::Node& v) { parseCheckpointing(s, v, c.pipeline); }},
           {"input_chunks", [&](const YAML::Node& v) { c.pipeline.input_chunks = parseChunks(s, v, "input_chunks", true); }},
           {"target_chunks",
            [&](const YAML::Node& v) { c.pipeline.target_chunks = parseChunks(s, v, "target_chunks", false); }}});

@@ -36,6 +36,7 @@ struct ModelConfig {
 enum class ActivationCheckpointing {
   kNone,  // every stage's autograd graph
   kFull,  // each stage's inputs only; its backward recomputes the forward
+  kEveryN,  // every k-th submodule call of each stage (PipelineConfig::checkpoint_every_n)
 };
 
 // One entry of pipeline.input_chunks / target_chunks: how a model input (or a
@@ -60,6 +61,7 @@ struct PipelineConfig {
   int stages_per_rank = 1;
   int data_parallel = 1;  // world = pipeline ranks x data_parallel
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kNone;
+  int checkpoint_every_n = 0;  // kEveryN only: k >= 1
   // data.format tensors only; empty: every input (target) split along dim 0.
   // input_chunks is a list in the model's input order or a map by input name
   // (then every entry has a name); target_chunks is a list.

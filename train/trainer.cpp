@@ -590,6 +590,12 @@ class RankTrainer {
                                                 config_.loss_scale.growth_interval)
                                   : std::string());
     }
+    if (p.activation_checkpointing == ActivationCheckpointing::kEveryN) {
+      // Each stage counts its own calls (Note [Checkpointing every k-th call]).
+      out_ << fmt::format("  activation checkpointing every {} calls: {}{}\n", p.checkpoint_every_n,
+                          fmt::join(runner_->recomputedCalls(), "; "),
+                          env_.world_size > 1 ? " (this rank's stages)" : "");
+    }
     if (!resumed_from_.empty()) out_ << fmt::format("  resumed from {} at step {}\n", resumed_from_, first_step);
     if (first_step >= end_) {
       out_ << fmt::format("  nothing to train: the checkpoint is at step {} and the run stops at {} (raise "

@@ -1,11 +1,14 @@
-// Activation checkpointing (Note [Activation checkpointing]): a checkpointed
+// Activation checkpointing (Note [Activation checkpointing], and Note
+// [Checkpointing every k-th call] for every_n): a checkpointed
 // stage gives the gradients of one that keeps its graph, with dropout masks
 // replayed, buffers changed once per forward, and the generator left where
 // it would be without checkpointing; over real processes for GPipe, 1F1B and
 // the zero-bubble schedules on a GPT with tied weights and dropout.
 //
 // Tolerance: 1e-6 absolute on every gradient and loss (kCheckpointAtol); the
-// recompute runs the same ops on the same values, so the difference is 0.
+// recompute runs the same ops on the same values, so the difference is 0
+// (every_n sums a value's gradients across segments in its own order, so
+// there it may differ by rounding).
 #include <gtest/gtest.h>
 #include <torch/script.h>
 
@@ -35,10 +38,14 @@ struct StageRun {
   at::Tensor next_draw;  // what the generator gives after the step
 };
 
-// A zoo model as one stage, two microbatches in `order`.
-StageRun runWholeModel(const std::string& model, bool checkpoint, Backward how, Order order, LossKind loss,
+constexpr int kNoCheckpointing = -1;
+constexpr int kFull = 0;
+
+// A zoo model as one stage, two microbatches in `order`; `checkpoint` is
+// kNoCheckpointing, kFull or every_n.
+StageRun runWholeModel(const std::string& model, int checkpoint, Backward how, Order order, LossKind loss,
                        const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets,
-                       std::uint64_t seed = 11) {
+                       std::uint64_t seed = 11, std::vector<std::string>* recomputed = nullptr) {
   torch::jit::Module module = torch::jit::load(testing::zooModelPath(model));
   module.train(true);
   StageSignature sig;
@@ -46,7 +53,8 @@ StageRun runWholeModel(const std::string& model, bool checkpoint, Backward how, 
   sig.num_outputs = 1;
   sig.input_wants_grad = {at::isFloatingType(inputs[0].scalar_type())};
   PipelineStage stage(module, sig);
-  stage.setActivationCheckpointing(checkpoint);
+  stage.setActivationCheckpointing(checkpoint != kNoCheckpointing, std::max(checkpoint, 0));
+  if (recomputed) *recomputed = stage.recomputedCalls();
   LossFunction loss_fn(loss, "", "cpu");
 
   StageRun r;
@@ -112,19 +120,19 @@ TEST_P(CheckpointedStage, ReplaysDropoutMasksAndGivesTheSameGradients) {
   torch::manual_seed(3);
   std::vector<at::Tensor> idx{torch::randint(0, 64, {4, 16}), torch::randint(0, 64, {4, 16})};
   std::vector<at::Tensor> tgt{torch::randint(0, 64, {4, 16}), torch::randint(0, 64, {4, 16})};
-  auto run = [&](bool checkpoint, std::uint64_t seed) {
+  auto run = [&](int checkpoint, std::uint64_t seed) {
     return runWholeModel("gpt_dropout", checkpoint, GetParam(), Order::kInterleaved, LossKind::kCrossEntropy, idx, tgt,
                          seed);
   };
-  StageRun plain = run(false, 11);
-  StageRun ckpt = run(true, 11);
+  StageRun plain = run(kNoCheckpointing, 11);
+  StageRun ckpt = run(kFull, 11);
   EXPECT_LE(maxDiff(plain.grads, ckpt.grads), kCheckpointAtol);
   ASSERT_EQ(plain.losses.size(), ckpt.losses.size());
   for (std::size_t i = 0; i < plain.losses.size(); ++i) EXPECT_NEAR(plain.losses[i], ckpt.losses[i], kCheckpointAtol);
   // The replay put the generator back: later draws are those without checkpointing.
   EXPECT_TRUE(torch::equal(plain.next_draw, ckpt.next_draw));
   // Not vacuous: the masks matter (another seed draws others).
-  StageRun other = run(false, 12);
+  StageRun other = run(kNoCheckpointing, 12);
   EXPECT_GT(maxDiff(plain.grads, other.grads), 1e-4) << "dropout changed nothing; is it active?";
 }
 
@@ -136,15 +144,47 @@ TEST_P(CheckpointedStage, ChangesBuffersOncePerForwardAndRecomputesFromTheirOldV
   torch::manual_seed(4);
   std::vector<at::Tensor> x{torch::randn({2, 4}), torch::randn({2, 4})};
   std::vector<at::Tensor> y{torch::randn({2, 4}), torch::randn({2, 4})};
-  auto run = [&](bool checkpoint) {
+  auto run = [&](int checkpoint) {
     return runWholeModel("buffer_within_stage", checkpoint, GetParam(), Order::kSequential, LossKind::kMse, x, y);
   };
-  StageRun plain = run(false);
-  StageRun ckpt = run(true);
-  EXPECT_LE(maxDiff(plain.grads, ckpt.grads), kCheckpointAtol);
-  EXPECT_TRUE(plain.grads.count("input0") && plain.grads.count("input1"));
-  EXPECT_LE(maxDiff(plain.buffers, ckpt.buffers), 0.0);
-  EXPECT_EQ(ckpt.buffers.at("counter.count").item<double>(), plain.buffers.at("counter.count").item<double>());
+  StageRun plain = run(kNoCheckpointing);
+  for (int mode : {kFull, 1}) {
+    StageRun ckpt = run(mode);
+    EXPECT_LE(maxDiff(plain.grads, ckpt.grads), kCheckpointAtol) << "mode " << mode;
+    EXPECT_TRUE(plain.grads.count("input0") && plain.grads.count("input1"));
+    EXPECT_LE(maxDiff(plain.buffers, ckpt.buffers), 0.0) << "mode " << mode;
+    EXPECT_EQ(ckpt.buffers.at("counter.count").item<double>(), plain.buffers.at("counter.count").item<double>());
+  }
+}
+
+// every_n: k recomputes the k-th, 2k-th, ... call of the forward (GPT's wte,
+// wpe, drop, blocks.0, blocks.1, ln_f, lm_head) and keeps the graph of the
+// rest; the gradients, losses and later draws are those without checkpointing.
+TEST_P(CheckpointedStage, EveryNthCallGivesTheSameGradients) {
+  torch::manual_seed(3);
+  std::vector<at::Tensor> idx{torch::randint(0, 64, {4, 16}), torch::randint(0, 64, {4, 16})};
+  std::vector<at::Tensor> tgt{torch::randint(0, 64, {4, 16}), torch::randint(0, 64, {4, 16})};
+  StageRun plain = runWholeModel("gpt_dropout", kNoCheckpointing, GetParam(), Order::kInterleaved,
+                                 LossKind::kCrossEntropy, idx, tgt);
+  const std::map<int, std::vector<std::string>> expected{
+      {1, {"wte", "wpe", "drop", "blocks.0", "blocks.1", "ln_f", "lm_head"}},
+      {2, {"wpe", "blocks.0", "ln_f"}},
+      {3, {"drop", "ln_f"}},
+      {8, {}},  // fewer calls than k: nothing recomputed
+  };
+  for (const auto& [k, calls] : expected) {
+    std::vector<std::string> recomputed;
+    StageRun ckpt = runWholeModel("gpt_dropout", k, GetParam(), Order::kInterleaved, LossKind::kCrossEntropy, idx, tgt,
+                                  11, &recomputed);
+    EXPECT_EQ(recomputed, calls) << "every_n " << k;
+    EXPECT_LE(maxDiff(plain.grads, ckpt.grads), kCheckpointAtol) << "every_n " << k;
+    ASSERT_EQ(plain.losses.size(), ckpt.losses.size());
+    for (std::size_t i = 0; i < plain.losses.size(); ++i) {
+      EXPECT_NEAR(plain.losses[i], ckpt.losses[i], kCheckpointAtol) << "every_n " << k;
+    }
+    EXPECT_TRUE(torch::equal(plain.next_draw, ckpt.next_draw)) << "every_n " << k;
+    EXPECT_TRUE(ckpt.grads.count("input0") == plain.grads.count("input0"));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backwards, CheckpointedStage, ::testing::Values(Backward::kFull, Backward::kSplit),

@@ -43,8 +43,8 @@ CaseReport runGradCase(const GradCase& c, const std::string& splits_root,
                        std::shared_ptr<runtime::Communicator> comm);
 
 // Activation checkpointing (Note [Activation checkpointing]): one training
-// step of `c` with RunnerOptions::activation_checkpointing kFull against the
-// same step without it, both from the same generator seed, so dropout draws
+// step of `c` with RunnerOptions::activation_checkpointing kFull, and with
+// kEveryN 2, against the same step without it, both from the same generator seed, so dropout draws
 // the same masks; every gradient this rank holds and the losses must agree
 // within kCheckpointAtol. Also checks that dropout is active: a step from
 // another seed must change the gradients.

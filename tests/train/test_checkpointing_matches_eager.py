@@ -2,7 +2,9 @@
 """Training with activation checkpointing equals eager training in PyTorch.
 
 `pipeforge train --nproc 2` with `pipeline.activation_checkpointing: full`
-(every stage's forward keeps no graph and its backward recomputes it) trains
+(every stage's forward keeps no graph and its backward recomputes it), and
+with `{every_n: k}` (each stage recomputes only its k-th, 2k-th, ... submodule
+call and keeps the graph of the rest), trains
 the zoo's `gpt` (embedding and head tied across the two ends of the pipeline)
 for 4 steps of SGD with momentum, with 1F1B and with ZBVZeroBubble (split
 backward: I recomputes, W works from the recomputed graph). The same steps run
@@ -17,11 +19,11 @@ masks in another order than the pipeline's ranks); dropout replay is checked
 against training without checkpointing in runtime_checkpointing_test.
 
 With bf16 autocast and dropout active (the zoo's `gpt_dropout`, ZBVZeroBubble),
-checkpointing must change nothing at all: losses, grad norms and trained
-parameters bit for bit equal to the same run without it.
+checkpointing (full, and every_n 2) must change nothing at all: losses, grad
+norms and trained parameters bit for bit equal to the same run without it.
 
-Then the refusals through the binary: `{every_n: 2}` (not supported yet) and
-a misspelt value stop `pipeforge train` with exit 1 and the key named.
+Then the refusals through the binary: `{every_n: 0}` and a misspelt value
+stop `pipeforge train` with exit 1 and the key named.
 
 Usage: test_checkpointing_matches_eager.py PIPEFORGE_BINARY ZOO_DIR
 """
@@ -42,6 +44,8 @@ SEED = 7
 RTOL, ATOL = 1e-4, 1e-5
 LR, MOMENTUM = 0.05, 0.9
 SCHEDULES = {"1F1B": 1, "ZBVZeroBubble": 2}  # schedule -> stages per rank
+# (schedule, activation_checkpointing) runs compared with PyTorch.
+RUNS = [("1F1B", "full"), ("ZBVZeroBubble", "full"), ("1F1B", "{every_n: 2}"), ("ZBVZeroBubble", "{every_n: 1}")]
 RANKS = 2
 
 
@@ -97,9 +101,9 @@ output: {{dir: {run}/out}}
 """)
 
 
-def train_pipeforge(torch, binary: str, d: str, model_path: str, data_path: str, schedule: str):
-    run = os.path.join(d, f"ckpt-{schedule}")
-    write_config(run + ".yaml", run, model_path, data_path, schedule, "full")
+def train_pipeforge(torch, binary: str, d: str, model_path: str, data_path: str, schedule: str, checkpointing: str):
+    run = os.path.join(d, f"ckpt-{schedule}-{''.join(c for c in checkpointing if c.isalnum())}")
+    write_config(run + ".yaml", run, model_path, data_path, schedule, checkpointing)
     common.run_pipeforge(binary, "train", "--config", run + ".yaml", "--nproc", str(RANKS),
                          env={"OMP_NUM_THREADS": "1"})
     trained = os.path.join(run, "trained.pt")
@@ -116,8 +120,8 @@ def check_bf16_dropout(torch, binary: str, d: str, zoo: str, data_path: str) -> 
     in the forward's autocast and replays its dropout masks)."""
     model_path = os.path.join(zoo, "gpt_dropout.pt")
     runs = {}
-    for checkpointing in ("none", "full"):
-        run = os.path.join(d, f"bf16-{checkpointing}")
+    for checkpointing in ("none", "full", "{every_n: 2}"):
+        run = os.path.join(d, f"bf16-{''.join(c for c in checkpointing if c.isalnum())}")
         write_config(run + ".yaml", run, model_path, data_path, "ZBVZeroBubble", checkpointing, "bf16")
         common.run_pipeforge(binary, "train", "--config", run + ".yaml", "--nproc", str(RANKS),
                              env={"OMP_NUM_THREADS": "1"})
@@ -126,21 +130,23 @@ def check_bf16_dropout(torch, binary: str, d: str, zoo: str, data_path: str) -> 
         with open(os.path.join(run, "out", "metrics.jsonl")) as f:
             train = sorted((r for r in map(json.loads, f) if r["event"] == "train"), key=lambda r: r["step"])
         runs[checkpointing] = ([(r["loss"], r["grad_norm"]) for r in train], torch.jit.load(trained).state_dict())
-    (a_log, a_state), (b_log, b_state) = runs["none"], runs["full"]
+    a_log, a_state = runs["none"]
     problems = []
-    if len(a_log) != STEPS or a_log != b_log:
-        problems.append(f"bf16 losses and grad norms differ with checkpointing: {a_log} vs {b_log}")
-    differing = [k for k in a_state if not torch.equal(a_state[k], b_state[k])]
-    if differing:
-        problems.append(f"bf16 parameters differ with checkpointing: {differing[:4]}")
-    print(f"bf16 + dropout, ZBVZeroBubble: checkpointing full vs none: {len(a_log)} steps, losses and grad norms "
-          f"{'identical' if a_log == b_log else 'DIFFERENT'}, {len(differing)} parameters differ")
+    for checkpointing in ("full", "{every_n: 2}"):
+        b_log, b_state = runs[checkpointing]
+        if len(a_log) != STEPS or a_log != b_log:
+            problems.append(f"bf16 losses and grad norms differ with {checkpointing}: {a_log} vs {b_log}")
+        differing = [k for k in a_state if not torch.equal(a_state[k], b_state[k])]
+        if differing:
+            problems.append(f"bf16 parameters differ with {checkpointing}: {differing[:4]}")
+        print(f"bf16 + dropout, ZBVZeroBubble: checkpointing {checkpointing} vs none: {len(a_log)} steps, losses and "
+              f"grad norms {'identical' if a_log == b_log else 'DIFFERENT'}, {len(differing)} parameters differ")
     return problems
 
 
 def check_refusals(binary: str, d: str, model_path: str, data_path: str) -> list:
     problems = []
-    cases = [("{every_n: 2}", ["pipeline.activation_checkpointing.every_n (2) is not supported yet", "full"]),
+    cases = [("{every_n: 0}", ["pipeline.activation_checkpointing.every_n must be an integer in [1, ", "got '0'"]),
              ("fulll", ["pipeline.activation_checkpointing must be none, full or a map {every_n: k}", "'fulll'"])]
     for i, (value, fragments) in enumerate(cases):
         run = os.path.join(d, f"refuse-{i}")
@@ -170,13 +176,13 @@ def main() -> None:
         make_data(torch, data_path)
         ref_losses, ref_state = train_eager(torch, model_path, data_path)
         initial = torch.jit.load(model_path).state_dict()
-        for schedule in SCHEDULES:
-            losses, state = train_pipeforge(torch, binary, d, model_path, data_path, schedule)
+        for schedule, checkpointing in RUNS:
+            losses, state = train_pipeforge(torch, binary, d, model_path, data_path, schedule, checkpointing)
             problems, loss_diff, diff = common.compare_training(torch, losses, ref_losses, state, ref_state, RTOL,
                                                                 ATOL, initial)
-            print(f"checkpointing full, {RANKS} ranks {schedule:14s} max |loss diff| {loss_diff:.2e}  "
+            print(f"checkpointing {checkpointing:13s} {RANKS} ranks {schedule:14s} max |loss diff| {loss_diff:.2e}  "
                   f"max |param diff| {diff:.2e}  {'ok' if not problems else 'MISMATCH'}", flush=True)
-            failures += [f"{schedule}: {p}" for p in problems]
+            failures += [f"{schedule} {checkpointing}: {p}" for p in problems]
         failures += check_bf16_dropout(torch, binary, d, zoo, data_path)
         failures += check_refusals(binary, d, model_path, data_path)
     if failures:

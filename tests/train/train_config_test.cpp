@@ -59,6 +59,11 @@ TEST_F(TrainConfigTest, ActivationCheckpointingForms) {
     text.replace(text.find("microbatches: 2"), 15, "microbatches: 2\n  activation_checkpointing: " + line);
     EXPECT_EQ(parseTrainConfig(text, "t.yaml").pipeline.activation_checkpointing, want) << line;
   }
+  std::string text = valid();
+  text.replace(text.find("microbatches: 2"), 15, "microbatches: 2\n  activation_checkpointing: {every_n: 3}");
+  TrainConfig c = parseTrainConfig(text, "t.yaml");
+  EXPECT_EQ(c.pipeline.activation_checkpointing, ActivationCheckpointing::kEveryN);
+  EXPECT_EQ(c.pipeline.checkpoint_every_n, 3);
 }
 
 TEST_F(TrainConfigTest, ScheduleNamesIgnoreCase) {
@@ -207,9 +212,9 @@ TEST_F(TrainConfigTest, MistakesNameTheKey) {
       {"checkpointing unknown map key", "microbatches: 2", "microbatches: 2\n  activation_checkpointing: {every: 2}",
        {"unknown key 'pipeline.activation_checkpointing.every'", "takes every_n"}},
       {"every_n zero", "microbatches: 2", "microbatches: 2\n  activation_checkpointing: {every_n: 0}",
-       {"pipeline.activation_checkpointing.every_n must be an integer >= 1, got '0'"}},
-      {"every_n not supported yet", "microbatches: 2", "microbatches: 2\n  activation_checkpointing: {every_n: 2}",
-       {"t.yaml:7:", "pipeline.activation_checkpointing.every_n (2) is not supported yet", "full"}},
+       {"pipeline.activation_checkpointing.every_n must be an integer in [1, 2147483647], got '0'"}},
+      {"every_n huge", "microbatches: 2", "microbatches: 2\n  activation_checkpointing: {every_n: 5000000000}",
+       {"t.yaml:7:", "pipeline.activation_checkpointing.every_n must be an integer in [1, 2147483647]"}},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
