@@ -367,9 +367,8 @@ void addScheduleCommand(CLI::App& app, int& exit_code) {
       "Times are in the unit of --costs (read as milliseconds in traces); memory is in "
       "activations of one microbatch on one stage (--act-mem).");
   sub->add_option("--name", o->name,
-                  "schedule: GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
-                  "ZBVZeroBubble, DualPipeV, MegatronInterleaved, or auto (search for the "
-                  "fastest under --costs and --mem-limit)");
+                  fmt::format("schedule: {}, or auto (search for the fastest under --costs and --mem-limit)",
+                              fmt::join(schedules::scheduleNames(), ", ")));
   sub->add_option("--ranks", o->ranks, "pipeline ranks P");
   sub->add_option("--stages", o->stages, "total stages S (a multiple of P; S/P per rank)");
   sub->add_option("--microbatches", o->microbatches, "microbatches M per step");

@@ -110,9 +110,8 @@ struct RunnerOptions {
   // A folder written by `pipeforge split`: pipe.json and stage_<i>.pt.
   std::string split_dir;
 
-  // A schedule name from schedules::scheduleNames() ("GPipe", "1F1B",
-  // "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
-  // "DualPipeV"), ignored when `program` is set.
+  // A schedule name from schedules::scheduleNames() (`pipeforge schedule
+  // --help` lists them), ignored when `program` is set.
   std::string schedule = "1F1B";
   // A ready program (compute-only or lowered) instead of a named schedule:
   // one rank per pipeline rank; it is lowered for execution if needed.

@@ -169,7 +169,7 @@ class ScheduleExecutor::Impl {
         return;  // posted when the compute action finished
       case ActionType::kUnshard:
       case ActionType::kReshard:
-        return;  // stages are never sharded here
+        return;  // parameters are never sharded over data-parallel ranks here (README, "Schedules are PyTorch's")
       case ActionType::kReduceGrad:
         if (req_->train) reduceStage(a.stage);
         return;
@@ -626,8 +626,17 @@ class ScheduleExecutor::Impl {
     return report;
   }
 
+  // Note [Leaking in-flight operations after a failure]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A send or receive the backend has not finished may still read from or
+  // write into its buffers, which the op owns (c10d_comm.cpp keeps them in
+  // the op). After a failure nothing can wait for it any more, and
+  // destroying it would free those buffers under the backend's feet: abort()
+  // wakes a wait, it does not promise the transport stopped using the
+  // memory. So the ops are released on purpose, a leak bounded by one step's
+  // messages, and the step's other state is cleared. The run is over at this
+  // point: the runner rethrows, and `pipeforge train` exits non-zero.
   void clearAfterFailure() {
-    // In-flight ops cannot be waited any more; drop them with the rest.
     for (auto& op : sends_) op.release();
     for (auto& [key, r] : recvs_) {
       r.meta_op.release();

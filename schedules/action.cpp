@@ -3,6 +3,7 @@
 #include <array>
 #include <cctype>
 #include <climits>
+#include <stdexcept>
 #include <utility>
 
 #include <fmt/format.h>
@@ -132,6 +133,10 @@ std::string_view actionTypeName(ActionType type) {
   return "?";
 }
 
+void unknownActionType(ActionType type) {
+  throw std::logic_error(fmt::format("internal: {} is not an ActionType", static_cast<int>(type)));
+}
+
 bool takesMicrobatch(ActionType type) {
   switch (type) {
     case ActionType::kUnshard:
@@ -139,9 +144,17 @@ bool takesMicrobatch(ActionType type) {
     case ActionType::kReduceGrad:
     case ActionType::kOverlapFB:
       return false;
-    default:
+    case ActionType::kForward:
+    case ActionType::kBackwardInput:
+    case ActionType::kBackwardWeight:
+    case ActionType::kFullBackward:
+    case ActionType::kSendF:
+    case ActionType::kRecvF:
+    case ActionType::kSendB:
+    case ActionType::kRecvB:
       return true;
   }
+  unknownActionType(type);
 }
 
 bool isCompute(ActionType type) {
@@ -152,9 +165,16 @@ bool isCompute(ActionType type) {
     case ActionType::kFullBackward:
     case ActionType::kOverlapFB:
       return true;
-    default:
+    case ActionType::kUnshard:
+    case ActionType::kReshard:
+    case ActionType::kSendF:
+    case ActionType::kRecvF:
+    case ActionType::kSendB:
+    case ActionType::kRecvB:
+    case ActionType::kReduceGrad:
       return false;
   }
+  unknownActionType(type);
 }
 
 std::string formatAction(const Action& action) {

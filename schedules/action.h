@@ -47,6 +47,12 @@ struct Action {
 // The token PyTorch uses for a type: "F", "SEND_B", "OVERLAP_F_B", ...
 std::string_view actionTypeName(ActionType type);
 
+// Switches over ActionType name every enumerator (no `default:`), so a new
+// action type is a compile warning at each place that must decide about it;
+// after the switch they call this, which throws std::logic_error: only a
+// value outside the enum gets there.
+[[noreturn]] void unknownActionType(ActionType type);
+
 // False for UNSHARD, RESHARD, REDUCE_GRAD and OVERLAP_F_B, which name no microbatch.
 bool takesMicrobatch(ActionType type);
 

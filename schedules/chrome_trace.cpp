@@ -26,9 +26,12 @@ std::string category(const Action& action) {
     case ActionType::kSendB:
     case ActionType::kRecvB:
       return "comm";
-    default:
+    case ActionType::kUnshard:
+    case ActionType::kReshard:
+    case ActionType::kReduceGrad:
       return "sharding";
   }
+  unknownActionType(action.type);
 }
 
 nlohmann::json actionArgs(const TimedAction& e) {

@@ -52,9 +52,16 @@ double CostModel::duration(const Action& action) const {
       for (const Action& sub : action.sub_actions) total += duration(sub);
       return total;
     }
-    default:
+    case ActionType::kUnshard:
+    case ActionType::kReshard:
+    case ActionType::kSendF:
+    case ActionType::kRecvF:
+    case ActionType::kSendB:
+    case ActionType::kRecvB:
+    case ActionType::kReduceGrad:
       return 0.0;
   }
+  unknownActionType(action.type);
 }
 
 double CostModel::memoryChange(ActionType type, int stage_index) const {
@@ -67,9 +74,17 @@ double CostModel::memoryChange(ActionType type, int stage_index) const {
       return -(stage(stage_index).activation_memory * weight_memory_share);
     case ActionType::kFullBackward:
       return -stage(stage_index).activation_memory;
-    default:
+    case ActionType::kUnshard:
+    case ActionType::kReshard:
+    case ActionType::kSendF:
+    case ActionType::kRecvF:
+    case ActionType::kSendB:
+    case ActionType::kRecvB:
+    case ActionType::kReduceGrad:
+    case ActionType::kOverlapFB:
       return 0.0;
   }
+  unknownActionType(type);
 }
 
 namespace {

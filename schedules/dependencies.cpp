@@ -110,9 +110,17 @@ std::optional<Product> productCarriedBy(ActionType type) {
     case ActionType::kSendB:
     case ActionType::kRecvB:
       return Product::kInputGrad;
-    default:
+    case ActionType::kForward:
+    case ActionType::kBackwardInput:
+    case ActionType::kBackwardWeight:
+    case ActionType::kFullBackward:
+    case ActionType::kUnshard:
+    case ActionType::kReshard:
+    case ActionType::kReduceGrad:
+    case ActionType::kOverlapFB:
       return std::nullopt;
   }
+  unknownActionType(type);
 }
 
 DependencyRule::DependencyRule(int num_stages) : DependencyRule(num_stages, {}) {}

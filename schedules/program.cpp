@@ -32,7 +32,14 @@ bool hasSendRecv(const Program& program) {
         case ActionType::kSendB:
         case ActionType::kRecvB:
           return true;
-        default:
+        case ActionType::kForward:
+        case ActionType::kBackwardInput:
+        case ActionType::kBackwardWeight:
+        case ActionType::kFullBackward:
+        case ActionType::kUnshard:
+        case ActionType::kReshard:
+        case ActionType::kReduceGrad:
+        case ActionType::kOverlapFB:
           break;
       }
     }

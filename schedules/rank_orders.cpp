@@ -68,7 +68,13 @@ void appendOp(const Action& action, std::vector<Op>& row, std::size_t rank, std:
     case ActionType::kOverlapFB:
       for (const Action& sub : action.sub_actions) appendOp(sub, row, rank, step);
       return;
-    default:
+    case ActionType::kUnshard:
+    case ActionType::kReshard:
+    case ActionType::kSendF:
+    case ActionType::kRecvF:
+    case ActionType::kSendB:
+    case ActionType::kRecvB:
+    case ActionType::kReduceGrad:
       throw ScheduleError(fmt::format(
           "rank {} step {}: `{}` is not a compute action; search and reordering need the "
           "compute-only program (F, I, W, B, OVERLAP_F_B), not a lowered one",

@@ -129,7 +129,15 @@ void Simulator::checkAction(const Action& action, int rank, int step) const {
     case ActionType::kReshard:
     case ActionType::kReduceGrad:
       return;
-    default:
+    case ActionType::kForward:
+    case ActionType::kBackwardInput:
+    case ActionType::kBackwardWeight:
+    case ActionType::kFullBackward:
+    case ActionType::kSendF:
+    case ActionType::kRecvF:
+    case ActionType::kSendB:
+    case ActionType::kRecvB:
+    case ActionType::kOverlapFB:
       break;
   }
   if (!action.microbatch || *action.microbatch < 0 || *action.microbatch >= M_) {
@@ -178,7 +186,11 @@ void Simulator::collectDeps(const Action& action, std::vector<Dep>& deps) const 
       }
       return;
     }
-    default:
+    case ActionType::kUnshard:
+    case ActionType::kReshard:
+    case ActionType::kRecvF:
+    case ActionType::kRecvB:
+    case ActionType::kReduceGrad:
       return;
   }
 }
@@ -327,7 +339,9 @@ void Simulator::complete(const Action& a, double start, double end, std::size_t 
     case ActionType::kRecvB:
       markDone(slotOfMessage(a.type), a.stage, *a.microbatch, end, event, rank, step, a);
       break;
-    default:
+    case ActionType::kUnshard:
+    case ActionType::kReshard:
+    case ActionType::kReduceGrad:
       break;
   }
 }

@@ -28,9 +28,17 @@ Style styleOf(ActionType type) {
       return {"W", 0x7f, 0xc0, 0x72};
     case ActionType::kFullBackward:
       return {"B", 0xe8, 0x7a, 0x7c};
-    default:
+    case ActionType::kUnshard:
+    case ActionType::kReshard:
+    case ActionType::kSendF:
+    case ActionType::kRecvF:
+    case ActionType::kSendB:
+    case ActionType::kRecvB:
+    case ActionType::kReduceGrad:
+    case ActionType::kOverlapFB:
       return {"OVERLAP_F_B", 0xb9, 0x93, 0xc4};
   }
+  unknownActionType(type);
 }
 
 // `lighten` in [0, 1): share of white mixed in.

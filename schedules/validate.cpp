@@ -123,7 +123,14 @@ void validateProgram(const Program& program) {
                              s, mb, text));
         }
         break;
-      default:
+      case ActionType::kUnshard:
+      case ActionType::kReshard:
+      case ActionType::kSendF:
+      case ActionType::kRecvF:
+      case ActionType::kSendB:
+      case ActionType::kRecvB:
+      case ActionType::kReduceGrad:
+      case ActionType::kOverlapFB:
         break;
     }
     if (stage_rank[s] == -1) {

@@ -1,4 +1,6 @@
-// The whole split: model + spec -> stage modules + manifest, in memory or on disk.
+// The whole split on disk: a model file (TorchScript .pt or torch.export
+// .pt2) and a split spec -> a folder of stage files (.pt, or .pt2 for a .pt2
+// model) and pipe.json. stage/split_in_memory.h is the same without files.
 #pragma once
 
 #include <optional>
@@ -9,7 +11,7 @@
 namespace pipeforge::stage {
 
 struct SplitRequest {
-  std::string model_path;
+  std::string model_path;  // .pt or .pt2
   std::optional<std::string> spec_path;  // optional when forward has pipe_split() markers
   std::string out_dir;
   bool force = false;  // replace an existing out_dir
