@@ -37,6 +37,9 @@ std::string describe(const TensorMeta& m) {
 }
 
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double unixSecondsNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 // The model's outputs for one microbatch, in pipe.json order: from the last
 // stage's `outputs`, its `inputs` (loss inputs) and the microbatch's root inputs.
@@ -59,6 +62,22 @@ std::vector<at::Tensor> modelOutputsOf(const CommPlan& plan, const std::vector<a
   }
   return out;
 }
+
+// A message as the trace names it (Note [Trace slice kinds]): the action that
+// consumes a receive or produced a send, and the peer.
+struct Transfer {
+  bool recv = true;
+  int stage = 0;
+  char what = 'F';  // F: a forward value, B: a gradient
+  int mb = 0;
+  int peer = 0;
+  bool shape = false;  // the value's shape message (Note [Shape inference])
+
+  std::string name() const {
+    return fmt::format("{} {}{}{}{} {} rank {}", recv ? "recv" : "send", stage, what, mb, shape ? " shape" : "",
+                       recv ? "from" : "to", peer);
+  }
+};
 
 // An error already turned into a full report (and published when it is ours).
 class ReportedError : public std::runtime_error {
@@ -103,7 +122,9 @@ class ScheduleExecutor::Impl {
       signature_ = req.batch_signature;
     }
     reduced_.clear();
-    auto step_start = Clock::now();
+    const auto step_start = Clock::now();
+    step_start_ = step_start;
+    if (profile_) out_.profile.begin_unix_s = unixSecondsNow();
     const auto& actions = cfg_.program->actions.at(cfg_.pipeline_rank);
     int step = 0;
     const Action* current = nullptr;
@@ -369,7 +390,8 @@ class ScheduleExecutor::Impl {
       if (edge_src_[in.edge] == me_) {
         local_grads_[{in.edge, mb}] = g;
       } else {
-        send(g.contiguous(), edge_src_[in.edge], tagOf(in.edge, mb, Kind::kGrad));
+        send(g.contiguous(), edge_src_[in.edge], tagOf(in.edge, mb, Kind::kGrad),
+             Transfer{false, s, 'B', mb, edge_src_[in.edge]});
       }
     }
   }
@@ -437,7 +459,7 @@ class ScheduleExecutor::Impl {
         acc[0] = static_cast<int64_t>(meta.dtype);
         acc[1] = static_cast<int64_t>(meta.sizes.size());
         for (std::size_t d = 0; d < meta.sizes.size(); ++d) acc[2 + d] = meta.sizes[d];
-        send(m.to(cfg_.device), dst, tagOf(e, mb, Kind::kMeta));
+        send(m.to(cfg_.device), dst, tagOf(e, mb, Kind::kMeta), Transfer{false, producerOf(e), 'F', mb, dst, true});
         sent_meta_[{e, mb}] = meta;
       } else if (!sameMeta(it->second, meta)) {
         const Edge& edge = cfg_.plan->edges[e];
@@ -447,10 +469,21 @@ class ScheduleExecutor::Impl {
                                        describe(it->second)));
       }
     }
-    send(value.detach().contiguous(), dst, tagOf(e, mb, Kind::kValue));
+    send(value.detach().contiguous(), dst, tagOf(e, mb, Kind::kValue), Transfer{false, producerOf(e), 'F', mb, dst});
   }
 
-  void send(const at::Tensor& t, int dst, std::uint32_t tag) { sends_.push_back(comm_.isend(t, dst, tag)); }
+  int producerOf(int e) const { return cfg_.plan->edges[e].producer; }
+
+  void send(const at::Tensor& t, int dst, std::uint32_t tag, const Transfer& what) {
+    const auto t0 = Clock::now();
+    sends_.push_back(Send{comm_.isend(t, dst, tag), what});
+    if (profile_) record(SpanKind::kSend, what.name(), t0, Clock::now());
+  }
+
+  struct Send {
+    std::unique_ptr<PendingOp> op;
+    Transfer what;
+  };
 
   struct Recv {
     at::Tensor meta_buf;
@@ -477,8 +510,11 @@ class ScheduleExecutor::Impl {
     postValueRecv(e, mb);
     auto it = recvs_.find(std::make_tuple(e, mb, Kind::kValue));
     Recv& r = it->second;
+    const Transfer what{true, cfg_.plan->edges[e].consumer, 'F', mb, edge_src_[e]};
     if (r.meta_op) {
-      timedWait(*r.meta_op);
+      Transfer shape = what;
+      shape.shape = true;
+      timedWait(*r.meta_op, shape);
       at::Tensor m = r.meta_buf.cpu();
       auto acc = m.accessor<int64_t, 1>();
       TensorMeta meta;
@@ -488,7 +524,7 @@ class ScheduleExecutor::Impl {
       r.buf = at::empty(meta.sizes, at::TensorOptions().dtype(meta.dtype).device(cfg_.device));
       r.op = comm_.irecv(r.buf, edge_src_[e], tagOf(e, mb, Kind::kValue));
     }
-    timedWait(*r.op);
+    timedWait(*r.op, what);
     at::Tensor value = std::move(r.buf);
     recvs_.erase(it);
     return value;
@@ -509,16 +545,23 @@ class ScheduleExecutor::Impl {
   at::Tensor waitGradRecv(int e, int mb) {
     postGradRecv(e, mb);
     auto it = recvs_.find(std::make_tuple(e, mb, Kind::kGrad));
-    timedWait(*it->second.op);
+    timedWait(*it->second.op, Transfer{true, producerOf(e), 'B', mb, edge_dst_[e]});
     at::Tensor g = std::move(it->second.buf);
     recvs_.erase(it);
     return g;
   }
 
-  void timedWait(PendingOp& op) {
-    auto t0 = Clock::now();
+  void timedWait(PendingOp& op, const Transfer& what) {
+    const auto t0 = Clock::now();
     op.wait();
-    wait_s_ += seconds(t0, Clock::now());
+    const auto t1 = Clock::now();
+    wait_s_ += seconds(t0, t1);
+    if (profile_) record(SpanKind::kWait, "wait " + what.name(), t0, t1);
+  }
+
+  // A span of this step for the trace (Note [Trace slice kinds]).
+  void record(SpanKind kind, std::string name, Clock::time_point t0, Clock::time_point t1) {
+    out_.profile.spans.push_back(TimedSpan{kind, std::move(name), seconds(step_start_, t0), seconds(step_start_, t1)});
   }
 
   void checkAbort() {
@@ -546,6 +589,7 @@ class ScheduleExecutor::Impl {
 
   void reduceStage(int s) {
     if (cfg_.dp_degree <= 1 || reduced_.count(s)) return;
+    const auto t0 = Clock::now();
     std::vector<at::Tensor> grads = gradsOf(localStage(s));
     reduced_.insert(s);
     if (grads.empty()) return;
@@ -559,11 +603,16 @@ class ScheduleExecutor::Impl {
       g.copy_(flat.narrow(0, offset, g.numel()).view_as(g));
       offset += g.numel();
     }
+    if (profile_) {
+      record(SpanKind::kAllReduce, fmt::format("all-reduce grads stage {} over {} replicas", s, cfg_.dp_degree), t0,
+             Clock::now());
+    }
   }
 
   void syncTied() {
     for (const ExecutorConfig::Tied& tied : cfg_.tied) {
       if (!tied.crosses_stages || tied.local.empty()) continue;
+      const auto t0 = Clock::now();
       at::Tensor sum;
       std::vector<at::Tensor> params;
       for (const auto& [s, fqn] : tied.local) {
@@ -575,11 +624,15 @@ class ScheduleExecutor::Impl {
       }
       if (tied.ranks.size() > 1) comm_.allreduceSum(sum, tied.ranks);
       for (at::Tensor& p : params) p.mutable_grad().copy_(sum);
+      if (profile_ && tied.ranks.size() > 1) {
+        record(SpanKind::kAllReduce, fmt::format("all-reduce tied grads {}", tied.local.front().second), t0,
+               Clock::now());
+      }
     }
   }
 
   void finishStep() {
-    for (auto& op : sends_) timedWait(*op);
+    for (Send& send : sends_) timedWait(*send.op, send.what);
     sends_.clear();
     if (!recvs_.empty()) {
       const auto& [e, mb, kind] = recvs_.begin()->first;
@@ -637,7 +690,7 @@ class ScheduleExecutor::Impl {
   // messages, and the step's other state is cleared. The run is over at this
   // point: the runner rethrows, and `pipeforge train` exits non-zero.
   void clearAfterFailure() {
-    for (auto& op : sends_) op.release();
+    for (Send& send : sends_) send.op.release();
     for (auto& [key, r] : recvs_) {
       r.meta_op.release();
       r.op.release();
@@ -665,7 +718,8 @@ class ScheduleExecutor::Impl {
   int num_mb_ = 0;
   double wait_s_ = 0.0;
   StepOutcome out_;
-  std::vector<std::unique_ptr<PendingOp>> sends_;
+  Clock::time_point step_start_;
+  std::vector<Send> sends_;
   std::map<std::tuple<int, int, Kind>, Recv> recvs_;
   std::map<std::pair<int, int>, at::Tensor> local_values_, local_grads_;
   std::map<std::pair<int, int>, std::vector<TensorMeta>> input_meta_, output_meta_;  // (stage, mb)

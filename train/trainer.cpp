@@ -111,6 +111,10 @@ class RankTrainer {
 
     const auto t0 = Clock::now();
     const double begin_unix = unixSeconds();
+    const bool traced = config_.trace && step >= end_ - config_.trace_steps;
+    phases_.clear();
+    phases_out_ = traced ? &phases_ : nullptr;
+    step_t0_ = t0;
     const Batch global = dataset_->batch(DataSplit::kTrain, step, config_.global_batch_size);
     const Batch batch = myShare(global);
     const std::size_t proven = pending_.size();  // Note [Deferred reports]
@@ -151,8 +155,11 @@ class RankTrainer {
                                     summary.skipped_steps));
       }
     } else {
-      if (config_.optimizer.clip_grad_norm > 0.0) clipGradients(check.norm);
-      for (auto& [s, opt] : optimizers_) opt->step();
+      {
+        const SpanTimer timer = phase(runtime::SpanKind::kOptimizer, "optimizer step");
+        if (config_.optimizer.clip_grad_norm > 0.0) clipGradients(check.norm);
+        for (auto& [s, opt] : optimizers_) opt->step();
+      }
       if (const int stage = firstNonFiniteParameters(); stage >= 0) {
         // Past the point skip_step can help: the update itself overflowed.
         throw std::runtime_error(fmt::format("the update made the parameters of stage {} ({}) non-finite{}", stage,
@@ -164,9 +171,10 @@ class RankTrainer {
     drainReports(proven, summary);
     window_s_ += step_s;
     ++window_steps_;
-    if (config_.trace && step >= end_ - config_.trace_steps) {
-      traced_.push_back(RankStepProfile{rank(), step + 1, begin_unix, runner_->lastProfile()});
+    if (traced) {
+      traced_.push_back(RankStepProfile{rank(), step + 1, begin_unix, step_s, runner_->lastProfile(), phases_});
     }
+    phases_out_ = nullptr;
 
     const std::int64_t done = step + 1;
     if (done % config_.log_every == 0 || done == end_ || step == summary.first_step) {
@@ -186,6 +194,12 @@ class RankTrainer {
   }
 
   int rank() const { return runner_->rank(); }
+
+  // A span of the current training step for the trace (Note [Trace slice
+  // kinds]), recorded only when the step is traced.
+  SpanTimer phase(runtime::SpanKind kind, const char* name) const {
+    return SpanTimer(phases_out_, kind, name, step_t0_);
+  }
 
   // Note [Auto schedule]: `pipeline.schedule: auto` picks the schedule on the
   // real model before training. The runner starts with the profiling program
@@ -304,6 +318,7 @@ class RankTrainer {
   };
 
   GradientCheck checkGradients(const runtime::StepResult& result) {
+    const SpanTimer timer = phase(runtime::SpanKind::kCheck, "gradient check");
     const int n = manifest_.num_stages;
     at::Tensor flags = at::zeros({n + 2}, at::kDouble);
     {
@@ -379,6 +394,7 @@ class RankTrainer {
 
   // The first stage (on every rank the same) holding a non-finite parameter, or -1.
   int firstNonFiniteParameters() {
+    const SpanTimer timer = phase(runtime::SpanKind::kCheck, "parameter check");
     at::Tensor flags = at::zeros({manifest_.num_stages}, at::kDouble);
     {
       auto f = flags.accessor<double, 1>();
@@ -690,7 +706,7 @@ class RankTrainer {
       const std::string text = channel_->take(key);
       try {
         for (const auto& p : nlohmann::json::parse(text)) all.push_back(profileFromJson(p));
-      } catch (const nlohmann::json::exception& e) {
+      } catch (const std::exception& e) {  // bad JSON, action text or span kind
         // Note [Checked store values]: a tampered trace costs the trace, not the run.
         std::cerr << fmt::format("warning: no trace written: the store key '{}' holds a malformed profile ({})\n",
                                  channel_->keyName(key), e.what());
@@ -741,6 +757,9 @@ class RankTrainer {
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<ProgressBar> progress_;
   std::vector<RankStepProfile> traced_;
+  std::vector<runtime::TimedSpan> phases_;           // the current step's, when it is traced
+  std::vector<runtime::TimedSpan>* phases_out_ = nullptr;  // &phases_ while a traced step runs
+  Clock::time_point step_t0_;
   std::string metrics_path_;
   std::string trace_path_;
   std::string resumed_from_;
