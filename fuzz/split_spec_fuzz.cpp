@@ -24,6 +24,12 @@ void checkInvariants(const SplitSpec& spec) {
       if (size < 0) pf::fuzz::failProperty(kTarget, "a negative example_inputs size was accepted");
     }
   }
+  for (const auto& c : spec.constant_inputs) {
+    // stage/constant_inputs.cpp reads items[0] of a scalar.
+    if (c.kind == pf::partitioner::ConstantInput::Kind::kScalar && c.items.size() != 1) {
+      pf::fuzz::failProperty(kTarget, "constant_inputs." + c.name + " is a scalar without exactly one text");
+    }
+  }
 }
 
 }  // namespace

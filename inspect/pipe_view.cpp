@@ -4,6 +4,7 @@
 
 #include "frontend/load_model.h"
 #include "partitioner/split_spec.h"
+#include "stage/constant_inputs.h"
 #include "stage/split_in_memory.h"
 
 namespace pipeforge::inspect {
@@ -20,7 +21,9 @@ PipeView loadPipeView(const std::string& path, const std::optional<std::string>&
   }
   torch::jit::Module model = frontend::loadModel(path);
   if (spec_path) {
-    auto result = stage::splitInMemory(model, partitioner::loadSplitSpec(*spec_path));
+    const partitioner::SplitSpec spec = partitioner::loadSplitSpec(*spec_path);
+    stage::refuseConstantInputsForPt2(spec, path);
+    auto result = stage::splitInMemory(model, spec);
     view.stages = std::move(result.stages.modules);
     view.manifest = std::move(result.stages.manifest);
     view.manifest.source = path;

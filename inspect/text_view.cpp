@@ -61,6 +61,12 @@ std::string rootDataflow(const PipeView& view) {
   const auto& m = view.manifest;
   std::ostringstream out;
   out << "def forward(self, " << fmt::format("{}", fmt::join(m.inputs, ", ")) << "):\n";
+  if (!m.constant_inputs.empty()) {
+    // Note [Constant inputs]: arguments the split baked in, as pipe.json records them.
+    std::vector<std::string> baked;
+    for (const auto& [name, value] : m.constant_inputs) baked.push_back(name + " = " + value);
+    out << "    # constant_inputs, baked into the stages: " << fmt::format("{}", fmt::join(baked, ", ")) << "\n";
+  }
   // Free each value after its last reader, as PyTorch's generated code does.
   std::map<std::string, int> last_use;
   for (int k = 0; k < m.num_stages; ++k) {

@@ -2,6 +2,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -71,6 +73,55 @@ ExampleInput parseExampleInput(const YAML::Node& node, size_t index, const std::
   return in;
 }
 
+bool isIdentifier(const std::string& name) {
+  if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+}
+
+// `constant_inputs: {scale: 2.0, sizes: [2, 3], mode: mean, bias: null}`:
+// the values stay text until the model's forward gives their types.
+std::vector<ConstantInput> parseConstantInputs(const YAML::Node& value, const std::string& origin) {
+  std::vector<ConstantInput> out;
+  if (value.IsNull()) return out;
+  if (!value.IsMap()) {
+    throw SpecError(where(origin, value) + ": constant_inputs must map forward's non-tensor arguments to values, "
+                    "e.g. 'constant_inputs: {scale: 2.0}'");
+  }
+  std::set<std::string> seen;
+  for (const auto& kv : value) {
+    ConstantInput c;
+    c.name = keyText(kv.first, origin);
+    c.where = where(origin, kv.second);
+    const std::string key = "constant_inputs." + c.name;
+    if (!isIdentifier(c.name)) {
+      throw SpecError(where(origin, kv.first) + ": " + key + ": '" + c.name +
+                      "' is not an argument name; name an argument of forward, e.g. 'scale: 2.0'");
+    }
+    if (!seen.insert(c.name).second) {
+      throw SpecError(where(origin, kv.first) + ": " + key + " is given twice; keep one");
+    }
+    const YAML::Node& v = kv.second;
+    if (v.IsNull()) {
+      c.kind = ConstantInput::Kind::kNull;
+    } else if (v.IsScalar()) {
+      c.items.push_back(v.Scalar());
+    } else if (v.IsSequence()) {
+      c.kind = ConstantInput::Kind::kList;
+      for (const auto& item : v) {
+        if (!item.IsScalar()) {
+          throw SpecError(where(origin, item) + ": " + key + " must be a list of numbers, e.g. [2, 3]");
+        }
+        c.items.push_back(item.Scalar());
+      }
+    } else {
+      throw SpecError(where(origin, v) + ": " + key +
+                      " must be an int, float, bool, string, null or a list of numbers, not a map");
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 }  // namespace
 
 const char* policyName(Policy policy) {
@@ -93,7 +144,8 @@ SplitSpec parseSplitSpec(const std::string& yaml_text, const std::string& origin
   SplitSpec spec;
   if (root.IsNull()) return spec;
   if (!root.IsMap()) {
-    throw SpecError(origin + ": a split spec is a YAML map with split_points, num_stages, policy, example_inputs");
+    throw SpecError(origin + ": a split spec is a YAML map with split_points, num_stages, policy, example_inputs, "
+                    "constant_inputs");
   }
   for (const auto& kv : root) {
     auto key = keyText(kv.first, origin);
@@ -137,9 +189,11 @@ SplitSpec parseSplitSpec(const std::string& yaml_text, const std::string& origin
         throw SpecError(where(origin, value) + ": example_inputs must be a list, one entry per forward argument");
       }
       for (size_t i = 0; i < value.size(); ++i) spec.example_inputs.push_back(parseExampleInput(value[i], i, origin));
+    } else if (key == "constant_inputs") {
+      spec.constant_inputs = parseConstantInputs(value, origin);
     } else {
       throw SpecError(where(origin, kv.first) + ": unknown key '" + key +
-                      "'; a split spec takes split_points, num_stages, policy and example_inputs");
+                      "'; a split spec takes split_points, num_stages, policy, example_inputs and constant_inputs");
     }
   }
   if (spec.policy != Policy::kNone && !spec.num_stages) {

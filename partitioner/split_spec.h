@@ -6,6 +6,8 @@
 //   policy: parameters       # parameters | cost | uniform
 //   example_inputs:          # shape propagation and the cost policy
 //     - {shape: [8, 128], dtype: int64, high: 50000}
+//   constant_inputs:         # values baked in for forward's non-tensor arguments
+//     scale: 2.0
 #pragma once
 
 #include <cstdint>
@@ -32,11 +34,23 @@ struct ExampleInput {
   double high = 0.0;
 };
 
+// A value for a non-tensor argument of forward (`constant_inputs`), kept as
+// the YAML gave it: only the model's forward says which type it must have,
+// so stage/constant_inputs.cpp converts and checks it when the model is split.
+struct ConstantInput {
+  enum class Kind { kNull, kScalar, kList };
+  std::string name;
+  Kind kind = Kind::kScalar;
+  std::vector<std::string> items;  // kScalar: its text; kList: one text per element; kNull: none
+  std::string where;               // "spec.yaml:4", for errors at split time
+};
+
 struct SplitSpec {
   std::vector<std::pair<std::string, SplitPoint>> split_points;  // in file order
   std::optional<int> num_stages;
   Policy policy = Policy::kNone;
   std::vector<ExampleInput> example_inputs;
+  std::vector<ConstantInput> constant_inputs;  // in file order
 };
 
 const char* policyName(Policy policy);

@@ -36,9 +36,11 @@ std::string identifierFor(const std::string& raw, size_t index) {
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // A stage input that is an argument of the model keeps that argument's name
 // and default value, so a stage file reads like the model where it takes the
-// model's arguments: `forward(self, x: Tensor, scale: float=2., mask:
-// Optional[Tensor]=None)`, and stage0(x) in Python uses scale 2.0 as model(x)
-// does. Inputs from earlier stages keep their generated `in<i>_...` names.
+// model's arguments: `forward(self, x: Tensor, mask: Optional[Tensor]=None)`,
+// and stage0(x) in Python passes mask None as model(x) does. (Non-tensor
+// arguments such as `scale: float=2.` are no stage inputs: the split bakes
+// them in, Note [Constant inputs].) Inputs from earlier stages keep their
+// generated `in<i>_...` names.
 // The graph's input names are what a saved file prints, the schema holds the
 // defaults: both are set.
 void keepModelArguments(torch::jit::Module& stage, Graph& graph, const torch::jit::Module& model,

@@ -131,6 +131,11 @@ std::string manifestToJson(const PipeManifest& m) {
     }
     j["input_dims"] = std::move(inputs);
   }
+  if (!m.constant_inputs.empty()) {
+    json constants = json::object();
+    for (const auto& [name, value] : m.constant_inputs) constants[name] = json::parse(value);
+    j["constant_inputs"] = std::move(constants);
+  }
   // Note [PT2 stage files]: a split of a `.pt2` writes torch.export stage
   // files and says so; TorchScript splits keep the manifest they always had.
   if (isPt2Split(m)) j["stage_format"] = kPt2StageFormat;
@@ -187,6 +192,13 @@ PipeManifest manifestFromJson(const std::string& text, const std::string& origin
       if (m.input_dims.size() != m.inputs.size()) {
         throw ManifestError("input_dims lists " + std::to_string(m.input_dims.size()) + " inputs but the model has " +
                             std::to_string(m.inputs.size()) + "; re-run `pipeforge split`");
+      }
+    }
+    if (j.contains("constant_inputs")) {
+      const json& constants = j.at("constant_inputs");
+      if (!constants.is_object()) throw ManifestError("constant_inputs must map argument names to values");
+      for (auto it = constants.begin(); it != constants.end(); ++it) {
+        m.constant_inputs[it.key()] = it.value().dump();  // a record of what was baked in: any JSON value reads
       }
     }
     const std::string stage_format = j.value("stage_format", "");

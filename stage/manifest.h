@@ -10,10 +10,12 @@
 //                "parameters": [...], "buffers": [...]}, ...],
 //    "tied": [["wte.weight", "lm_head.weight"]],
 //    "unused": ["aux_head.weight"],
-//    "input_dims": [[[4, 4], [2, null]]]}   (.pt2 only: [min, max] per dimension)
+//    "input_dims": [[[4, 4], [2, null]]],   (.pt2 only: [min, max] per dimension)
+//    "constant_inputs": {"scale": 2.0}}     (only when forward took non-tensor arguments)
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -78,11 +80,15 @@ struct PipeManifest {
   // Per model input, the sizes it accepts per dimension, when the model says
   // (a .pt2); empty for TorchScript models, which take any size.
   std::vector<std::vector<InputDim>> input_dims;
+  // The non-tensor forward arguments baked into the stages as constants, not
+  // in `inputs` (Note [Constant inputs]): name -> value as JSON text ("2.0",
+  // "true", "[2, 3]", "null", "\"mean\""). Empty in older manifests.
+  std::map<std::string, std::string> constant_inputs;
 
   friend bool operator==(const PipeManifest& a, const PipeManifest& b) {
     return a.num_stages == b.num_stages && a.source == b.source && a.inputs == b.inputs &&
            a.outputs == b.outputs && a.stages == b.stages && a.tied == b.tied && a.unused == b.unused &&
-           a.input_dims == b.input_dims;
+           a.input_dims == b.input_dims && a.constant_inputs == b.constant_inputs;
   }
 };
 

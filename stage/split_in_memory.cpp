@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 
 #include "frontend/module_paths.h"
+#include "stage/constant_inputs.h"
 
 namespace pipeforge::stage {
 namespace {
@@ -161,7 +163,10 @@ std::vector<c10::IValue> makeExampleInputs(const partitioner::SplitSpec& spec) {
   return inputs;
 }
 
-SplitResult splitInMemory(const torch::jit::Module& model, const partitioner::SplitSpec& spec) {
+SplitResult splitInMemory(const torch::jit::Module& given_model, const partitioner::SplitSpec& spec) {
+  // Note [Constant inputs]: from here on, forward takes no non-tensor argument.
+  std::map<std::string, std::string> constants;
+  const torch::jit::Module model = bakeConstantInputs(given_model, spec.constant_inputs, constants);
   std::vector<std::string> split_fqns;
   for (const auto& [fqn, point] : spec.split_points) split_fqns.push_back(fqn);
   const auto module_paths = frontend::submodulePaths(model);
@@ -170,8 +175,12 @@ SplitResult splitInMemory(const torch::jit::Module& model, const partitioner::Sp
     auto method = model.get_method("forward");
     size_t expected = method.function().getSchema().arguments().size() - 1;
     if (spec.example_inputs.size() != expected) {
-      throw SpecError(fmt::format("example_inputs has {} entries but forward takes {} arguments; give one per argument",
-                                  spec.example_inputs.size(), expected));
+      std::vector<std::string> baked;
+      for (const auto& [name, value] : constants) baked.push_back(name);
+      const std::string besides =
+          baked.empty() ? "" : fmt::format(" besides the constants ({})", fmt::join(baked, ", "));
+      throw SpecError(fmt::format("example_inputs has {} entries but forward takes {} arguments{}; give one per argument",
+                                  spec.example_inputs.size(), expected, besides));
     }
     try {
       torch::NoGradGuard no_grad;
@@ -208,6 +217,7 @@ SplitResult splitInMemory(const torch::jit::Module& model, const partitioner::Sp
     ++options.open_depth;
   }
   BuiltStages stages = buildStages(best->opened, best->dag, best->partition);
+  stages.manifest.constant_inputs = std::move(constants);
   if (!spec.example_inputs.empty()) {
     torch::NoGradGuard no_grad;
     std::vector<std::vector<at::Tensor>> outs;

@@ -13,6 +13,7 @@
 #include "frontend/pt2_import.h"
 #include "frontend/pt2_inputs.h"
 #include "partitioner/split_spec.h"
+#include "stage/constant_inputs.h"
 #include "stage/file_digest.h"
 #include "stage/pt2_stage_plan.h"
 #include "stage/pt2_stage_writer.h"
@@ -68,6 +69,7 @@ SplitSummary splitModelToDirectory(const SplitRequest& request) {
   }
   partitioner::SplitSpec spec;
   if (request.spec_path) spec = partitioner::loadSplitSpec(*request.spec_path);
+  refuseConstantInputsForPt2(spec, request.model_path);
 
   // A torch.export model is split as its import and written as `.pt2`
   // stage files cut from its own program (Note [PT2 stage files]).

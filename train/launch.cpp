@@ -12,6 +12,7 @@
 
 #include "frontend/load_model.h"
 #include "frontend/pt2_import.h"
+#include "partitioner/split_spec.h"
 #include "runtime/dist_env.h"
 #include "runtime/local_launcher.h"
 #include "stage/file_digest.h"
@@ -40,6 +41,13 @@ std::string splitFor(const TrainConfig& config, const std::string& out_dir) {
     const std::string spec = out_dir + ".spec.yaml";
     writeFileAtomically(spec, config.model.inline_spec);
     request.spec_path = spec;
+    try {
+      stage::splitModelToDirectory(request);
+    } catch (const partitioner::SpecError& e) {
+      // What only the model can check (constant_inputs' types): name the config, whose model: keys these are.
+      throw ConfigError(fmt::format("{}: model: {}", config.origin, e.what()));
+    }
+    return out_dir;
   }
   stage::splitModelToDirectory(request);
   return out_dir;

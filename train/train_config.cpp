@@ -161,7 +161,8 @@ void parseModel(const Section& top, const YAML::Node& node, TrainConfig& c) {
           {"split_points", keep("split_points")},
           {"num_stages", keep("num_stages")},
           {"policy", keep("policy")},
-          {"example_inputs", keep("example_inputs")}});
+          {"example_inputs", keep("example_inputs")},
+          {"constant_inputs", keep("constant_inputs")}});
   const std::string o = top.origin();
   if (c.model.split_dir.empty() == c.model.path.empty()) {
     throw ConfigError(fmt::format("{}: model needs exactly one of model.path (a TorchScript .pt to split) and "
@@ -181,7 +182,7 @@ void parseModel(const Section& top, const YAML::Node& node, TrainConfig& c) {
   requireFile(o, "model.path", c.model.path);
   if (!c.model.split_spec.empty() && has_inline) {
     throw ConfigError(fmt::format("{}: give either model.split_spec or inline split keys (split_points, num_stages, "
-                                  "policy, example_inputs), not both",
+                                  "policy, example_inputs, constant_inputs), not both",
                                   s.where(node)));
   }
   if (!c.model.split_spec.empty()) {

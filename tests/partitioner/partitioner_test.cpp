@@ -28,6 +28,24 @@ TEST(SplitSpec, ParsesEveryKey) {
   EXPECT_EQ(spec.example_inputs[0].high, 10);
 }
 
+TEST(SplitSpec, ConstantInputsKeepTheirTextUntilTheModelGivesTypes) {
+  auto spec = parseSplitSpec(
+      "constant_inputs:\n  scale: 2.0\n  mode: mean\n  sizes: [2, 3]\n  eps: null\n  empty: []\n", "t.yaml");
+  ASSERT_EQ(spec.constant_inputs.size(), 5u);
+  const auto& c = spec.constant_inputs;
+  EXPECT_EQ(c[0].name, "scale");
+  EXPECT_EQ(c[0].kind, ConstantInput::Kind::kScalar);
+  EXPECT_EQ(c[0].items, std::vector<std::string>{"2.0"});
+  EXPECT_EQ(c[0].where, "t.yaml:2");
+  EXPECT_EQ(c[1].items, std::vector<std::string>{"mean"});
+  EXPECT_EQ(c[2].kind, ConstantInput::Kind::kList);
+  EXPECT_EQ(c[2].items, (std::vector<std::string>{"2", "3"}));
+  EXPECT_EQ(c[3].kind, ConstantInput::Kind::kNull);
+  EXPECT_EQ(c[4].kind, ConstantInput::Kind::kList);
+  EXPECT_TRUE(c[4].items.empty());
+  EXPECT_TRUE(parseSplitSpec("constant_inputs:\n", "t.yaml").constant_inputs.empty());
+}
+
 TEST(SplitSpec, ErrorsNameTheKeyAndLine) {
   struct Case {
     std::string yaml;
@@ -48,6 +66,14 @@ TEST(SplitSpec, ErrorsNameTheKeyAndLine) {
       {"example_inputs:\n  - {? [shape]: [2]}\n", "t.yaml:2: a key must be a name"},
       {"split_points:\n  ? {layers.1: x}\n  : END\n", "t.yaml:2: a key must be a name such as num_stages or layers.1, got a map"},
       {"? ample_inputs:\n  - {shape: [8]}\n", "got a map"},
+      // constant_inputs: the shape of the values; their types are checked against forward at split time.
+      {"constant_inputs: [1, 2]", "t.yaml:1: constant_inputs must map forward's non-tensor arguments to values"},
+      {"constant_inputs:\n  scale: {a: 1}\n", "t.yaml:2: constant_inputs.scale must be an int, float, bool, string"},
+      {"constant_inputs: {sizes: [[1], 2]}", "constant_inputs.sizes must be a list of numbers, e.g. [2, 3]"},
+      {"constant_inputs: {1x: 2}", "constant_inputs.1x: '1x' is not an argument name"},
+      {"constant_inputs: {scale: 1, scale: 2}", "constant_inputs.scale is given twice"},
+      {"constant_input: {scale: 1}", "unknown key 'constant_input'; a split spec takes split_points, num_stages, "
+                                     "policy, example_inputs and constant_inputs"},
   };
   for (const auto& c : cases) {
     try {

@@ -82,7 +82,8 @@ class SplitLoadsInPython(unittest.TestCase):
                     shutil.rmtree(tmp)
 
     def test_stages_keep_the_models_argument_names_and_defaults(self):
-        """Note [Stage signatures]: stage 0 reads `forward(self, x, scale: float=2., mask=None)` as the model."""
+        """Note [Stage signatures]: stage 0 reads `forward(self, x, mask=None)` as the model; the non-tensor
+        `scale: float = 2.0` is baked in at its default (Note [Constant inputs]) and pipe.json says so."""
         from typing import Optional
 
         class Defaults(torch.nn.Module):
@@ -111,13 +112,17 @@ class SplitLoadsInPython(unittest.TestCase):
                            stdout=subprocess.DEVNULL)
             stage0 = torch.jit.load(os.path.join(out, "stage_0.pt"))
             stage1 = torch.jit.load(os.path.join(out, "stage_1.pt"))
-            want = [(a.name, a.default_value) for a in model.forward.schema.arguments[1:]]
+            want = [(a.name, a.default_value) for a in model.forward.schema.arguments[1:] if a.name != "scale"]
             got = [(a.name, a.default_value) for a in stage0.forward.schema.arguments[1:]]
             self.assertEqual(got, want)
+            with open(os.path.join(out, "pipe.json")) as f:
+                manifest = json.load(f)
+            self.assertEqual(manifest["inputs"], ["x", "mask"])
+            self.assertEqual(manifest["constant_inputs"], {"scale": 2.0})
             x, mask = torch.randn(3, 4), torch.rand(4)
             with torch.no_grad():
-                for args, kwargs in [((x,), {}), ((x, 0.5), {}), ((x,), {"mask": mask}), ((x, 3.0, mask), {})]:
-                    expected = model(*args, **kwargs)
+                for args, kwargs in [((x,), {}), ((x,), {"mask": mask}), ((x, mask), {})]:
+                    expected = model(x, 2.0, *args[1:], **kwargs)
                     self.assertTrue(torch.equal(stage1(*stage0(*args, **kwargs))[0], expected), (args, kwargs))
         finally:
             shutil.rmtree(tmp)

@@ -61,5 +61,19 @@ TEST(Manifest, RoundTripKeepsUnusedStateAndOlderFilesReadWithoutIt) {
   EXPECT_EQ(manifestFromJson(manifestToJson(m), "p.json"), m);
 }
 
+TEST(Manifest, ConstantInputsRoundTripAndOlderFilesReadWithoutThem) {
+  PipeManifest m = manifestFromJson(stageJson("stage_0.pt"), "p.json");
+  EXPECT_TRUE(m.constant_inputs.empty()) << "a manifest written before \"constant_inputs\" existed";
+  m.constant_inputs = {{"scale", "2.0"}, {"use_bias", "true"}, {"sizes", "[2,3]"}, {"mode", "\"mean\""},
+                       {"eps", "null"}};
+  const std::string text = manifestToJson(m);
+  EXPECT_NE(text.find("\"constant_inputs\": {"), std::string::npos) << text;
+  EXPECT_EQ(manifestFromJson(text, "p.json"), m);
+  std::string listed = stageJson("stage_0.pt");
+  listed.insert(listed.size() - 1, R"(, "constant_inputs": [2.0])");
+  EXPECT_NE(errorOf(listed).find("constant_inputs must map argument names to values"), std::string::npos)
+      << errorOf(listed);
+}
+
 }  // namespace
 }  // namespace pipeforge::stage
