@@ -234,13 +234,9 @@ int runSchedule(const ScheduleOptions& o) {
       title = fmt::format("auto ({}), {} ranks, {} per rank, {} microbatches", result.origin,
                           o.ranks, plural(per_rank, "stage"), o.microbatches);
     } else {
-      const std::vector<std::string> names = sch::scheduleNames();
-      const bool known = std::any_of(names.begin(), names.end(), [&](const std::string& n) {
-        return lowercase(n) == lowercase(o.name);
-      });
-      if (!known) {
+      if (!sch::canonicalScheduleName(o.name)) {
         throw UsageError(fmt::format("unknown schedule '{}'; the names (any case) are {}, auto",
-                                     o.name, fmt::join(names, ", ")));
+                                     o.name, fmt::join(sch::scheduleNames(), ", ")));
       }
       if (o.layout != "loop") {
         throw UsageError("--layout chooses the layout for --name auto; named schedules "

@@ -141,6 +141,10 @@ SplitSpec parseSplitSpec(const std::string& yaml_text, const std::string& origin
   } catch (const YAML::Exception& e) {
     throw SpecError(origin + ":" + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
   }
+  return parseSplitSpecNode(root, origin);
+}
+
+SplitSpec parseSplitSpecNode(const YAML::Node& root, const std::string& origin) {
   SplitSpec spec;
   if (root.IsNull()) return spec;
   if (!root.IsMap()) {

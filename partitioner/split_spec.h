@@ -17,6 +17,10 @@
 #include <utility>
 #include <vector>
 
+namespace YAML {
+class Node;
+}
+
 namespace pipeforge::partitioner {
 
 class SpecError : public std::runtime_error {
@@ -58,6 +62,9 @@ const char* policyName(Policy policy);
 // Parses YAML text; `origin` names the file in errors. Unknown keys, bad
 // values and malformed YAML throw SpecError naming the key and the fix.
 SplitSpec parseSplitSpec(const std::string& yaml_text, const std::string& origin);
+// The same from a YAML map already parsed, e.g. the split keys inline in a
+// training config: errors then name that file and the entries' own lines.
+SplitSpec parseSplitSpecNode(const YAML::Node& root, const std::string& origin);
 SplitSpec loadSplitSpec(const std::string& path);
 
 }  // namespace pipeforge::partitioner

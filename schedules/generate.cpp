@@ -142,10 +142,19 @@ std::vector<std::string> scheduleNames() {
   return names;
 }
 
+std::optional<std::string> canonicalScheduleName(std::string_view name) {
+  for (const auto& entry : registry()) {
+    if (equalsIgnoreCase(entry.name, name)) return std::string(entry.name);
+  }
+  return std::nullopt;
+}
+
 Program generateSchedule(std::string_view name, const ScheduleConfig& config) {
   const Entry* found = nullptr;
-  for (const auto& entry : registry()) {
-    if (equalsIgnoreCase(entry.name, name)) found = &entry;
+  if (const auto canonical = canonicalScheduleName(name)) {
+    for (const auto& entry : registry()) {
+      if (entry.name == *canonical) found = &entry;
+    }
   }
   if (found == nullptr) {
     throw ScheduleError(fmt::format("unknown schedule '{}'; the valid names (any case) are {}",

@@ -7,6 +7,7 @@
 // compares every class of the installed torch.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,6 +40,10 @@ struct ScheduleConfig {
 // meanwhile. MegatronInterleaved is Megatron-LM's interleaved order
 // (megatron_table.h) laid out like 1F1B.
 std::vector<std::string> scheduleNames();
+
+// The one place a schedule name is matched: `name` in any case ("1f1b",
+// "zbvzerobubble") -> its spelling in scheduleNames(); nullopt when unknown.
+std::optional<std::string> canonicalScheduleName(std::string_view name);
 
 // Generates the compute-only program of the named schedule. Throws
 // ScheduleError for an unknown name (listing the valid ones) or a

@@ -67,7 +67,10 @@ SplitSummary splitModelToDirectory(const SplitRequest& request) {
       throw std::runtime_error("cannot create the parent of output folder '" + request.out_dir + "': " + ec.message());
     }
   }
-  partitioner::SplitSpec spec;
+  if (request.spec_path && request.spec) {
+    throw std::logic_error("SplitRequest: give spec_path or spec, not both");
+  }
+  partitioner::SplitSpec spec = request.spec.value_or(partitioner::SplitSpec{});
   if (request.spec_path) spec = partitioner::loadSplitSpec(*request.spec_path);
   refuseConstantInputsForPt2(spec, request.model_path);
 

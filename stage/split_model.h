@@ -6,13 +6,17 @@
 #include <optional>
 #include <string>
 
+#include "partitioner/split_spec.h"
 #include "stage/manifest.h"
 
 namespace pipeforge::stage {
 
 struct SplitRequest {
   std::string model_path;  // .pt or .pt2
-  std::optional<std::string> spec_path;  // optional when forward has pipe_split() markers
+  // The split spec: a file, or one already parsed (at most one of the two);
+  // neither when forward has pipe_split() markers.
+  std::optional<std::string> spec_path;
+  std::optional<partitioner::SplitSpec> spec;
   std::string out_dir;
   bool force = false;  // replace an existing out_dir
 };

@@ -36,20 +36,14 @@ std::string splitFor(const TrainConfig& config, const std::string& out_dir) {
   request.model_path = config.model.path;
   request.out_dir = out_dir;
   request.force = true;
-  if (!config.model.split_spec.empty()) request.spec_path = config.model.split_spec;
-  if (!config.model.inline_spec.empty()) {
-    const std::string spec = out_dir + ".spec.yaml";
-    writeFileAtomically(spec, config.model.inline_spec);
-    request.spec_path = spec;
-    try {
-      stage::splitModelToDirectory(request);
-    } catch (const partitioner::SpecError& e) {
-      // What only the model can check (constant_inputs' types): name the config, whose model: keys these are.
-      throw ConfigError(fmt::format("{}: model: {}", config.origin, e.what()));
-    }
-    return out_dir;
+  request.spec = config.model.spec;  // parsed with the config (its file's lines in errors)
+  try {
+    stage::splitModelToDirectory(request);
+  } catch (const partitioner::SpecError& e) {
+    // What only the model can check (split point names, constant_inputs' types).
+    throw ConfigError(config.model.split_spec.empty() ? fmt::format("{} (under model: in {})", e.what(), config.origin)
+                                                      : fmt::format("{}: model.split_spec: {}", config.origin, e.what()));
   }
-  stage::splitModelToDirectory(request);
   return out_dir;
 }
 

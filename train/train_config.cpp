@@ -143,6 +143,14 @@ void requireFile(const std::string& origin, const std::string& key, const std::s
   }
 }
 
+// "t.yaml:4: num_stages must ..." -> "t.yaml:4: model: num_stages must ...".
+std::string underModel(const std::string& what, const std::string& origin) {
+  if (what.rfind(origin, 0) != 0) return fmt::format("{}: model: {}", origin, what);
+  std::size_t colon = what.find(": ", origin.size());
+  if (colon == std::string::npos) return fmt::format("{}: model: {}", origin, what);
+  return what.substr(0, colon + 2) + "model: " + what.substr(colon + 2);
+}
+
 void parseModel(const Section& top, const YAML::Node& node, TrainConfig& c) {
   Section s(top.origin(), "model");
   // The inline split keys, re-emitted as a split spec for the splitter.
@@ -188,19 +196,18 @@ void parseModel(const Section& top, const YAML::Node& node, TrainConfig& c) {
   if (!c.model.split_spec.empty()) {
     requireFile(o, "model.split_spec", c.model.split_spec);
     try {
-      partitioner::loadSplitSpec(c.model.split_spec);
+      c.model.spec = partitioner::loadSplitSpec(c.model.split_spec);
     } catch (const partitioner::SpecError& e) {
       throw ConfigError(fmt::format("{}: model.split_spec: {}", o, e.what()));
     }
   }
   if (has_inline) {
-    YAML::Emitter out;
-    out << inline_spec;
-    c.model.inline_spec = std::string(out.c_str()) + "\n";
+    // The kept entries are the config's own nodes, so errors carry its lines:
+    // "train.yaml:4: model: num_stages must be >= 1, got 0".
     try {
-      partitioner::parseSplitSpec(c.model.inline_spec, o + " (model)");
+      c.model.spec = partitioner::parseSplitSpecNode(inline_spec, o);
     } catch (const partitioner::SpecError& e) {
-      throw ConfigError(fmt::format("{}: model: {}", o, e.what()));
+      throw ConfigError(underModel(e.what(), o));
     }
   }
 }
@@ -305,16 +312,18 @@ void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
            [&](const YAML::Node& v) {
              has_schedule = true;
              std::string name = s.string(v, "schedule");
+             if (const auto known = schedules::canonicalScheduleName(name)) {
+               c.pipeline.schedule = *known;
+               return;
+             }
+             std::string lower = name;
+             for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+             if (lower == schedules::kAutoScheduleName) {
+               c.pipeline.schedule = schedules::kAutoScheduleName;
+               return;
+             }
              auto names = schedules::scheduleNames();
              names.push_back(schedules::kAutoScheduleName);
-             for (const auto& known : names) {
-               if (known.size() == name.size() &&
-                   std::equal(known.begin(), known.end(), name.begin(),
-                              [](char a, char b) { return std::tolower(a) == std::tolower(b); })) {
-                 c.pipeline.schedule = known;
-                 return;
-               }
-             }
              throw ConfigError(fmt::format("{}: pipeline.schedule '{}' is not a schedule; use one of {} (or "
                                            "pipeline.schedule_csv for a schedule in a CSV file)",
                                            s.where(v), name, fmt::join(names, ", ")));

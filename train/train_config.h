@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "partitioner/split_spec.h"
 #include "schedules/program.h"
 
 namespace pipeforge::train {
@@ -27,7 +28,9 @@ struct ModelConfig {
   // A TorchScript model to split before training ...
   std::string path;
   std::string split_spec;  // ... with a split spec file,
-  std::string inline_spec;  // ... or with split keys inline (as YAML text),
+  // ... or with split keys inline; either way parsed once, here (errors name
+  // the file and line they came from):
+  std::optional<partitioner::SplitSpec> spec;
   // ... or an existing split folder (pipe.json + stage_<i>.pt) instead of `path`.
   std::string split_dir;
 };

@@ -47,7 +47,8 @@ TEST_F(TrainConfigTest, ValidConfigHasDefaults) {
   EXPECT_EQ(c.optimizer.name, OptimizerName::kAdamW);
   EXPECT_EQ(c.data.dtype, TokenDtype::kUint16);
   EXPECT_EQ(c.steps, 4);
-  EXPECT_NE(c.model.inline_spec.find("num_stages: 2"), std::string::npos);
+  ASSERT_TRUE(c.model.spec.has_value());
+  EXPECT_EQ(c.model.spec->num_stages, 2);
   EXPECT_EQ(replicaBatchSize(c), 4);
   EXPECT_EQ(c.pipeline.activation_checkpointing, ActivationCheckpointing::kNone);
 }
@@ -180,6 +181,11 @@ TEST_F(TrainConfigTest, MistakesNameTheKey) {
       {"mse on tokens", "", "loss: mse\n", {"loss mse", "cross_entropy"}},
       {"missing section", "training:\n  steps: 4\n  global_batch_size: 4\n", "", {"section 'training' is missing"}},
       {"bad split policy", "num_stages: 2", "num_stages: 2\n  policy: fastest", {"model", "unknown policy 'fastest'"}},
+      // Inline split keys are parsed from the config's own nodes: the line is the config's.
+      {"bad inline split key", "num_stages: 2", "num_stages: 0",
+       {"t.yaml:3: model: num_stages must be >= 1, got 0"}},
+      {"bad inline constant", "num_stages: 2", "num_stages: 2\n  constant_inputs: {scale: [[1]]}",
+       {"t.yaml:4: model: constant_inputs.scale must be a list of numbers"}},
       {"nesterov without sgd", "", "optimizer: {nesterov: true}\n", {"optimizer.nesterov"}},
       {"bad device", "", "distributed: {device: tpu}\n", {"distributed.device", "cpu, cuda"}},
       {"malformed yaml", "", "data: [\n", {"malformed YAML"}},
