@@ -266,20 +266,24 @@ class PipelineStage::Impl {
   }
 
   void recomputeSegment(Microbatch::SegmentRun& r, int j, int mb) {
-    {
-      BufferReplayGuard buffers(*this, r.buffers);
-      RngReplayGuard replay(device_, r.rng);
-      torch::AutoGradMode grad(true);
-      auto body = [&] { r.outputs = runSegment(j, mb, r.inputs); };
-      if (recompute_context_) {
-        recompute_context_(body);
-      } else {
-        body();
-      }
-    }
+    replay(r.buffers, r.rng, [&] { r.outputs = runSegment(j, mb, r.inputs); });
     r.pending_recompute = false;
     r.rng = RngState{};
     r.buffers.clear();
+  }
+
+  // Runs `body` with grad, the buffers and generators as a checkpointed
+  // forward found them, inside the recompute context (autocast).
+  void replay(const std::vector<std::pair<std::string, at::Tensor>>& as_found, const RngState& rng,
+              const std::function<void()>& body) {
+    BufferReplayGuard buffers(*this, as_found);
+    RngReplayGuard generators(device_, rng);
+    torch::AutoGradMode grad(true);
+    if (recompute_context_) {
+      recompute_context_(body);
+    } else {
+      body();
+    }
   }
 
   // Every W of one I'd microbatch, segment by segment.
@@ -397,22 +401,12 @@ class PipelineStage::Impl {
   // the same buffers as the checkpointed forward; then the loss.
   void recompute(Microbatch& m, int mb) {
     if (!m.pending_recompute) return;
-    {
-      BufferReplayGuard buffers(*this, m.buffers);
-      // The loss runs inside the replay too: in the forward it drew right
-      // after the stage (a TorchScript loss may draw).
-      RngReplayGuard replay(device_, m.rng);
-      torch::AutoGradMode grad(true);
-      auto body = [&] {
-        m.outputs = run(mb, m.inputs);
-        if (m.loss_fn) m.loss = m.loss_fn(m.outputs, m.inputs);
-      };
-      if (recompute_context_) {
-        recompute_context_(body);
-      } else {
-        body();
-      }
-    }
+    // The loss runs inside the replay too: in the forward it drew right
+    // after the stage (a TorchScript loss may draw).
+    replay(m.buffers, m.rng, [&] {
+      m.outputs = run(mb, m.inputs);
+      if (m.loss_fn) m.loss = m.loss_fn(m.outputs, m.inputs);
+    });
     m.pending_recompute = false;
     m.rng = RngState{};
     m.buffers.clear();
