@@ -7,7 +7,8 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "runtime/pipeline_runner.h"
+#include "runtime/errors.h"
+#include "runtime/runtime_types.h"
 
 namespace pipeforge::runtime {
 

@@ -23,7 +23,9 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "runtime/pipeline_runner.h"
+#include "runtime/errors.h"
+#include "runtime/runtime_types.h"
+#include "runtime/step_profile.h"
 #include "schedules/program.h"
 
 namespace pipeforge::runtime {
