@@ -29,7 +29,6 @@ Usage: test_checkpointing_matches_eager.py PIPEFORGE_BINARY ZOO_DIR
 """
 import json
 import os
-import subprocess
 import sys
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
@@ -151,14 +150,8 @@ def check_refusals(binary: str, d: str, model_path: str, data_path: str) -> list
     for i, (value, fragments) in enumerate(cases):
         run = os.path.join(d, f"refuse-{i}")
         write_config(run + ".yaml", run, model_path, data_path, "1F1B", value)
-        r = subprocess.run([binary, "train", "--config", run + ".yaml", "--nproc", str(RANKS)], capture_output=True,
-                           text=True)
-        text = r.stdout + r.stderr
-        missing = [f for f in fragments if f not in text]
-        if r.returncode != 1 or missing:
-            problems.append(f"activation_checkpointing: {value}: exit {r.returncode}, missing {missing}:\n{text}")
-        else:
-            print(f"refused activation_checkpointing: {value}: {text.strip().splitlines()[-1][:160]}")
+        problems += common.expect_refusal(binary, run + ".yaml", f"activation_checkpointing: {value}", fragments,
+                                          RANKS)
     return problems
 
 
