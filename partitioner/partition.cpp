@@ -235,6 +235,15 @@ Partition partitionDag(const frontend::ModelDag& dag, const SplitSpec& spec, con
                                     fmt::join(stage_weight, ", "));
   }
 
+  Partition ranges = partitionAtStarts(dag, starts);
+  partition.num_stages = ranges.num_stages;
+  partition.stage_of_vertex = std::move(ranges.stage_of_vertex);
+  return partition;
+}
+
+Partition partitionAtStarts(const frontend::ModelDag& dag, const std::vector<size_t>& starts) {
+  const size_t n = numVertices(dag);
+  Partition partition;
   partition.num_stages = static_cast<int>(starts.size());
   partition.stage_of_vertex.assign(n, 0);
   int stage = 0;
@@ -242,7 +251,7 @@ Partition partitionDag(const frontend::ModelDag& dag, const SplitSpec& spec, con
     while (stage + 1 < partition.num_stages && v >= starts[stage + 1]) ++stage;
     partition.stage_of_vertex[v] = stage;
   }
-  partition.stage_of_vertex[outputs] = partition.num_stages - 1;
+  partition.stage_of_vertex[n - 1] = partition.num_stages - 1;
   return partition;
 }
 

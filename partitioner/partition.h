@@ -40,6 +40,11 @@ std::vector<size_t> explicitCuts(const frontend::ModelDag& dag, const SplitSpec&
                                  const std::vector<std::string>& module_paths,
                                  const std::vector<std::string>& control_flow_paths);
 
+// Stage k is the vertex range [starts[k], starts[k+1]) (the last runs to the
+// end); the inputs vertex goes to stage 0 and the outputs vertex to the last.
+// `starts` ascending, starts[0] <= the first vertex that does work.
+Partition partitionAtStarts(const frontend::ModelDag& dag, const std::vector<size_t>& starts);
+
 // Builds the partition. `unit_costs` (one per policy unit) is required for Policy::kCost.
 // Throws SpecError for an empty stage, more stages than cut points, or no split at all.
 Partition partitionDag(const frontend::ModelDag& dag, const SplitSpec& spec, const std::vector<size_t>& cuts,

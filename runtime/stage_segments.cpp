@@ -65,14 +65,7 @@ StageSegments cutAtCalls(const torch::jit::Module& stage_module, int stage_index
       for (std::size_t v = start; v < end; ++v) work = work || does_work(v);
       if (work || starts.empty()) starts.push_back(start);
     }
-    partitioner::Partition partition;
-    partition.num_stages = static_cast<int>(starts.size());
-    partition.stage_of_vertex.assign(n, 0);
-    for (std::size_t v = 1, seg = 0; v < n; ++v) {
-      while (seg + 1 < starts.size() && v >= starts[seg + 1]) ++seg;
-      partition.stage_of_vertex[v] = static_cast<int>(seg);
-    }
-    partition.stage_of_vertex[n - 1] = partition.num_stages - 1;
+    partitioner::Partition partition = partitioner::partitionAtStarts(dag, starts);
     std::set<std::size_t> chosen_set(chosen.begin(), chosen.end());
     for (std::size_t seg = 0; seg < starts.size(); ++seg) {
       std::size_t end = seg + 1 < starts.size() ? starts[seg + 1] : n - 1;

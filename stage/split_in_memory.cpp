@@ -83,15 +83,7 @@ std::vector<torch::jit::Module> privateCopies(const std::vector<torch::jit::Modu
 // Each unit as its own stage, timed on the example inputs (best of 3 after a warm-up).
 std::vector<double> measureUnitCosts(const frontend::OpenedModel& opened, const frontend::ModelDag& dag,
                                      const partitioner::SplitSpec& spec, const std::vector<size_t>& unit_starts) {
-  partitioner::Partition per_unit;
-  per_unit.num_stages = static_cast<int>(unit_starts.size());
-  size_t n = boost::num_vertices(dag.graph);
-  per_unit.stage_of_vertex.assign(n, 0);
-  for (size_t v = 0, u = 0; v < n; ++v) {
-    while (u + 1 < unit_starts.size() && v >= unit_starts[u + 1]) ++u;
-    per_unit.stage_of_vertex[v] = static_cast<int>(u);
-  }
-  per_unit.stage_of_vertex[n - 1] = per_unit.num_stages - 1;
+  partitioner::Partition per_unit = partitioner::partitionAtStarts(dag, unit_starts);
   BuiltStages stages = buildStages(opened, dag, per_unit);
   stages.modules = privateCopies(stages.modules);
   auto inputs = makeExampleInputs(spec);
