@@ -77,7 +77,9 @@ class PipelineRunner::Impl {
   void setUp(std::shared_ptr<Communicator> comm) {
     if (options_.dp_degree < 1) throw RuntimeError("dp_degree must be at least 1");
     if (options_.stages_per_rank < 1) throw RuntimeError("stages_per_rank must be at least 1");
-    manifest_ = stage::readManifest(options_.split_dir);
+    // Note [One plan per run] in train/runner_options.h: a planned run hands
+    // down pipe.json and the environment it already has.
+    manifest_ = options_.manifest ? *options_.manifest : stage::readManifest(options_.split_dir);
     plan_ = buildCommPlan(manifest_);
 
     int rank = 0, world = 1, local_rank = 0;
@@ -86,7 +88,7 @@ class PipelineRunner::Impl {
       rank = comm->rank();
       world = comm->worldSize();
     } else {
-      env = resolveDistEnv(options_.dist);
+      env = options_.env ? *options_.env : resolveDistEnv(options_.dist);
       rank = env.rank;
       world = env.world_size;
       local_rank = env.local_rank;

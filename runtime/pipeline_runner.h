@@ -31,6 +31,7 @@
 #include "runtime/runtime_types.h"
 #include "runtime/step_profile.h"
 #include "schedules/program.h"
+#include "stage/manifest.h"
 
 namespace pipeforge::runtime {
 
@@ -39,6 +40,8 @@ class Communicator;
 struct RunnerOptions {
   // A folder written by `pipeforge split`: pipe.json and stage_<i>.pt.
   std::string split_dir;
+  // split_dir's pipe.json when the caller has read it already; read here otherwise.
+  std::optional<stage::PipeManifest> manifest;
 
   // A schedule name from schedules::scheduleNames() (`pipeforge schedule
   // --help` lists them), ignored when `program` is set.
@@ -77,6 +80,7 @@ struct RunnerOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};
 
   DistOptions dist;  // rank / world / master; unset fields come from the environment
+  std::optional<DistEnv> env;  // an environment the caller resolved already; `dist` is then unused
 
   ShapeMode shapes = ShapeMode::kInferOnce;
   // kStatic only: for each stage, the meta of each of its inputs coming from

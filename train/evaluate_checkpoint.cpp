@@ -26,12 +26,13 @@ namespace fs = std::filesystem;
 
 void runRank(const EvalRequest& r, std::int64_t batches) {
   const TrainConfig config = loadTrainConfig(r.config_path);
-  const int world = runtime::resolveDistEnv({}).world_size;
-  runtime::RunnerOptions ro = runnerOptionsFor(config, r.split_dir, world / config.pipeline.data_parallel);
+  // Note [One plan per run] in train/run_plan.h.
+  const RunPlan plan = planRun(config, runtime::resolveDistEnv({}), r.split_dir);
+  runtime::RunnerOptions ro = runnerOptionsFor(config, plan);
   ro.profile = false;
   runtime::PipelineRunner runner(ro);
   loadRunnerWeights(runner, r.checkpoint);
-  const DataLayout layout = dataLayoutFor(config, stage::readManifest(r.split_dir).inputs);
+  const DataLayout layout = dataLayoutFor(config, plan.manifest.inputs);
   std::unique_ptr<Dataset> data = openDataset(config.data, config.seed, layout);
 
   // Each replica's last stage computes its rows' loss; a sum over every rank

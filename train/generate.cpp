@@ -127,14 +127,16 @@ std::string describeSampling(const GenerateRequest& r) {
 void runRank(const GenerateRequest& r) {
   const std::vector<std::int64_t> prompt = promptOf(r);
   const runtime::DistEnv env = runtime::resolveDistEnv({});
+  const stage::PipeManifest manifest = stage::readManifest(r.split_dir);
   runtime::RunnerOptions ro;
   ro.split_dir = r.split_dir;
+  ro.manifest = manifest;
+  ro.env = env;
   ro.schedule = "GPipe";  // one microbatch: every schedule is the same forward chain
   ro.num_microbatches = 1;
   ro.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(r.timeout_s * 1000));
   runtime::PipelineRunner runner(ro);
   loadRunnerWeights(runner, r.checkpoint);
-  const stage::PipeManifest manifest = stage::readManifest(r.split_dir);
   const InputFit fit = fitInputs(manifest, static_cast<std::int64_t>(prompt.size()), r.block_size.value_or(0));
 
   // Logits of the context's last position, on the rank holding the last stage.

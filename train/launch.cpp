@@ -235,22 +235,22 @@ int runTrainRequest(const TrainRequest& request) {
   checkDevice(config, env.local_rank + 1);
   TrainerOptions options;
   options.stop_after = request.stop_after;
-  options.split_dir = request.split_dir.empty() ? config.model.split_dir : request.split_dir;
-  // A split folder the user gave (not one our launcher checked): check it on
-  // every rank before any process group forms.
-  if (request.split_dir.empty() && !config.model.split_dir.empty()) {
-    const stage::PipeManifest manifest = stage::readManifest(options.split_dir);
-    checkSplitFolder(options.split_dir, manifest);
-    checkAgainstSplit(config, manifest);
-  }
-  if (options.split_dir.empty()) {
+  std::string split_dir = request.split_dir.empty() ? config.model.split_dir : request.split_dir;
+  const bool private_split = split_dir.empty();
+  if (private_split) {
     // A rank of a torchrun/srun job: no launcher split for it, so it splits
     // privately (the split is deterministic, so every rank gets the same).
-    options.split_dir =
-        fs::absolute(fs::path(config.output_dir) / fmt::format("stages.rank{}", env.rank)).string();
-    splitFor(config, options.split_dir);
-    checkAgainstSplit(config, stage::readManifest(options.split_dir));
+    split_dir = fs::absolute(fs::path(config.output_dir) / fmt::format("stages.rank{}", env.rank)).string();
+    splitFor(config, split_dir);
   }
+  // Note [One plan per run] in train/run_plan.h: the environment, pipe.json
+  // and the program, once for this rank.
+  options.plan = planRun(config, env, split_dir);
+  options.split_dir = split_dir;
+  // A split folder the user gave (not one our launcher checked): check it on
+  // every rank before any process group forms.
+  if (request.split_dir.empty() && !private_split) checkSplitFolder(split_dir, options.plan->manifest);
+  if (request.split_dir.empty()) checkAgainstSplit(config, options.plan->manifest);
   try {
     trainRank(config, options);
   } catch (const std::exception& e) {

@@ -46,22 +46,17 @@ std::vector<runtime::ChunkSpec> chunkSpecsOf(const std::vector<ChunkEntry>& entr
 
 }  // namespace
 
-runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const std::string& split_dir,
-                                        int pipeline_ranks) {
+runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const RunPlan& plan) {
   runtime::RunnerOptions ro;
-  ro.split_dir = split_dir;
+  ro.split_dir = plan.split_dir;
+  ro.manifest = plan.manifest;
+  ro.env = plan.env;
   ro.schedule = config.pipeline.schedule;
-  ro.program = config.pipeline.csv_program;
-  if (!ro.program && config.pipeline.schedule == schedules::kAutoScheduleName) {
-    // Note [Auto schedule] in train/trainer.cpp: start on the profiling
-    // program; training replaces it with the chosen one, and evaluation
-    // (any valid schedule computes the same) keeps it.
-    ro.program = profilingProgram(pipeline_ranks, config.pipeline.stages_per_rank, config.pipeline.microbatches);
-  }
+  ro.program = plan.program;
   ro.num_microbatches = config.pipeline.microbatches;
   // Note [Input chunks] in train/dataset.h: the same entries place the data's rows.
   if (!config.pipeline.input_chunks.empty()) {
-    ro.input_chunks = chunkSpecsOf(inputChunksFor(config, stage::readManifest(split_dir).inputs));
+    ro.input_chunks = chunkSpecsOf(inputChunksFor(config, plan.manifest.inputs));
   }
   ro.target_chunks = chunkSpecsOf(config.pipeline.target_chunks);
   ro.stages_per_rank = config.pipeline.stages_per_rank;

@@ -6,13 +6,13 @@
 
 #include "runtime/pipeline_runner.h"
 #include "train/dataset.h"
+#include "train/run_plan.h"
 #include "train/train_config.h"
 
 namespace pipeforge::train {
 
-// `pipeline_ranks` (world / data_parallel) sizes pipeline.schedule auto's
-// profiling program.
-runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const std::string& split_dir, int pipeline_ranks);
+// From the plan (Note [One plan per run] in train/run_plan.h).
+runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const RunPlan& plan);
 
 // How each microbatch's loss is reduced and scaled for the global batch
 // `global` under loss_normalization (Note [Per-token loss]); the same for a

@@ -690,7 +690,7 @@ TrainConfig loadTrainConfig(const std::string& path) {
   return parseTrainConfig(buffer.str(), path);
 }
 
-void checkLayout(const TrainConfig& c, int world_size, int num_stages) {
+std::optional<schedules::Program> checkLayout(const TrainConfig& c, int world_size, int num_stages) {
   const auto& p = c.pipeline;
   if (world_size < 1 || world_size % p.data_parallel != 0) {
     throw ConfigError(fmt::format("{}: {} ranks cannot hold pipeline.data_parallel {} replicas; the world size must be "
@@ -724,13 +724,14 @@ void checkLayout(const TrainConfig& c, int world_size, int num_stages) {
                                   stages_needed, stages_needed));
   }
   // A CSV was checked above; `auto` finds a schedule for any layout.
-  if (p.csv_program || p.schedule == schedules::kAutoScheduleName) return;
+  if (p.csv_program) return p.csv_program;
+  if (p.schedule == schedules::kAutoScheduleName) return std::nullopt;
   schedules::ScheduleConfig sc;
   sc.num_ranks = pp;
   sc.stages_per_rank = p.stages_per_rank;
   sc.num_microbatches = p.microbatches;
   try {
-    schedules::generateSchedule(p.schedule, sc);
+    return schedules::generateSchedule(p.schedule, sc);
   } catch (const schedules::ScheduleError& e) {
     throw ConfigError(fmt::format("{}: pipeline.schedule {} with {} pipeline ranks, stages_per_rank {} and "
                                   "microbatches {}: {}",

@@ -188,8 +188,10 @@ TrainConfig loadTrainConfig(const std::string& path);
 
 // Checks the layout against the job: `world_size` ranks, and a split with
 // `num_stages` stages (and pipeline.schedule_csv's rows and stages against
-// them). Throws ConfigError naming the keys to change.
-void checkLayout(const TrainConfig& config, int world_size, int num_stages);
+// them). Throws ConfigError naming the keys to change. Returns the
+// compute-only program the layout runs: the CSV's, or pipeline.schedule
+// generated for it; nullopt for `auto`, which is chosen while training.
+std::optional<schedules::Program> checkLayout(const TrainConfig& config, int world_size, int num_stages);
 
 // pipeline.input_chunks in the order of `model_inputs` (pipe.json's input
 // names), an input a map leaves out split along dim 0; empty when unset.

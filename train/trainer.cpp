@@ -51,15 +51,16 @@ class RankTrainer {
  public:
   RankTrainer(const TrainConfig& config, const TrainerOptions& options)
       : config_(config), options_(options), out_(options.out != nullptr ? *options.out : std::cout) {
-    env_ = runtime::resolveDistEnv({});
-    manifest_ = stage::readManifest(options.split_dir);
-    checkLayout(config_, env_.world_size, manifest_.num_stages);
+    // Note [One plan per run] in train/run_plan.h.
+    const RunPlan plan = options.plan ? *options.plan : planRun(config, runtime::resolveDistEnv({}), options.split_dir);
+    env_ = plan.env;
+    manifest_ = plan.manifest;
     timeout_ = std::chrono::milliseconds(static_cast<std::int64_t>(config.timeout_s * 1000));
 
     const PipelineConfig& pipeline = config.pipeline;
-    const int pipeline_ranks = env_.world_size / pipeline.data_parallel;
+    const int pipeline_ranks = plan.pipeline_ranks;
     const bool auto_schedule = !pipeline.csv_program && pipeline.schedule == schedules::kAutoScheduleName;
-    runtime::RunnerOptions ro = runnerOptionsFor(config, options.split_dir, pipeline_ranks);
+    runtime::RunnerOptions ro = runnerOptionsFor(config, plan);
     ro.profile = config.trace || auto_schedule;
     runner_ = std::make_unique<runtime::PipelineRunner>(ro);
     if (config.precision == PrecisionName::kFp16) scaler_.emplace(config.loss_scale);

@@ -11,12 +11,15 @@
 #include <ostream>
 #include <string>
 
+#include "train/run_plan.h"
 #include "train/train_config.h"
 
 namespace pipeforge::train {
 
 struct TrainerOptions {
   std::string split_dir;  // the split to train (pipe.json + stage_<i>.pt)
+  // The run planned by the caller for split_dir; planned here when unset.
+  std::optional<RunPlan> plan;
   // Stop after this many steps (with a checkpoint there), as if interrupted;
   // the LR schedule still follows training.steps.
   std::optional<std::int64_t> stop_after;

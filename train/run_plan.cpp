@@ -1,0 +1,26 @@
+#include "train/run_plan.h"
+
+#include <optional>
+#include <utility>
+
+#include "train/schedule_profile.h"
+
+namespace pipeforge::train {
+
+RunPlan planRun(const TrainConfig& config, const runtime::DistEnv& env, const std::string& split_dir) {
+  RunPlan plan;
+  plan.env = env;
+  plan.split_dir = split_dir;
+  plan.manifest = stage::readManifest(split_dir);
+  std::optional<schedules::Program> program = checkLayout(config, env.world_size, plan.manifest.num_stages);
+  plan.pipeline_ranks = env.world_size / config.pipeline.data_parallel;
+  // Note [Auto schedule] in train/trainer.cpp: start on the profiling
+  // program; training replaces it with the chosen one, and evaluation (any
+  // valid schedule computes the same) keeps it.
+  plan.program = program ? std::move(*program)
+                         : profilingProgram(plan.pipeline_ranks, config.pipeline.stages_per_rank,
+                                            config.pipeline.microbatches);
+  return plan;
+}
+
+}  // namespace pipeforge::train

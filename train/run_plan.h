@@ -1,0 +1,38 @@
+// The plan of a run: computed once per rank, handed down.
+#pragma once
+
+#include <string>
+
+#include "runtime/dist_env.h"
+#include "schedules/program.h"
+#include "stage/manifest.h"
+#include "train/train_config.h"
+
+namespace pipeforge::train {
+
+// Note [One plan per run]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// What a rank needs to know before it trains or evaluates: who it is (the
+// environment), what it runs (pipe.json and the program) and how the ranks
+// are laid out (pp x dp). Each is worked out once, by planRun, and handed
+// down: the trainer and the runner take them from the plan (RunnerOptions's
+// env, manifest and program) instead of resolving the environment, reading
+// pipe.json or generating the schedule again. One source also means the
+// checks and the run cannot disagree: the program checkLayout accepted is
+// the program that runs.
+struct RunPlan {
+  runtime::DistEnv env;
+  std::string split_dir;
+  stage::PipeManifest manifest;  // split_dir's pipe.json
+  int pipeline_ranks = 1;        // env.world_size / pipeline.data_parallel
+  // The compute-only program: pipeline.schedule_csv's, the named schedule
+  // generated for the layout, or for `auto` the profiling program that the
+  // trainer replaces with its choice (Note [Auto schedule]).
+  schedules::Program program;
+};
+
+// Reads split_dir's pipe.json and checks the layout against it (ConfigError
+// naming the keys to change).
+RunPlan planRun(const TrainConfig& config, const runtime::DistEnv& env, const std::string& split_dir);
+
+}  // namespace pipeforge::train
