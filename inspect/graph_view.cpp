@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/script.h>
 #ifdef PIPEFORGE_WITH_GRAPHVIZ
 #include <graphviz/gvc.h>
 #endif

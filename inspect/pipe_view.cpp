@@ -1,5 +1,7 @@
 #include "inspect/pipe_view.h"
 
+#include <torch/script.h>
+
 #include <filesystem>
 
 #include "frontend/load_model.h"
@@ -8,6 +10,11 @@
 #include "stage/split_in_memory.h"
 
 namespace pipeforge::inspect {
+
+PipeView::PipeView() = default;
+PipeView::~PipeView() = default;
+PipeView::PipeView(PipeView&&) noexcept = default;
+PipeView& PipeView::operator=(PipeView&&) noexcept = default;
 
 PipeView loadPipeView(const std::string& path, const std::optional<std::string>& spec_path) {
   PipeView view;

@@ -4,17 +4,28 @@
 // (one stage) or split in memory by a spec, so every view has the same shape.
 #pragma once
 
-#include <torch/script.h>
-
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "stage/manifest.h"
 
+// Declared only: this header stays torch-free, so a file that just passes a
+// PipeView along (the CLI) does not compile torch/script.h. Files that look
+// inside the stages include <torch/script.h> themselves.
+namespace torch::jit {
+struct Module;
+}
+
 namespace pipeforge::inspect {
 
 struct PipeView {
+  // Out of line (pipe_view.cpp), where torch::jit::Module is complete.
+  PipeView();
+  ~PipeView();
+  PipeView(PipeView&&) noexcept;
+  PipeView& operator=(PipeView&&) noexcept;
+
   std::vector<torch::jit::Module> stages;
   stage::PipeManifest manifest;
   std::string balance;  // a policy's balance line, when one ran

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/script.h>
 
 #include <map>
 #include <sstream>
