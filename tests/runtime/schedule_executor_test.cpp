@@ -14,34 +14,10 @@
 #include "runtime/pipeline_runner.h"
 #include "schedules/generate.h"
 #include "tests/runtime/grad_check.h"
+#include "tests/runtime/runner_fixture.h"
 
 namespace pipeforge::runtime {
 namespace {
-
-// Runs `body(rank, comm)` on `ranks` threads; returns what each produced.
-template <class Body>
-auto onThreads(int ranks, Body body) {
-  FakeWorld world(ranks, std::chrono::seconds(20));
-  using Result = decltype(body(0, std::shared_ptr<Communicator>()));
-  std::vector<Result> results(ranks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    std::shared_ptr<Communicator> comm = world.communicator(r);
-    threads.emplace_back([&, r, comm] { results[r] = body(r, comm); });
-  }
-  for (auto& t : threads) t.join();
-  return results;
-}
-
-// The two-stage zoo mlp with an MSE loss.
-RunnerOptions mlpOptions(const std::string& schedule, int microbatches) {
-  RunnerOptions o;
-  o.split_dir = testing::splitsRoot() + "/mlp_2";
-  o.schedule = schedule;
-  o.num_microbatches = microbatches;
-  o.loss = LossKind::kMse;
-  return o;
-}
 
 class AcceptanceOnThreads : public ::testing::TestWithParam<int> {};
 
@@ -115,18 +91,6 @@ TEST(ScheduleExecutorTest, EvalMergesOutputsOnTheLastRank) {
   EXPECT_TRUE(outs[0].empty());
   ASSERT_EQ(outs[1].size(), 1u);
   EXPECT_TRUE(torch::allclose(outs[1][0], want, 1e-5, 1e-6));
-}
-
-
-// Gradients of the unsplit mlp on a batch, by FQN.
-std::map<std::string, at::Tensor> mlpReference(const at::Tensor& x, const at::Tensor& y, double* loss) {
-  torch::jit::Module full = torch::jit::load(std::string(PIPEFORGE_ZOO_DIR) + "/mlp.pt");
-  at::Tensor l = at::mse_loss(full.forward({x}).toTensor(), y);
-  l.backward();
-  *loss = l.item<double>();
-  std::map<std::string, at::Tensor> grads;
-  for (const auto& p : full.named_parameters(true)) grads[p.name] = p.value.grad();
-  return grads;
 }
 
 TEST(ScheduleExecutorTest, DataParallelReplicasAverageTheirGradients) {
@@ -207,94 +171,6 @@ TEST(ScheduleExecutorTest, UnevenMicrobatchesMergeBack) {
   });
   ASSERT_EQ(outs[1].size(), 1u);
   EXPECT_TRUE(torch::allclose(outs[1][0], want, 1e-5, 1e-6));
-}
-
-TEST(ScheduleExecutorTest, RejectsASplitThatDoesNotFitTheSchedule) {
-  RunnerOptions o = mlpOptions("Interleaved1F1B", 4);
-  o.stages_per_rank = 3;
-  o.dist.rank = 0;
-  o.dist.world_size = 1;
-  try {
-    PipelineRunner runner(o);
-    FAIL() << "no error";
-  } catch (const RuntimeError& e) {
-    EXPECT_NE(std::string(e.what()).find("has 2 stages but 1 pipeline ranks x 3 stages per rank"), std::string::npos)
-        << e.what();
-  }
-}
-
-// What a rank saw of one training step.
-struct StepSeen {
-  double loss = 0.0;
-  std::vector<int> stages;
-  std::map<std::string, at::Tensor> grads;
-};
-
-TEST(ScheduleExecutorTest, SetProgramRunsAsIfConstructedWithIt) {
-  at::set_num_threads(1);
-  torch::manual_seed(9);
-  at::Tensor x = torch::randn({8, 8}), y = torch::randn({8, 4});
-  schedules::ScheduleConfig sc;
-  sc.num_ranks = 2;
-  sc.stages_per_rank = 2;
-  sc.num_microbatches = 4;
-  const schedules::Program zbv = schedules::generateSchedule("ZBVZeroBubble", sc);
-  // ZBV from the start, or after a step of Interleaved1F1B (loop layout:
-  // every rank holds other stages before the switch).
-  auto run = [&](bool switched) {
-    return onThreads(2, [&](int, std::shared_ptr<Communicator> comm) {
-      RunnerOptions o = mlpOptions("Interleaved1F1B", 4);
-      o.split_dir = testing::splitsRoot() + "/mlp_4";
-      o.stages_per_rank = 2;
-      if (!switched) o.program = zbv;
-      PipelineRunner runner(o, comm);
-      if (switched) {
-        runner.trainStep({x}, {y});  // leaves gradients the switch must drop
-        runner.setProgram(zbv);
-      }
-      StepResult r = runner.trainStep({x}, {y});
-      StepSeen seen;
-      seen.loss = r.loss;
-      seen.stages = runner.localStages();
-      for (const auto& p : runner.parameters()) seen.grads[p.name] = p.tensor.grad().clone();
-      return seen;
-    });
-  };
-  const std::vector<StepSeen> direct = run(false);
-  const std::vector<StepSeen> switched = run(true);
-  EXPECT_EQ(direct[0].stages, (std::vector<int>{0, 3}));
-  EXPECT_EQ(direct[1].stages, (std::vector<int>{1, 2}));
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(switched[r].stages, direct[r].stages);
-    EXPECT_EQ(switched[r].loss, direct[r].loss);
-    ASSERT_EQ(switched[r].grads.size(), direct[r].grads.size());
-    for (const auto& [name, g] : direct[r].grads) EXPECT_TRUE(torch::equal(switched[r].grads.at(name), g)) << name;
-  }
-}
-
-TEST(ScheduleExecutorTest, SetProgramRefusesAProgramThatDoesNotFitAndKeepsItsOwn) {
-  at::set_num_threads(1);
-  torch::manual_seed(10);
-  at::Tensor x = torch::randn({8, 8}), y = torch::randn({8, 4});
-  schedules::ScheduleConfig sc;
-  sc.num_ranks = 2;
-  sc.num_microbatches = 2;
-  const schedules::Program two = schedules::generateSchedule("1F1B", sc);
-  auto results = onThreads(2, [&](int, std::shared_ptr<Communicator> comm) {
-    PipelineRunner runner(mlpOptions("1F1B", 4), comm);
-    std::string error;
-    try {
-      runner.setProgram(two);
-    } catch (const RuntimeError& e) {
-      error = e.what();
-    }
-    return std::make_pair(error, runner.trainStep({x}, {y}).loss);
-  });
-  double ref_loss = 0;
-  mlpReference(x, y, &ref_loss);
-  EXPECT_NE(results[0].first.find("the program runs 2 microbatches but num_microbatches is 4"), std::string::npos)
-      << results[0].first;
-  EXPECT_NEAR(results[1].second, ref_loss, 1e-6);
 }
 
 }  // namespace

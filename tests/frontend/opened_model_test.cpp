@@ -1,12 +1,15 @@
-// Opening calls only as deep as needed, owner FQNs, and the DAG's vertices.
+// OpenedModel: opening calls only as deep as a split needs, and the owner
+// FQN of every node the opening produced.
 #include <gtest/gtest.h>
 
-#include <torch/csrc/jit/ir/ir.h>
+#include <torch/script.h>
+
+#include <algorithm>
 
 #include "frontend/load_model.h"
 #include "frontend/model_dag.h"
-#include "frontend/module_paths.h"
 #include "frontend/opened_model.h"
+#include "tests/support/script_module.h"
 #include "tests/support/zoo.h"
 
 namespace pipeforge::frontend {
@@ -18,6 +21,29 @@ std::vector<std::string> calls(const ModelDag& dag) {
     if (dag.graph[v].kind == DagNodeKind::kCall) out.push_back(dag.graph[v].callee);
   }
   return out;
+}
+
+// Source in, expectation out: a split inside `outer` opens `outer` (and
+// only it); nodes of its code are owned by "outer", the model's own by "".
+TEST(OpenedModel, OpensTheAncestorOfASplitAndRecordsOwners) {
+  auto inner = testing::affine("Inner", 2);
+  auto outer = testing::scriptModule("Outer", "def forward(self, x):\n    return self.a.forward(x) * 2.0 + self.b.forward(x)\n",
+                                     {{"a", testing::affine("A", 2)}, {"b", inner}});
+  auto model = testing::scriptModule("Root", "def forward(self, x):\n    return self.outer.forward(x - 1.0)\n",
+                                     {{"outer", outer}});
+  OpenedModel closed(model, {});
+  EXPECT_EQ(calls(buildDag(closed)), (std::vector<std::string>{"outer"}));
+  OpenedModel opened(model, {{"outer.b"}, 0});
+  auto dag = buildDag(opened);
+  EXPECT_EQ(calls(dag), (std::vector<std::string>{"outer.a", "outer.b"}));
+  std::vector<std::string> ops;
+  for (auto v : boost::make_iterator_range(boost::vertices(dag.graph))) {
+    const auto& d = dag.graph[v];
+    if (d.kind == DagNodeKind::kOp) ops.push_back(d.op + "@" + d.owner);
+  }
+  EXPECT_EQ(ops, (std::vector<std::string>{"aten::sub@", "aten::mul@outer", "aten::add@outer"}));
+  // The model itself is not changed: its forward still makes one call.
+  EXPECT_EQ(calls(buildDag(OpenedModel(model, {}))), (std::vector<std::string>{"outer"}));
 }
 
 TEST(OpenedModel, KeepsTheSplitModuleOneCall) {
@@ -61,42 +87,6 @@ TEST(OpenedModel, MarkersInsideSubmodulesAreReached) {
     markers += dag.graph[v].kind == DagNodeKind::kMarker;
   }
   EXPECT_EQ(markers, 4);  // one at top level before pair, one inside pair, two consecutive after it
-}
-
-TEST(ModelDag, ControlFlowIsOneVertexAndEdgesFollowValues) {
-  auto model = loadModel(testing::zooModelPath("loop_model"));
-  OpenedModel opened(model, {});
-  auto dag = buildDag(opened);
-  int loops = 0;
-  for (auto v : boost::make_iterator_range(boost::vertices(dag.graph))) {
-    const auto& d = dag.graph[v];
-    if (d.kind == DagNodeKind::kControlFlow) {
-      ++loops;
-      EXPECT_EQ(d.op, "prim::Loop");
-      EXPECT_EQ(d.parameters, (std::vector<std::string>{"block.bias", "block.weight"}));
-    }
-  }
-  EXPECT_EQ(loops, 1);
-  EXPECT_EQ(dag.input_names, (std::vector<std::string>{"x", "steps"}));
-  // Every edge goes forward in vertex order: graph order is topological.
-  for (auto e : boost::make_iterator_range(boost::edges(dag.graph))) {
-    EXPECT_LT(boost::source(e, dag.graph), boost::target(e, dag.graph));
-  }
-}
-
-TEST(ModelDag, TiedWeightsAreOneAliasGroup) {
-  auto dag = buildDag(OpenedModel(loadModel(testing::zooModelPath("gpt")), {}));
-  ASSERT_EQ(dag.aliases.size(), 1u);
-  EXPECT_EQ(dag.aliases[0], (std::vector<std::string>{"wte.weight", "lm_head.weight"}));
-}
-
-TEST(ModulePaths, NearestNamesByEditDistance) {
-  EXPECT_EQ(nearestNames("layers.12", {"emb", "layers", "layers.0", "layers.1", "lm"}, 2),
-            (std::vector<std::string>{"layers.1", "layers.0"}));
-}
-
-TEST(LoadModel, RefusesADirectory) {
-  EXPECT_THROW(loadModel("/tmp"), ModelError);
 }
 
 }  // namespace

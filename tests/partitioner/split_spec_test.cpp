@@ -1,12 +1,7 @@
-// Spec parsing and cut placement, table-driven.
+// Split-spec parsing: every key, and errors naming the key and line.
 #include <gtest/gtest.h>
 
-#include "frontend/load_model.h"
-#include "frontend/module_paths.h"
-#include "frontend/opened_model.h"
-#include "partitioner/partition.h"
 #include "partitioner/split_spec.h"
-#include "tests/support/zoo.h"
 
 namespace pipeforge::partitioner {
 namespace {
@@ -83,47 +78,6 @@ TEST(SplitSpec, ErrorsNameTheKeyAndLine) {
       EXPECT_NE(std::string(e.what()).find(c.fragment), std::string::npos) << e.what();
     }
   }
-}
-
-std::vector<int> stageSizes(const Partition& p) {
-  std::vector<int> sizes(p.num_stages, 0);
-  for (size_t v = 1; v + 1 < p.stage_of_vertex.size(); ++v) ++sizes[p.stage_of_vertex[v]];
-  return sizes;
-}
-
-TEST(Partition, UniformPolicyBalancesCallsOnTheMlp) {
-  auto model = frontend::loadModel(testing::zooModelPath("mlp"));
-  frontend::OpenedModel opened(model, {});
-  auto dag = frontend::buildDag(opened);
-  auto spec = parseSplitSpec("num_stages: 4\npolicy: uniform", "t");
-  auto p = partitionDag(dag, spec, {});
-  EXPECT_EQ(p.num_stages, 4);
-  // 8 calls (inp, 6 blocks, out) in 4 stages of 2.
-  EXPECT_NE(p.balance.find("max/mean 1.000"), std::string::npos) << p.balance;
-  // Stages are contiguous and ordered.
-  for (size_t v = 1; v < p.stage_of_vertex.size(); ++v) EXPECT_GE(p.stage_of_vertex[v], p.stage_of_vertex[v - 1]);
-  EXPECT_EQ(stageSizes(p).size(), 4u);
-}
-
-TEST(Partition, PolicyKeepsExplicitCutsAsBoundaries) {
-  auto model = frontend::loadModel(testing::zooModelPath("mlp"));
-  frontend::OpenedModel opened(model, {{"blocks.0"}, 0});
-  auto dag = frontend::buildDag(opened);
-  auto spec = parseSplitSpec("split_points: {blocks.0: END}\nnum_stages: 3\npolicy: uniform", "t");
-  auto cuts = explicitCuts(dag, spec, frontend::submodulePaths(model), {});
-  ASSERT_EQ(cuts.size(), 1u);
-  auto p = partitionDag(dag, spec, cuts);
-  EXPECT_EQ(p.num_stages, 3);
-  EXPECT_NE(p.stage_of_vertex[cuts[0]], p.stage_of_vertex[cuts[0] - 1]) << "the explicit cut must stay a boundary";
-}
-
-TEST(Partition, TooManyExplicitStagesForNumStages) {
-  auto model = frontend::loadModel(testing::zooModelPath("seed_example"));
-  frontend::OpenedModel opened(model, {{"layers.1"}, 0});
-  auto dag = frontend::buildDag(opened);
-  auto spec = parseSplitSpec("split_points: {layers.1: BEGINNING}\nnum_stages: 3", "t");
-  auto cuts = explicitCuts(dag, spec, frontend::submodulePaths(model), {});
-  EXPECT_THROW(partitionDag(dag, spec, cuts), SpecError);
 }
 
 }  // namespace

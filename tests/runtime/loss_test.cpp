@@ -1,0 +1,83 @@
+// LossFunction against ATen's own losses: cross-entropy as nanoGPT takes it
+// (flattened, ignore_index -1), mse, their sums, a TorchScript loss module,
+// and refusals that name the shapes.
+#include "runtime/loss.h"
+
+#include <gtest/gtest.h>
+#include <torch/script.h>
+
+#include <string>
+
+#include "runtime/errors.h"
+#include "tests/support/script_module.h"
+#include "tests/support/zoo.h"
+
+namespace pipeforge::runtime {
+namespace {
+
+std::string refusal(const LossFunction& loss, const std::vector<at::Tensor>& outputs,
+                    const std::vector<at::Tensor>& targets) {
+  try {
+    loss(outputs, targets);
+  } catch (const RuntimeError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(Loss, CrossEntropyFlattensAndIgnoresMinusOne) {
+  torch::manual_seed(0);
+  at::Tensor logits = torch::randn({2, 5, 7});
+  at::Tensor targets = torch::randint(0, 7, {2, 5});
+  targets[0][1] = -1;
+  targets[1][4] = -1;
+  LossFunction loss(LossKind::kCrossEntropy, "", "cpu");
+  at::Tensor want = at::cross_entropy_loss(logits.reshape({10, 7}), targets.reshape({10}), {}, at::Reduction::Mean, -1);
+  EXPECT_TRUE(torch::allclose(loss({logits}, {targets}), want));
+  at::Tensor sum = at::cross_entropy_loss(logits.reshape({10, 7}), targets.reshape({10}), {}, at::Reduction::Sum, -1);
+  EXPECT_TRUE(torch::allclose(loss({logits}, {targets}, LossReduction::kSum), sum));
+  // The mean is over the 8 counted targets, not all 10.
+  EXPECT_NEAR(sum.item<double>() / 8, want.item<double>(), 1e-6);
+}
+
+TEST(Loss, MseMeanAndSumAndOneTermPerOutput) {
+  torch::manual_seed(1);
+  at::Tensor a = torch::randn({4, 3}), b = torch::randn({4, 3}), ta = torch::randn({4, 3}), tb = torch::randn({4, 3});
+  LossFunction loss(LossKind::kMse, "", "cpu");
+  at::Tensor want = at::mse_loss(a, ta) + at::mse_loss(b, tb);
+  EXPECT_TRUE(torch::allclose(loss({a, b}, {ta, tb}), want));
+  EXPECT_TRUE(torch::allclose(loss({a, b}, {ta, tb}, LossReduction::kSum),
+                              at::mse_loss(a, ta, at::Reduction::Sum) + at::mse_loss(b, tb, at::Reduction::Sum)));
+  // Fewer targets than outputs: the extra outputs are not in the loss.
+  EXPECT_TRUE(torch::allclose(loss({a, b}, {ta}), at::mse_loss(a, ta)));
+}
+
+TEST(Loss, AScriptModuleIsCalledWithOutputsThenTargets) {
+  auto module = testing::scriptModule("Smooth",
+                                      "def forward(self, out, target):\n"
+                                      "    return torch.smooth_l1_loss(out, target, 1, 0.5)\n");
+  const std::string path = testing::makeTempDir("pf-loss") + "/smooth.pt";
+  module.save(path);
+  torch::manual_seed(2);
+  at::Tensor out = torch::randn({6}), target = torch::randn({6});
+  LossFunction loss(LossKind::kScript, path, "cpu");
+  EXPECT_TRUE(torch::allclose(loss({out}, {target}), at::smooth_l1_loss(out, target, at::Reduction::Mean, 0.5)));
+  EXPECT_THROW(loss({out}, {target}, LossReduction::kSum), RuntimeError);
+}
+
+TEST(Loss, RefusalsNameTheShapesAndCounts) {
+  LossFunction ce(LossKind::kCrossEntropy, "", "cpu");
+  std::string e = refusal(ce, {torch::zeros({2, 5, 7})}, {torch::zeros({2, 4}, at::kLong)});
+  EXPECT_NE(e.find("cross-entropy: output 0 has shape [2,5,7] but target 0 has shape [2,4]"), std::string::npos)
+      << e;
+  e = refusal(ce, {torch::zeros({2, 7})}, {torch::zeros({2}, at::kLong), torch::zeros({2}, at::kLong)});
+  EXPECT_NE(e.find("2 targets for 1 model outputs"), std::string::npos) << e;
+  LossFunction mse(LossKind::kMse, "", "cpu");
+  e = refusal(mse, {torch::zeros({2, 3})}, {torch::zeros({3, 2})});
+  EXPECT_NE(e.find("mse: output 0 has shape [2,3] but target 0 has shape [3,2]"), std::string::npos) << e;
+  EXPECT_THROW(LossFunction(LossKind::kScript, "/nonexistent/loss.pt", "cpu"), RuntimeError);
+  EXPECT_THROW(LossFunction(LossKind::kScript, "", "cpu"), RuntimeError);
+}
+
+}  // namespace
+}  // namespace pipeforge::runtime
