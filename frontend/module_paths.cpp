@@ -35,6 +35,25 @@ std::string joinPath(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
 }
 
+std::pair<std::string, std::string> splitPath(const std::string& fqn) {
+  auto dot = fqn.rfind('.');
+  if (dot == std::string::npos) return {"", fqn};
+  return {fqn.substr(0, dot), fqn.substr(dot + 1)};
+}
+
+torch::jit::Module submoduleAt(const torch::jit::Module& root, const std::string& fqn) {
+  torch::jit::Module m = root;
+  if (fqn.empty()) return m;
+  size_t start = 0;
+  while (start <= fqn.size()) {
+    size_t dot = fqn.find('.', start);
+    m = m.attr(fqn.substr(start, dot == std::string::npos ? std::string::npos : dot - start)).toModule();
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return m;
+}
+
 std::vector<std::string> submodulePaths(const torch::jit::Module& module) {
   std::vector<std::string> paths;
   for (const auto& entry : module.named_modules()) {

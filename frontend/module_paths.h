@@ -3,6 +3,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace torch::jit {
@@ -23,6 +24,12 @@ bool isWithin(const std::string& fqn, const std::string& ancestor);
 
 // "a.b" + "c" -> "a.b.c"; "" + "c" -> "c".
 std::string joinPath(const std::string& prefix, const std::string& name);
+
+// The reverse: "a.b.c" -> {"a.b", "c"}; "c" -> {"", "c"}.
+std::pair<std::string, std::string> splitPath(const std::string& fqn);
+
+// The submodule of `root` at `fqn` ("" for `root` itself).
+torch::jit::Module submoduleAt(const torch::jit::Module& root, const std::string& fqn);
 
 // Every submodule FQN of `module` ("" excluded), in definition order.
 std::vector<std::string> submodulePaths(const torch::jit::Module& module);

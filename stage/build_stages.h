@@ -6,17 +6,27 @@
 // Modules a stage calls whole are the original objects; modules the split
 // opened become new containers with only the children, parameters, buffers
 // and attributes the stage reads. Each forward takes the stage inputs in
-// manifest order and always returns a tuple.
+// manifest order and always returns a tuple. What goes where is decided by
+// the analyses in stage/stage_plan.h; this file only builds.
 #pragma once
 
-#include <torch/script.h>
-
+#include <stdexcept>
 #include <vector>
 
-#include "frontend/model_dag.h"
-#include "frontend/opened_model.h"
-#include "partitioner/partition.h"
 #include "stage/manifest.h"
+
+namespace torch::jit {
+struct Module;
+}
+
+namespace pipeforge::frontend {
+class OpenedModel;
+struct ModelDag;
+}  // namespace pipeforge::frontend
+
+namespace pipeforge::partitioner {
+struct Partition;
+}
 
 namespace pipeforge::stage {
 
@@ -25,19 +35,25 @@ class StageBuildError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+struct SplitPlan;
+
 struct BuiltStages {
+  // Out of line: torch::jit::Module is only declared here.
+  BuiltStages();
+  ~BuiltStages();
+  BuiltStages(BuiltStages&&) noexcept;
+  BuiltStages& operator=(BuiltStages&&) noexcept;
+
   std::vector<torch::jit::Module> modules;
   PipeManifest manifest;  // files named stage_<i>.pt; source left empty
 };
 
+// planStages, then buildStagesFromPlan.
 BuiltStages buildStages(const frontend::OpenedModel& model, const frontend::ModelDag& dag,
                         const partitioner::Partition& partition);
 
-// Runs the stages as the manifest chains them; returns the model outputs.
-// `stage_seconds`, when given, receives each stage's wall time.
-std::vector<at::Tensor> runChained(std::vector<torch::jit::Module>& modules, const PipeManifest& manifest,
-                                   const std::vector<c10::IValue>& inputs,
-                                   std::vector<double>* stage_seconds = nullptr,
-                                   std::vector<std::vector<at::Tensor>>* stage_outputs = nullptr);
+// Builds the stages `plan` (made by planStages for `model` and `dag`) describes.
+BuiltStages buildStagesFromPlan(const frontend::OpenedModel& model, const frontend::ModelDag& dag,
+                                const SplitPlan& plan);
 
 }  // namespace pipeforge::stage

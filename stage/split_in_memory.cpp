@@ -2,42 +2,20 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <torch/csrc/jit/ir/ir.h>
+#include <torch/script.h>
 
 #include <algorithm>
-#include <chrono>
 #include <limits>
 #include <map>
-#include <optional>
-#include <set>
 
-#include "frontend/module_paths.h"
+#include "partitioner/policy_search.h"
 #include "stage/constant_inputs.h"
+#include "stage/run_chained.h"
 
 namespace pipeforge::stage {
 namespace {
 
-using partitioner::Policy;
 using partitioner::SpecError;
-
-// FQNs whose code sits inside a prim::If / prim::Loop body of the opened graph.
-std::vector<std::string> controlFlowPaths(const frontend::OpenedModel& opened) {
-  std::vector<std::string> paths;
-  std::function<void(torch::jit::Block*, bool)> walk = [&](torch::jit::Block* block, bool inside) {
-    for (torch::jit::Node* n : block->nodes()) {
-      if (inside) {
-        paths.push_back(opened.ownerOf(n));
-        if (n->kind() == c10::prim::CallMethod) {
-          if (auto p = frontend::attributePath(n->input(0))) paths.push_back(*p);
-        }
-      }
-      for (torch::jit::Block* b : n->blocks()) walk(b, true);
-    }
-  };
-  walk(opened.graph().block(), false);
-  paths.erase(std::remove(paths.begin(), paths.end(), std::string()), paths.end());
-  return paths;
-}
 
 // The line of a TorchScript interpreter error that says what went wrong
 // ("RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x5 and 8x16)").
@@ -98,39 +76,6 @@ std::vector<double> measureUnitCosts(const frontend::OpenedModel& opened, const 
   return best;
 }
 
-// One way to split: the model opened to some depth, its DAG, cuts and partition.
-struct Plan {
-  frontend::OpenedModel opened;
-  frontend::ModelDag dag;
-  std::vector<size_t> cuts;
-  std::vector<double> costs;
-  bool enough_cut_points = true;
-  partitioner::Partition partition;
-};
-
-Plan planAt(const torch::jit::Module& model, const partitioner::SplitSpec& spec,
-            const std::vector<std::string>& module_paths, const frontend::OpenOptions& options) {
-  frontend::OpenedModel opened(model, options);
-  frontend::ModelDag dag = frontend::buildDag(opened);
-  auto cuts = partitioner::explicitCuts(dag, spec, module_paths, controlFlowPaths(opened));
-  Plan plan{std::move(opened), std::move(dag), std::move(cuts), {}, true, {}};
-  if (spec.policy == Policy::kNone) {
-    plan.partition = partitioner::partitionDag(plan.dag, spec, plan.cuts);
-    return plan;
-  }
-  // Explicit cuts subdivide units (and the cost policy measures at that grain).
-  auto units = partitioner::policyUnits(plan.dag);
-  std::set<size_t> starts(units.starts.begin(), units.starts.end());
-  starts.insert(plan.cuts.begin(), plan.cuts.end());
-  plan.enough_cut_points = static_cast<int>(starts.size()) >= *spec.num_stages;
-  if (!plan.enough_cut_points) return plan;
-  if (spec.policy == Policy::kCost) {
-    plan.costs = measureUnitCosts(plan.opened, plan.dag, spec, {starts.begin(), starts.end()});
-  }
-  plan.partition = partitioner::partitionDag(plan.dag, spec, plan.cuts, plan.costs);
-  return plan;
-}
-
 }  // namespace
 
 std::vector<c10::IValue> makeExampleInputs(const partitioner::SplitSpec& spec) {
@@ -159,9 +104,6 @@ SplitResult splitInMemory(const torch::jit::Module& given_model, const partition
   // Note [Constant inputs]: from here on, forward takes no non-tensor argument.
   std::map<std::string, std::string> constants;
   const torch::jit::Module model = bakeConstantInputs(given_model, spec.constant_inputs, constants);
-  std::vector<std::string> split_fqns;
-  for (const auto& [fqn, point] : spec.split_points) split_fqns.push_back(fqn);
-  const auto module_paths = frontend::submodulePaths(model);
 
   if (!spec.example_inputs.empty()) {
     auto method = model.get_method("forward");
@@ -185,41 +127,23 @@ SplitResult splitInMemory(const torch::jit::Module& given_model, const partition
     }
   }
 
-  // Policies balance at the shallowest level of calls that gives enough cut
-  // points; `parameters` and `cost` go one level deeper while that improves
-  // the balance by more than 1% (a 2-block GPT in 4 stages needs the blocks'
-  // children to balance at all). `uniform` stays at the shallowest level.
-  frontend::OpenOptions options;
-  options.split_fqns = split_fqns;
-  std::optional<Plan> best;
-  while (true) {
-    Plan plan = planAt(model, spec, module_paths, options);
-    bool enough = plan.enough_cut_points;
-    bool deeper = plan.opened.hasDeeperCalls();
-    if (!enough && deeper) {
-      ++options.open_depth;  // not enough cut points at this level: open one level deeper
-      continue;
-    }
-    if (!enough) {
-      plan.partition = partitioner::partitionDag(plan.dag, spec, plan.cuts, plan.costs);  // throws, naming the limit
-    }
-    if (best && plan.partition.imbalance >= best->partition.imbalance * 0.99) break;
-    best = std::move(plan);
-    if (spec.policy == Policy::kNone || spec.policy == Policy::kUniform || !deeper || options.open_depth >= 4) break;
-    ++options.open_depth;
-  }
-  BuiltStages stages = buildStages(best->opened, best->dag, best->partition);
+  partitioner::ChosenPartition best = partitioner::searchPartition(
+      model, spec, [&](const frontend::OpenedModel& opened, const frontend::ModelDag& dag,
+                       const std::vector<size_t>& unit_starts) {
+        return measureUnitCosts(opened, dag, spec, unit_starts);
+      });
+  BuiltStages stages = buildStages(best.opened, best.dag, best.partition);
   stages.manifest.constant_inputs = std::move(constants);
   if (!spec.example_inputs.empty()) {
     torch::NoGradGuard no_grad;
     std::vector<std::vector<at::Tensor>> outs;
     std::vector<torch::jit::Module> copies = privateCopies(stages.modules);
     runChained(copies, stages.manifest, makeExampleInputs(spec), nullptr, &outs);
-    for (int k = 0; k < best->partition.num_stages; ++k) {
+    for (int k = 0; k < best.partition.num_stages; ++k) {
       for (const auto& t : outs[k]) stages.manifest.stages[k].output_meta.push_back(metaOf(t));
     }
   }
-  return SplitResult{std::move(best->opened), std::move(best->dag), std::move(best->partition), std::move(stages)};
+  return SplitResult{std::move(best.opened), std::move(best.dag), std::move(best.partition), std::move(stages)};
 }
 
 }  // namespace pipeforge::stage

@@ -1,13 +1,20 @@
 // The split pipeline without files: frontend -> partitioner -> stage builder.
 #pragma once
 
-#include <torch/script.h>
+#include <vector>
 
 #include "frontend/model_dag.h"
 #include "frontend/opened_model.h"
 #include "partitioner/partition.h"
 #include "partitioner/split_spec.h"
 #include "stage/build_stages.h"
+
+namespace c10 {
+struct IValue;
+}
+namespace torch::jit {
+struct Module;
+}
 
 namespace pipeforge::stage {
 

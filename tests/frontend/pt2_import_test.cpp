@@ -15,6 +15,7 @@
 #include "frontend/module_paths.h"
 #include "frontend/pt2_archive.h"
 #include "partitioner/split_spec.h"
+#include "stage/run_chained.h"
 #include "stage/split_in_memory.h"
 #include "stage/split_model.h"
 #include "tests/frontend/pt2_zoo.h"

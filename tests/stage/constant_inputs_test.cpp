@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "partitioner/split_spec.h"
+#include "stage/run_chained.h"
 #include "stage/split_in_memory.h"
 
 namespace pipeforge::stage {

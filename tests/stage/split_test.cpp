@@ -10,6 +10,7 @@
 #include "frontend/load_model.h"
 #include "partitioner/split_spec.h"
 #include "stage/manifest.h"
+#include "stage/run_chained.h"
 #include "stage/split_in_memory.h"
 #include "stage/split_model.h"
 #include "tests/support/zoo.h"
