@@ -1,6 +1,8 @@
 // `pipeforge inspect MODEL.pt | DIR [--spec S.yaml] [--format text|json|dot|svg] [--stage i] [--out FILE]`.
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -8,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/run_guarded.h"
+#include "common/error.h"
 #include "inspect/graph_view.h"
 #include "inspect/pipe_view.h"
 #include "inspect/text_view.h"
@@ -28,9 +31,9 @@ int runInspect(const InspectOptions& o) {
   std::optional<int> only;
   if (o.stage >= 0) {
     if (o.stage >= view.manifest.num_stages) {
-      throw std::runtime_error("--stage " + std::to_string(o.stage) + ": the pipe has " +
-                               std::to_string(view.manifest.num_stages) + " stages (0.." +
-                               std::to_string(view.manifest.num_stages - 1) + ")");
+      throw Error(ErrorCode::kUserInput, "--stage " + std::to_string(o.stage) + ": the pipe has " +
+                                             std::to_string(view.manifest.num_stages) + " stages (0.." +
+                                             std::to_string(view.manifest.num_stages - 1) + ")");
     }
     only = o.stage;
   }
@@ -57,9 +60,11 @@ int runInspect(const InspectOptions& o) {
   {
     std::ofstream file(tmp, std::ios::binary);
     file << text;
-    if (!file) throw std::runtime_error("cannot write '" + o.out + "'");
+    if (!file) throw Error(ErrorCode::kIo, "cannot write '" + o.out + "'");
   }
-  std::rename(tmp.c_str(), o.out.c_str());
+  if (std::rename(tmp.c_str(), o.out.c_str()) != 0) {
+    throw Error(ErrorCode::kIo, "cannot write '" + o.out + "' (rename failed: " + std::strerror(errno) + ")");
+  }
   return kExitOk;
 }
 

@@ -64,9 +64,10 @@ struct ScheduleOptions {
   std::string svg;
 };
 
-// A mistake on the command line: reported as such, exit code 2.
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+// A mistake on the command line: reported as such, exit code 2 (user input
+// that the command catches itself, before runGuarded maps codes).
+struct UsageError : Error {
+  explicit UsageError(const std::string& message) : Error(ErrorCode::kUserInput, message) {}
 };
 
 std::string lowercase(std::string text) {
@@ -91,14 +92,14 @@ void writeFileAtomically(const std::string& path, const std::string& text, const
       throw sch::ScheduleError(fmt::format(
           "cannot write the {} to '{}': cannot create '{}' (does the folder exist and is it "
           "writable?)",
-          what, path, tmp.string()));
+          what, path, tmp.string()), ErrorCode::kIo);
     }
     out << text;
     out.flush();
     if (!out) {
       std::error_code ignored;
       fs::remove(tmp, ignored);
-      throw sch::ScheduleError(fmt::format("cannot write the {} to '{}' (disk full?)", what, path));
+      throw sch::ScheduleError(fmt::format("cannot write the {} to '{}' (disk full?)", what, path), ErrorCode::kIo);
     }
   }
   std::error_code ec;
@@ -106,8 +107,7 @@ void writeFileAtomically(const std::string& path, const std::string& text, const
   if (ec) {
     std::error_code ignored;
     fs::remove(tmp, ignored);
-    throw sch::ScheduleError(
-        fmt::format("cannot write the {} to '{}': {}", what, path, ec.message()));
+    throw sch::ScheduleError(fmt::format("cannot write the {} to '{}': {}", what, path, ec.message()), ErrorCode::kIo);
   }
 }
 

@@ -29,7 +29,7 @@ void addTrainCommand(CLI::App& app, int& exit_code) {
     exit_code = runGuarded("train", [&] {
       if (*stop_after != 0) request->stop_after = *stop_after;
       if (*port != 0) request->master_port = *port;
-      return train::runTrainRequest(*request) == 0 ? kExitOk : kExitFailure;
+      return train::runTrainRequest(*request);  // a failed rank's status (Note [Run exit status])
     });
   });
 }

@@ -7,13 +7,14 @@
 
 #include <cerrno>
 #include <cstring>
-#include <stdexcept>
 #include <type_traits>
 #include <utility>
 
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "common/error.h"
 
 namespace pipeforge::compat {
 namespace {
@@ -40,9 +41,9 @@ int listenOn(const std::string& host, int port) {
   addrinfo* found = nullptr;
   const std::string service = std::to_string(port);
   if (int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
-    throw std::runtime_error(fmt::format("MASTER_ADDR '{}' does not resolve ({}); set MASTER_ADDR to this host's "
-                                         "address or name",
-                                         host, ::gai_strerror(rc)));
+    throw Error(ErrorCode::kUserInput, fmt::format("MASTER_ADDR '{}' does not resolve ({}); set MASTER_ADDR to this "
+                                                   "host's address or name",
+                                                   host, ::gai_strerror(rc)));
   }
   std::string errors;
   int fd = -1;
@@ -61,10 +62,10 @@ int listenOn(const std::string& host, int port) {
   }
   ::freeaddrinfo(found);
   if (fd < 0) {
-    throw std::runtime_error(fmt::format(
-        "rank 0 cannot listen on {}:{} ({}); rank 0 must run on the host MASTER_ADDR names, and MASTER_PORT "
-        "must be free there",
-        host, port, errors.empty() ? "no usable address" : errors));
+    throw Error(ErrorCode::kUserInput,
+                fmt::format("rank 0 cannot listen on {}:{} ({}); rank 0 must run on the host MASTER_ADDR names, and "
+                            "MASTER_PORT must be free there",
+                            host, port, errors.empty() ? "no usable address" : errors));
   }
   return fd;
 }

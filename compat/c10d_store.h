@@ -43,9 +43,9 @@ std::string describeStore(const StoreEndpoint& endpoint);
 // True when this LibTorch lets the TCPStore server listen on one address.
 bool storeBindsOneAddress();
 
-// Opens (server) or connects to (client) the store. Throws std::runtime_error
-// naming the address and the fix when the address is not this machine's or
-// the port is taken.
+// Opens (server) or connects to (client) the store. Throws pipeforge::Error
+// (kUserInput) naming the address and the fix when the address is not this
+// machine's or the port is taken.
 c10::intrusive_ptr<c10d::Store> openStore(const StoreEndpoint& endpoint);
 
 }  // namespace pipeforge::compat

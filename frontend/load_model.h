@@ -1,8 +1,9 @@
 // Loading a TorchScript archive with errors a user can act on.
 #pragma once
 
-#include <stdexcept>
 #include <string>
+
+#include "common/error.h"
 
 namespace torch::jit {
 struct Module;
@@ -12,9 +13,9 @@ namespace pipeforge::frontend {
 
 // Every problem with a user's model file (missing, not an archive, truncated,
 // no forward) is reported with this type.
-class ModelError : public std::runtime_error {
+class ModelError : public pipeforge::Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit ModelError(const std::string& message, ErrorCode code = ErrorCode::kUserInput) : Error(code, message) {}
 };
 
 // Loads `path` on the CPU. Throws ModelError naming the file, the problem and the fix.

@@ -13,6 +13,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "common/error.h"
 #include "frontend/module_paths.h"
 #include "frontend/pipe_split_op.h"
 #include "frontend/pt2_archive.h"
@@ -508,7 +509,7 @@ class Importer {
         }
       }
     }
-    fail("internal: value '" + name + "' is read before it is defined in the rebuilt graph");
+    PIPEFORGE_FAIL("value '" + name + "' is read before it is defined in the rebuilt graph");
   }
 
   Value* constantList(Scope& scope, const json& list, const c10::TypePtr& elem,

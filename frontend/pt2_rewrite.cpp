@@ -81,7 +81,10 @@ void writePt2WithWeights(Pt2Archive& archive, const std::string& out_path,
   const std::string temp = fmt::format("{}.tmp-{}", out_path, ::getpid());
   try {
     std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Pt2Error(fmt::format("cannot write '{}'; check the folder exists and is writable", out_path));
+    if (!out) {
+      throw Pt2Error(fmt::format("cannot write '{}'; check the folder exists and is writable", out_path),
+                     ErrorCode::kIo);
+    }
     caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) -> size_t {
       out.write(static_cast<const char*>(data), static_cast<std::streamsize>(size));
       return out ? size : 0;
@@ -106,14 +109,15 @@ void writePt2WithWeights(Pt2Archive& archive, const std::string& out_path,
     }
     writer.writeEndOfFile();
     out.close();
-    if (!out) throw Pt2Error(fmt::format("cannot write '{}': the disk may be full", out_path));
+    if (!out) throw Pt2Error(fmt::format("cannot write '{}': the disk may be full", out_path), ErrorCode::kIo);
   } catch (...) {
     std::remove(temp.c_str());
     throw;
   }
   if (std::rename(temp.c_str(), out_path.c_str()) != 0) {
     std::remove(temp.c_str());
-    throw Pt2Error(fmt::format("cannot write '{}' (rename failed); check the folder is writable", out_path));
+    throw Pt2Error(fmt::format("cannot write '{}' (rename failed); check the folder is writable", out_path),
+                   ErrorCode::kIo);
   }
 }
 

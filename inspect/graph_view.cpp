@@ -11,6 +11,7 @@
 #include <memory>
 #include <sstream>
 
+#include "common/error.h"
 #include "frontend/model_dag.h"
 #include "frontend/opened_model.h"
 
@@ -155,21 +156,22 @@ std::string pipeDot(const PipeView& view, std::optional<int> only_stage) {
 std::string renderSvg(const std::string& dot) {
 #ifndef PIPEFORGE_WITH_GRAPHVIZ
   (void)dot;
-  throw std::runtime_error("this pipeforge was built without Graphviz (PIPEFORGE_WITH_GRAPHVIZ=OFF); use --format dot "
-                           "and render it with `dot -Tsvg`");
+  throw Error(ErrorCode::kUserInput, "this pipeforge was built without Graphviz (PIPEFORGE_WITH_GRAPHVIZ=OFF); use "
+                                     "--format dot and render it with `dot -Tsvg`");
 #else
   std::unique_ptr<GVC_t, int (*)(GVC_t*)> gvc(gvContext(), gvFreeContext);
   Agraph_t* graph = agmemread(dot.c_str());
-  if (!graph) throw std::runtime_error("graphviz could not parse the generated DOT");
+  PIPEFORGE_CHECK(graph != nullptr, "graphviz could not parse the generated DOT");
   std::unique_ptr<Agraph_t, int (*)(Agraph_t*)> owned(graph, agclose);
-  if (gvLayout(gvc.get(), graph, "dot") != 0) throw std::runtime_error("graphviz layout failed");
+  const int layout = gvLayout(gvc.get(), graph, "dot");
+  PIPEFORGE_CHECK(layout == 0, "graphviz layout failed");
   char* data = nullptr;
   unsigned int length = 0;
   int rc = gvRenderData(gvc.get(), graph, "svg", &data, &length);
   std::string svg = rc == 0 && data ? std::string(data, length) : std::string();
   gvFreeRenderData(data);
   gvFreeLayout(gvc.get(), graph);
-  if (svg.empty()) throw std::runtime_error("graphviz could not render SVG");
+  PIPEFORGE_CHECK(!svg.empty(), "graphviz could not render SVG");
   return svg;
 #endif
 }

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "common/error.h"
 #include "frontend/load_model.h"
 #include "partitioner/split_spec.h"
 #include "stage/constant_inputs.h"
@@ -19,7 +20,9 @@ PipeView& PipeView::operator=(PipeView&&) noexcept = default;
 PipeView loadPipeView(const std::string& path, const std::optional<std::string>& spec_path) {
   PipeView view;
   if (std::filesystem::is_directory(path)) {
-    if (spec_path) throw std::runtime_error("--spec applies to a model file; '" + path + "' is a split folder");
+    if (spec_path) {
+      throw Error(ErrorCode::kUserInput, "--spec applies to a model file; '" + path + "' is a split folder");
+    }
     view.manifest = stage::readManifest(path);
     for (const auto& s : view.manifest.stages) {
       view.stages.push_back(frontend::loadModel((std::filesystem::path(path) / s.file).string()));

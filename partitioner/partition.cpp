@@ -8,6 +8,7 @@
 #include <numeric>
 #include <set>
 
+#include "common/error.h"
 #include "frontend/module_paths.h"
 
 namespace pipeforge::partitioner {
@@ -206,9 +207,7 @@ Partition partitionDag(const frontend::ModelDag& dag, const SplitSpec& spec, con
           for (size_t v = unit_starts[u]; v < end; ++v) weight[u] += dag.graph[v].kind == DagNodeKind::kCall ? 1.0 : 0.0;
           break;
         case Policy::kCost:
-          if (unit_costs.size() != unit_starts.size()) {
-            throw SpecError("internal: cost policy needs one measured cost per unit");
-          }
+          PIPEFORGE_CHECK(unit_costs.size() == unit_starts.size(), "cost policy needs one measured cost per unit");
           weight[u] = unit_costs[u];
           break;
         case Policy::kNone:

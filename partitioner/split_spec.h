@@ -12,10 +12,11 @@
 
 #include <cstdint>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "common/error.h"
 
 namespace YAML {
 class Node;
@@ -23,9 +24,9 @@ class Node;
 
 namespace pipeforge::partitioner {
 
-class SpecError : public std::runtime_error {
+class SpecError : public pipeforge::Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit SpecError(const std::string& message, ErrorCode code = ErrorCode::kUserInput) : Error(code, message) {}
 };
 
 enum class SplitPoint { kBeginning, kEnd };

@@ -15,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include "common/error.h"
 #include "compat/c10d_store.h"
 #include "compat/torch_compat.h"
 #ifdef USE_C10D_NCCL
@@ -337,7 +338,7 @@ class C10dComm : public Communicator {
   c10::intrusive_ptr<PIPEFORGE_C10D_GROUP> joinGroup(const std::vector<int>& ranks) {
     auto it = std::find(ranks.begin(), ranks.end(), rank());
     if (it == ranks.end()) {
-      throw std::logic_error(fmt::format("rank {} joins group {} it is not part of", rank(), fmt::join(ranks, ",")));
+      PIPEFORGE_FAIL(fmt::format("rank {} joins group {} it is not part of", rank(), fmt::join(ranks, ",")));
     }
     c10::intrusive_ptr<c10d::Store> prefixed =
         c10::make_intrusive<c10d::PrefixStore>(fmt::format("group/{}", fmt::join(ranks, ",")), store_);

@@ -14,15 +14,17 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
+#include "common/error.h"
+
 namespace pipeforge::runtime {
 
-class CommError : public std::runtime_error {
+// Always ErrorCode::kPeerFailure: the cause is another rank or the store.
+class CommError : public pipeforge::Error {
  public:
   enum class Kind {
     kTimeout,  // the peer did not answer within the timeout
@@ -30,7 +32,7 @@ class CommError : public std::runtime_error {
     kPeerLost, // the connection or the store went away (a rank died)
   };
   CommError(Kind kind, const std::string& what, std::string report = {})
-      : std::runtime_error(what), kind_(kind), report_(std::move(report)) {}
+      : Error(ErrorCode::kPeerFailure, what), kind_(kind), report_(std::move(report)) {}
   Kind kind() const { return kind_; }
   const std::string& report() const { return report_; }
 

@@ -11,14 +11,15 @@
 
 #include <functional>
 #include <optional>
-#include <stdexcept>
 #include <string>
+
+#include "common/error.h"
 
 namespace pipeforge::runtime {
 
-class DistEnvError : public std::runtime_error {
+class DistEnvError : public pipeforge::Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit DistEnvError(const std::string& message, ErrorCode code = ErrorCode::kUserInput) : Error(code, message) {}
 };
 
 // Explicit settings; each unset field falls back to the environment.

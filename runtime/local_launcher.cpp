@@ -116,6 +116,25 @@ int findFreePort(const std::string& addr) {
   return ntohs(sa.sin_port);
 }
 
+// Note [Run exit status]: a rank that only saw another rank fail exits with
+// kPeerFailure's status (4, Note [Error codes]), and it may exit before the
+// rank that caused it. So the run's status is that of the first rank, in exit
+// order, that exited by itself with any other non-zero status: the cause
+// (1 for a bad config, 3 for a failed write, ...). A rank ended by a signal,
+// or by the launcher, and a run where every rank says "peer failure", give 4.
+int LaunchResult::exitStatus() const {
+  if (ok()) return 0;
+  const int peer = exitStatusFor(ErrorCode::kPeerFailure);
+  std::vector<const RankExit*> exited;
+  for (const RankExit& r : ranks) {
+    if (!r.ok() && r.signal == 0 && !r.killed_by_launcher && r.exit_code != peer) exited.push_back(&r);
+  }
+  if (exited.empty()) return peer;
+  return (*std::min_element(exited.begin(), exited.end(), [](const RankExit* a, const RankExit* b) {
+           return a->seconds < b->seconds;
+         }))->exit_code;
+}
+
 std::string LaunchResult::summary() const {
   std::string out;
   for (const RankExit& r : ranks) {
@@ -133,7 +152,9 @@ std::string LaunchResult::summary() const {
 }
 
 LaunchResult launchLocal(const LaunchOptions& o) {
-  if (o.num_ranks < 1) throw LaunchError(fmt::format("num_ranks is {}; launch at least one rank", o.num_ranks));
+  if (o.num_ranks < 1) {
+    throw LaunchError(fmt::format("num_ranks is {}; launch at least one rank", o.num_ranks), ErrorCode::kUserInput);
+  }
   if (::access(o.executable.c_str(), X_OK) != 0) {
     throw LaunchError(fmt::format("cannot run '{}': {}", o.executable, std::strerror(errno)));
   }

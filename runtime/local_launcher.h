@@ -21,16 +21,19 @@
 
 #include <chrono>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/error.h"
+
 namespace pipeforge::runtime {
 
-class LaunchError : public std::runtime_error {
+// The system refused a launch step (a folder, a port, fork, exec): kIo unless
+// the options themselves were wrong.
+class LaunchError : public pipeforge::Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit LaunchError(const std::string& message, ErrorCode code = ErrorCode::kIo) : Error(code, message) {}
 };
 
 struct LaunchOptions {
@@ -64,6 +67,9 @@ struct LaunchResult {
   std::optional<int> first_failed;  // the rank that failed first
 
   bool ok() const { return !first_failed.has_value(); }
+  // The status a launcher exits with: 0, or that of the rank whose failure
+  // stopped the run (Note [Run exit status]).
+  int exitStatus() const;
   // One line per rank ("rank 2: exit 1 after 3.1 s"), then the last lines
   // of the first failed rank's output.
   std::string summary() const;

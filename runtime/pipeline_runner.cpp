@@ -63,14 +63,14 @@ class PipelineRunner::Impl {
     try {
       fn();
     } catch (const stage::ManifestError& e) {
-      throw RuntimeError(e.what());
+      throw RuntimeError(e.what(), e.code());
     } catch (const schedules::ScheduleError& e) {
-      if (options_.program) throw RuntimeError(fmt::format("the given schedule program: {}", e.what()));
-      throw RuntimeError(fmt::format("schedule '{}': {}", options_.schedule, e.what()));
+      if (options_.program) throw RuntimeError(fmt::format("the given schedule program: {}", e.what()), e.code());
+      throw RuntimeError(fmt::format("schedule '{}': {}", options_.schedule, e.what()), e.code());
     } catch (const DistEnvError& e) {
-      throw RuntimeError(e.what());
+      throw RuntimeError(e.what(), e.code());
     } catch (const CommError& e) {
-      throw RuntimeError(e.what());
+      throw RuntimeError(e.what(), e.code());
     }
   }
 
@@ -439,10 +439,12 @@ void PipelineRunner::barrier() {
   try {
     impl_->comm_->barrier();
   } catch (const CommError& e) {
-    if (e.kind() == CommError::Kind::kAborted) throw RuntimeError(std::string(e.what()) + ":\n" + e.report());
+    if (e.kind() == CommError::Kind::kAborted) {
+      throw RuntimeError(std::string(e.what()) + ":\n" + e.report(), ErrorCode::kPeerFailure);
+    }
     std::string report = fmt::format("rank {} failed in a barrier: {}", impl_->rank_, e.what());
     impl_->comm_->abort(report);
-    throw RuntimeError(report);
+    throw RuntimeError(report, ErrorCode::kPeerFailure);
   }
 }
 
@@ -453,10 +455,12 @@ void PipelineRunner::allreduceSumAll(const at::Tensor& values) {
   try {
     impl_->comm_->allreduceSum(values, all);
   } catch (const CommError& e) {
-    if (e.kind() == CommError::Kind::kAborted) throw RuntimeError(std::string(e.what()) + ":\n" + e.report());
+    if (e.kind() == CommError::Kind::kAborted) {
+      throw RuntimeError(std::string(e.what()) + ":\n" + e.report(), ErrorCode::kPeerFailure);
+    }
     std::string report = fmt::format("rank {} failed in an allreduce over all ranks: {}", impl_->rank_, e.what());
     impl_->comm_->abort(report);
-    throw RuntimeError(report);
+    throw RuntimeError(report, ErrorCode::kPeerFailure);
   }
 }
 

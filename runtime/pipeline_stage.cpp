@@ -11,6 +11,7 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
+#include "common/error.h"
 #include "frontend/load_model.h"
 #include "frontend/pt2_import.h"
 #include "runtime/comm_plan.h"
@@ -416,8 +417,8 @@ class PipelineStage::Impl {
   Microbatch& live(int mb, const char* action) {
     auto it = live_.find(mb);
     if (it == live_.end()) {
-      throw std::logic_error(fmt::format("stage {}: {} of microbatch {} before its forward (or after its backward)",
-                                         sig_.index, action, mb));
+      PIPEFORGE_FAIL(fmt::format("stage {}: {} of microbatch {} before its forward (or after its backward)",
+                                 sig_.index, action, mb));
     }
     return it->second;
   }
@@ -427,8 +428,8 @@ class PipelineStage::Impl {
   void checkGrads(const Microbatch& m, const std::vector<at::Tensor>& grads, int mb) const {
     std::size_t want = m.loss.defined() || m.loss_fn ? 1 : static_cast<std::size_t>(sig_.num_outputs);
     if (grads.size() != want) {
-      throw std::logic_error(fmt::format("stage {} microbatch {}: {} gradients for {} backward roots", sig_.index, mb,
-                                         grads.size(), want));
+      PIPEFORGE_FAIL(fmt::format("stage {} microbatch {}: {} gradients for {} backward roots", sig_.index, mb,
+                                 grads.size(), want));
     }
   }
 
@@ -501,11 +502,11 @@ int PipelineStage::index() const { return impl_->sig_.index; }
 std::vector<at::Tensor> PipelineStage::forward(int mb, std::vector<at::Tensor> inputs, bool keep_for_backward) {
   Impl& s = *impl_;
   if (inputs.size() != s.sig_.input_wants_grad.size()) {
-    throw std::logic_error(fmt::format("stage {} microbatch {}: {} inputs given, {} expected", s.sig_.index, mb,
-                                       inputs.size(), s.sig_.input_wants_grad.size()));
+    PIPEFORGE_FAIL(fmt::format("stage {} microbatch {}: {} inputs given, {} expected", s.sig_.index, mb,
+                               inputs.size(), s.sig_.input_wants_grad.size()));
   }
   if (keep_for_backward && s.live_.count(mb)) {
-    throw std::logic_error(fmt::format("stage {}: microbatch {} forwarded twice", s.sig_.index, mb));
+    PIPEFORGE_FAIL(fmt::format("stage {}: microbatch {} forwarded twice", s.sig_.index, mb));
   }
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     bool grad = keep_for_backward && s.sig_.input_wants_grad[i] && at::isFloatingType(inputs[i].scalar_type());
@@ -567,7 +568,7 @@ at::Tensor PipelineStage::setLoss(int mb, const std::vector<at::Tensor>& outputs
 void PipelineStage::setActivationCheckpointing(bool on, int every_n) {
   Impl& s = *impl_;
   if (!s.live_.empty()) {
-    throw std::logic_error(fmt::format("stage {}: checkpointing changed with microbatches live", s.sig_.index));
+    PIPEFORGE_FAIL(fmt::format("stage {}: checkpointing changed with microbatches live", s.sig_.index));
   }
   s.checkpointing_ = on && every_n == 0;
   s.segments_.clear();
@@ -591,7 +592,7 @@ void PipelineStage::setRecomputeContext(std::function<void(const std::function<v
 std::vector<at::Tensor> PipelineStage::backward(int mb, const std::vector<at::Tensor>& grads) {
   Impl& s = *impl_;
   Impl::Microbatch& m = s.live(mb, "backward");
-  if (m.weight) throw std::logic_error(fmt::format("stage {}: B of microbatch {} after its I", s.sig_.index, mb));
+  if (m.weight) PIPEFORGE_FAIL(fmt::format("stage {}: B of microbatch {} after its I", s.sig_.index, mb));
   s.checkGrads(m, grads, mb);
   if (s.segmented()) {
     std::vector<at::Tensor> out = s.segmentedBackward(m, mb, grads, /*split=*/false);
@@ -607,7 +608,7 @@ std::vector<at::Tensor> PipelineStage::backward(int mb, const std::vector<at::Te
 std::vector<at::Tensor> PipelineStage::backwardInput(int mb, const std::vector<at::Tensor>& grads) {
   Impl& s = *impl_;
   Impl::Microbatch& m = s.live(mb, "input backward");
-  if (m.weight) throw std::logic_error(fmt::format("stage {}: I of microbatch {} twice", s.sig_.index, mb));
+  if (m.weight) PIPEFORGE_FAIL(fmt::format("stage {}: I of microbatch {} twice", s.sig_.index, mb));
   s.checkGrads(m, grads, mb);
   if (s.segmented()) return s.segmentedBackward(m, mb, grads, /*split=*/true);
   s.recompute(m, mb);
@@ -619,7 +620,7 @@ std::vector<at::Tensor> PipelineStage::backwardInput(int mb, const std::vector<a
 void PipelineStage::backwardWeight(int mb) {
   Impl& s = *impl_;
   Impl::Microbatch& m = s.live(mb, "weight backward");
-  if (!m.weight) throw std::logic_error(fmt::format("stage {}: W of microbatch {} before its I", s.sig_.index, mb));
+  if (!m.weight) PIPEFORGE_FAIL(fmt::format("stage {}: W of microbatch {} before its I", s.sig_.index, mb));
   m.weight->run();
   s.live_.erase(mb);
 }

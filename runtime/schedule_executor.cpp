@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/error.h"
 #include "compat/autocast.h"
 #include "runtime/comm.h"
 #include "runtime/comm_plan.h"
@@ -79,10 +80,11 @@ struct Transfer {
   }
 };
 
-// An error already turned into a full report (and published when it is ours).
-class ReportedError : public std::runtime_error {
+// An error already turned into a full report (and published when it is ours),
+// with the code of its cause: kPeerFailure when another rank failed.
+class ReportedError : public pipeforge::Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 }  // namespace
@@ -145,11 +147,13 @@ class ScheduleExecutor::Impl {
       current = nullptr;
       finishStep();
     } catch (const CommError& e) {
-      throw ReportedError(reportFailure(e, current, step));
+      throw ReportedError(e.code(), reportFailure(e, current, step));
     } catch (const ReportedError&) {
       throw;
     } catch (const std::exception& e) {
-      throw ReportedError(reportFailure(e, current, step));
+      // Torch's own errors (c10::Error) that no stage turned into a
+      // RuntimeError are not the user's to fix: kInternal.
+      throw ReportedError(codeOf(e), reportFailure(e, current, step));
     }
     out_.profile.step_s = seconds(step_start, Clock::now());
     clearStep();
@@ -206,7 +210,7 @@ class ScheduleExecutor::Impl {
   PipelineStage& localStage(int s) {
     PipelineStage* st = s >= 0 && s < static_cast<int>(cfg_.stages.size()) ? cfg_.stages[s] : nullptr;
     if (st == nullptr) {
-      throw std::logic_error(fmt::format("the schedule runs stage {} on rank {}, which does not hold it", s, me_));
+      PIPEFORGE_FAIL(fmt::format("the schedule runs stage {} on rank {}, which does not hold it", s, me_));
     }
     return *st;
   }
@@ -407,9 +411,9 @@ class ScheduleExecutor::Impl {
     auto it = box.find({e, mb});
     if (it == box.end()) {
       const Edge& edge = cfg_.plan->edges[e];
-      throw std::logic_error(fmt::format("the {} of stage {} output {} for stage {} microbatch {} is needed on rank {} "
-                                         "before it was produced; the schedule orders them wrongly",
-                                         what, edge.producer, edge.producer_output, edge.consumer, mb, me_));
+      PIPEFORGE_FAIL(fmt::format("the {} of stage {} output {} for stage {} microbatch {} is needed on rank {} "
+                                 "before it was produced; the schedule orders them wrongly",
+                                 what, edge.producer, edge.producer_output, edge.consumer, mb, me_));
     }
     at::Tensor t = std::move(it->second);
     box.erase(it);
@@ -636,9 +640,9 @@ class ScheduleExecutor::Impl {
     sends_.clear();
     if (!recvs_.empty()) {
       const auto& [e, mb, kind] = recvs_.begin()->first;
-      throw std::logic_error(fmt::format("rank {}: a receive on edge {} microbatch {} was posted but never used; the "
-                                         "schedule and the communication plan disagree",
-                                         me_, e, mb));
+      PIPEFORGE_FAIL(fmt::format("rank {}: a receive on edge {} microbatch {} was posted but never used; the "
+                                 "schedule and the communication plan disagree",
+                                 me_, e, mb));
     }
     if (!req_->train) return;
     for (int s = 0; s < static_cast<int>(cfg_.stages.size()); ++s) {
@@ -735,7 +739,7 @@ StepOutcome ScheduleExecutor::run(const StepRequest& request, bool profile) {
   try {
     return impl_->run(request, profile);
   } catch (const ReportedError& e) {
-    throw RuntimeError(e.what());
+    throw RuntimeError(e.what(), e.code());
   }
 }
 

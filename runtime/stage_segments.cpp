@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <torch/script.h>
 
+#include "common/error.h"
 #include "frontend/model_dag.h"
 #include "frontend/opened_model.h"
 #include "partitioner/partition.h"
@@ -98,9 +99,9 @@ StageSegments cutAtCalls(const torch::jit::Module& stage_module, int stage_index
     auto check = [&](const std::string& name, const at::Tensor& t) {
       auto it = own.find(name);
       if (it == own.end() || it->second != t.unsafeGetTensorImpl()) {
-        throw std::logic_error(fmt::format("stage {}: segment {} holds its own copy of '{}'; segments must share "
-                                           "the stage's tensors",
-                                           stage_index, j, name));
+        PIPEFORGE_FAIL(fmt::format("stage {}: segment {} holds its own copy of '{}'; segments must share "
+                                   "the stage's tensors",
+                                   stage_index, j, name));
       }
     };
     for (const auto& p : segments[j].named_parameters(true)) check(p.name, p.value);

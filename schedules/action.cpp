@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "common/error.h"
 #include "schedules/program.h"
 
 namespace pipeforge::schedules {
@@ -134,7 +135,7 @@ std::string_view actionTypeName(ActionType type) {
 }
 
 void unknownActionType(ActionType type) {
-  throw std::logic_error(fmt::format("internal: {} is not an ActionType", static_cast<int>(type)));
+  PIPEFORGE_FAIL(fmt::format("{} is not an ActionType", static_cast<int>(type)));
 }
 
 bool takesMicrobatch(ActionType type) {

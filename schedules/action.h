@@ -49,7 +49,7 @@ std::string_view actionTypeName(ActionType type);
 
 // Switches over ActionType name every enumerator (no `default:`), so a new
 // action type is a compile warning at each place that must decide about it;
-// after the switch they call this, which throws std::logic_error: only a
+// after the switch they call this, which fails a check (Error kInternal): only a
 // value outside the enum gets there.
 [[noreturn]] void unknownActionType(ActionType type);
 

@@ -217,7 +217,7 @@ Program loadCsvFile(const std::string& path) {
   if (!in) throw ScheduleError(fmt::format("cannot open schedule CSV '{}' for reading", path));
   std::ostringstream buffer;
   buffer << in.rdbuf();
-  if (in.bad()) throw ScheduleError(fmt::format("cannot read schedule CSV '{}'", path));
+  if (in.bad()) throw ScheduleError(fmt::format("cannot read schedule CSV '{}'", path), ErrorCode::kIo);
   try {
     return programFromCsv(buffer.str());
   } catch (const ScheduleError& error) {
@@ -227,10 +227,10 @@ Program loadCsvFile(const std::string& path) {
 
 void dumpCsvFile(const Program& program, const std::string& path) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw ScheduleError(fmt::format("cannot open '{}' for writing the schedule CSV", path));
+  if (!out) throw ScheduleError(fmt::format("cannot open '{}' for writing the schedule CSV", path), ErrorCode::kIo);
   out << programToCsv(program);
   out.flush();
-  if (!out) throw ScheduleError(fmt::format("cannot write the schedule CSV to '{}'", path));
+  if (!out) throw ScheduleError(fmt::format("cannot write the schedule CSV to '{}'", path), ErrorCode::kIo);
 }
 
 }  // namespace pipeforge::schedules

@@ -5,20 +5,20 @@
 #pragma once
 
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/error.h"
 #include "schedules/action.h"
 
 namespace pipeforge::schedules {
 
 // Every user-caused schedule problem (bad text, bad CSV, invalid or
 // deadlocking schedule, rejected configuration) is reported with this type.
-class ScheduleError : public std::runtime_error {
+class ScheduleError : public pipeforge::Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit ScheduleError(const std::string& message, ErrorCode code = ErrorCode::kUserInput) : Error(code, message) {}
 };
 
 enum class StageLayout {

@@ -81,9 +81,7 @@ std::string describeValue(const Value* v) {
 Value* sentValue(Graph& g, const Sent& sent, const std::unordered_map<const Value*, Value*>& env, Value* self, int k) {
   auto local = [&](const Value* v) {
     auto it = env.find(v);
-    if (it == env.end()) {
-      throw StageBuildError(fmt::format("internal: stage {} sends {} which it does not hold", k, describeValue(v)));
-    }
+    PIPEFORGE_CHECK(it != env.end(), fmt::format("stage {} sends {} which it does not hold", k, describeValue(v)));
     return it->second;
   };
   switch (sent.kind) {
@@ -105,7 +103,7 @@ Value* sentValue(Graph& g, const Sent& sent, const std::unordered_map<const Valu
       return g.insert(c10::aten::clone, {v});
     }
   }
-  throw StageBuildError("internal: unknown kind of sent value");
+  PIPEFORGE_FAIL("unknown kind of sent value");
 }
 
 // Stage `k`'s graph: its inputs (`self` first, typed as the model), the
@@ -161,10 +159,8 @@ std::shared_ptr<Graph> lowerStage(Graph& graph, const StagePlan& stage, int k) {
     auto it = env.find(v);
     if (it != env.end()) return it->second;
     Node* producer = v->node();
-    if (!frontend::isFreeNode(producer)) {
-      throw StageBuildError("internal: stage " + std::to_string(k) + " reads " + describeValue(v) +
-                            " which it neither computes nor receives");
-    }
+    PIPEFORGE_CHECK(frontend::isFreeNode(producer), "stage " + std::to_string(k) + " reads " + describeValue(v) +
+                                                        " which it neither computes nor receives");
     Node* clone = g->insertNode(g->createClone(producer, lookup));
     for (size_t i = 0; i < producer->outputs().size(); ++i) env[producer->outputs()[i]] = clone->outputs()[i];
     return env.at(v);

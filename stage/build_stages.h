@@ -10,9 +10,10 @@
 // the analyses in stage/stage_plan.h; this file only builds.
 #pragma once
 
-#include <stdexcept>
+#include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "stage/manifest.h"
 
 namespace torch::jit {
@@ -30,9 +31,9 @@ struct Partition;
 
 namespace pipeforge::stage {
 
-class StageBuildError : public std::runtime_error {
+class StageBuildError : public pipeforge::Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit StageBuildError(const std::string& message, ErrorCode code = ErrorCode::kUserInput) : Error(code, message) {}
 };
 
 struct SplitPlan;

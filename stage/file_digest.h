@@ -8,14 +8,15 @@
 // none and is read as before.
 #pragma once
 
-#include <stdexcept>
 #include <string>
+
+#include "common/error.h"
 
 namespace pipeforge::stage {
 
-class DigestError : public std::runtime_error {
+class DigestError : public pipeforge::Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit DigestError(const std::string& message, ErrorCode code = ErrorCode::kUserInput) : Error(code, message) {}
 };
 
 // Lower-case hex SHA-256 of the file's bytes. Throws DigestError when the

@@ -16,15 +16,16 @@
 
 #include <cstdint>
 #include <map>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "common/error.h"
+
 namespace pipeforge::stage {
 
-class ManifestError : public std::runtime_error {
+class ManifestError : public pipeforge::Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit ManifestError(const std::string& message, ErrorCode code = ErrorCode::kUserInput) : Error(code, message) {}
 };
 
 // Where a stage input (or a root output) comes from: a root input of the

@@ -9,6 +9,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "common/error.h"
 #include "frontend/model_dag.h"
 #include "frontend/module_paths.h"
 #include "frontend/pt2_archive.h"
@@ -201,9 +202,7 @@ class Planner {
         if (d == def_.end()) refuse(fmt::format("node '{}' reads '{}', which no node makes", nodeName(i), u));
         int p = d->second;
         if (members.count(p)) continue;
-        if (stage_[p] > k) {
-          refuse(fmt::format("internal: stage {} reads '{}' which stage {} makes", k, u, stage_[p]));
-        }
+        PIPEFORGE_CHECK(stage_[p] <= k, fmt::format("stage {} reads '{}' which stage {} makes", k, u, stage_[p]));
         if (archive_.graphJson().at("tensor_values").contains(u)) {
           inputs.insert(u);
           continue;

@@ -7,6 +7,7 @@
 #include <optional>
 #include <random>
 
+#include "common/error.h"
 #include "frontend/load_model.h"
 #include "frontend/pipe_split_op.h"
 #include "frontend/pt2_archive.h"
@@ -37,7 +38,7 @@ class TempSibling {
         return;
       }
     }
-    throw std::runtime_error("cannot create a temporary folder beside '" + target.string() + "'");
+    throw Error(ErrorCode::kIo, "cannot create a temporary folder beside '" + target.string() + "'");
   }
   ~TempSibling() {
     if (!path_.empty()) {
@@ -59,17 +60,17 @@ SplitSummary splitModelToDirectory(const SplitRequest& request) {
   if (out.filename().empty()) out = out.parent_path();
   std::error_code ec;
   if (fs::exists(out, ec) && !request.force) {
-    throw std::runtime_error("output folder '" + request.out_dir + "' already exists; pass --force to replace it");
+    throw Error(ErrorCode::kUserInput,
+                "output folder '" + request.out_dir + "' already exists; pass --force to replace it");
   }
   if (!out.parent_path().empty()) {
     fs::create_directories(out.parent_path(), ec);
     if (ec) {
-      throw std::runtime_error("cannot create the parent of output folder '" + request.out_dir + "': " + ec.message());
+      throw Error(ErrorCode::kIo,
+                  "cannot create the parent of output folder '" + request.out_dir + "': " + ec.message());
     }
   }
-  if (request.spec_path && request.spec) {
-    throw std::logic_error("SplitRequest: give spec_path or spec, not both");
-  }
+  PIPEFORGE_CHECK(!(request.spec_path && request.spec), "SplitRequest: give spec_path or spec, not both");
   partitioner::SplitSpec spec = request.spec.value_or(partitioner::SplitSpec{});
   if (request.spec_path) spec = partitioner::loadSplitSpec(*request.spec_path);
   refuseConstantInputsForPt2(spec, request.model_path);
@@ -108,14 +109,18 @@ SplitSummary splitModelToDirectory(const SplitRequest& request) {
     if (pt2) {
       writePt2Stage(*archive, pt2->stages[i], file);
     } else {
-      result.stages.modules[i].save(file);
+      try {
+        result.stages.modules[i].save(file);
+      } catch (const c10::Error& e) {  // the module was built and checked: only the write can fail
+        throw Error(ErrorCode::kIo, "cannot write stage file '" + file + "': " + e.what_without_backtrace());
+      }
     }
     info.sha256 = sha256OfFile(file);  // Note [File digests]
   }
   {
     std::ofstream json(temp.path() / kManifestFileName);
     json << manifestToJson(manifest);
-    if (!json) throw std::runtime_error("cannot write " + (temp.path() / kManifestFileName).string());
+    if (!json) throw Error(ErrorCode::kIo, "cannot write " + (temp.path() / kManifestFileName).string());
   }
   if (fs::exists(out, ec)) {
     // Swap in the new folder first, then drop the old one.

@@ -13,6 +13,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "common/error.h"
 #include "frontend/graph_reads.h"
 #include "frontend/model_dag.h"
 #include "frontend/module_paths.h"
@@ -379,7 +380,7 @@ class DataflowPlanner {
       return;
     }
     auto home = stage_of_.find(producer);
-    if (home == stage_of_.end()) refuse("internal: value " + describeValue(v) + " has no stage");
+    PIPEFORGE_CHECK(home != stage_of_.end(), "value " + describeValue(v) + " has no stage");
     const int p = home->second;
     if (p == k || stages_[k].emit.count(producer)) return;
     if (isTensor(v)) {

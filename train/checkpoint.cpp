@@ -110,7 +110,7 @@ void writeFileAtomically(const std::string& path, const std::string& bytes) {
   // Unique per process and host: several writers may share the folder.
   const std::string temp = fmt::format("{}.tmp-{}-{}", path, ::getpid(), std::random_device{}());
   int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw CheckpointError(fmt::format("cannot create '{}': {}", temp, std::strerror(errno)));
+  if (fd < 0) throw CheckpointError(fmt::format("cannot create '{}': {}", temp, std::strerror(errno)), ErrorCode::kIo);
   std::size_t done = 0;
   while (done < bytes.size()) {
     ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -119,7 +119,7 @@ void writeFileAtomically(const std::string& path, const std::string& bytes) {
       int err = errno;
       ::close(fd);
       ::unlink(temp.c_str());
-      throw CheckpointError(fmt::format("cannot write '{}': {}", temp, std::strerror(err)));
+      throw CheckpointError(fmt::format("cannot write '{}': {}", temp, std::strerror(err)), ErrorCode::kIo);
     }
     done += static_cast<std::size_t>(n);
   }
@@ -128,7 +128,8 @@ void writeFileAtomically(const std::string& path, const std::string& bytes) {
   if (::rename(temp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(temp.c_str());
-    throw CheckpointError(fmt::format("cannot rename '{}' to '{}': {}", temp, path, std::strerror(err)));
+    throw CheckpointError(fmt::format("cannot rename '{}' to '{}': {}", temp, path, std::strerror(err)),
+                          ErrorCode::kIo);
   }
 }
 
@@ -142,7 +143,10 @@ void writeStageCheckpoint(const std::string& root, const StageCheckpoint& state,
   const fs::path dir = partialCheckpointDir(root, state.step);
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) throw CheckpointError(fmt::format("cannot create checkpoint folder '{}': {}", dir.string(), ec.message()));
+  if (ec) {
+    throw CheckpointError(fmt::format("cannot create checkpoint folder '{}': {}", dir.string(), ec.message()),
+                          ErrorCode::kIo);
+  }
 
   c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
   dict.insert("format", std::string(kCheckpointFormat));
@@ -200,7 +204,8 @@ void commitCheckpoint(const std::string& root, const CheckpointMeta& meta, int k
       }
       writeFileAtomically((fs::path(partial) / "meta.json").string(), j.dump(2) + "\n");
       if (::rename(partial.c_str(), final_dir.c_str()) != 0 && !fs::exists(final_dir, ec)) {
-        throw CheckpointError(fmt::format("cannot rename '{}' to '{}': {}", partial, final_dir, std::strerror(errno)));
+        throw CheckpointError(fmt::format("cannot rename '{}' to '{}': {}", partial, final_dir, std::strerror(errno)),
+                              ErrorCode::kIo);
       }
     } catch (const std::exception&) {
       if (fs::exists(partial, ec) || !fs::exists(fs::path(final_dir) / "meta.json", ec)) throw;

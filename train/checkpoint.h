@@ -17,12 +17,13 @@
 
 #include <cstdint>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+
+#include "common/error.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -30,9 +31,9 @@ class Optimizer;
 
 namespace pipeforge::train {
 
-class CheckpointError : public std::runtime_error {
+class CheckpointError : public pipeforge::Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit CheckpointError(const std::string& message, ErrorCode code = ErrorCode::kUserInput) : Error(code, message) {}
 };
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
@@ -105,7 +106,8 @@ CheckpointMeta readCheckpointMeta(const std::string& step_dir);
 StageCheckpoint readStageCheckpoint(const std::string& step_dir, int stage);
 void loadOptimizerState(const std::string& step_dir, int stage, torch::optim::Optimizer& optimizer);
 
-// Writes `bytes` to `path` through a temporary sibling, fsync and rename.
+// Writes `bytes` to `path` through a temporary sibling, fsync and rename;
+// throws CheckpointError (kIo) when the file system refuses.
 void writeFileAtomically(const std::string& path, const std::string& bytes);
 
 }  // namespace pipeforge::train

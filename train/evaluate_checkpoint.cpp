@@ -130,9 +130,9 @@ void runEvalRequest(const EvalRequest& request) {
   }
   try {
     runRank(request, request.batches.value_or(1));
-  } catch (const std::exception& e) {
+  } catch (...) {
     const runtime::DistEnv env = runtime::resolveDistEnv({});
-    throw std::runtime_error(fmt::format("rank {}, {}", env.rank, e.what()));
+    rethrowWithContext(fmt::format("rank {}", env.rank));  // keeps the error's code
   }
 }
 

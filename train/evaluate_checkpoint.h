@@ -26,7 +26,9 @@ struct EvalRequest {
 
 // Runs the request: as the launcher (split_dir empty) or as one of its ranks.
 // Rank 0 prints "held-out loss L over N batches of B rows (...)" and one line
-// per batch. Throws ConfigError / CheckpointError for the CLI to report.
+// per batch. Throws pipeforge::Error (ConfigError, CheckpointError, ...; a
+// rank's error has "rank R" as its context, and the launcher's the failed
+// rank's code) for the CLI to report.
 void runEvalRequest(const EvalRequest& request);
 
 }  // namespace pipeforge::train

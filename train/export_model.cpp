@@ -144,12 +144,13 @@ ExportSummary exportTrainedModel(const ExportRequest& request) {
     model.save(temp);
   } catch (const c10::Error& e) {
     fs::remove(temp, ec);
-    throw CheckpointError(fmt::format("cannot write '{}': {}", request.out_path, e.what_without_backtrace()));
+    throw CheckpointError(fmt::format("cannot write '{}': {}", request.out_path, e.what_without_backtrace()),
+                          ErrorCode::kIo);
   }
   fs::rename(temp, request.out_path, ec);
   if (ec) {
     fs::remove(temp, ec);
-    throw CheckpointError(fmt::format("cannot write '{}': {}", request.out_path, ec.message()));
+    throw CheckpointError(fmt::format("cannot write '{}': {}", request.out_path, ec.message()), ErrorCode::kIo);
   }
   return summary;
 }

@@ -290,9 +290,9 @@ void runGenerateRequest(const GenerateRequest& request) {
   if (request.split_dir.empty()) return launch(request);
   try {
     runRank(request);
-  } catch (const std::exception& e) {
+  } catch (...) {
     const runtime::DistEnv env = runtime::resolveDistEnv({});
-    throw std::runtime_error(fmt::format("rank {}, {}", env.rank, e.what()));
+    rethrowWithContext(fmt::format("rank {}", env.rank));  // keeps the error's code
   }
 }
 

@@ -40,8 +40,9 @@ struct GenerateRequest {
 //   continuation: " a time\n"
 // (bytes as C-escaped text: printable ASCII as is, \\, \", \n, \t, \r, and
 // \xNN for every other byte), or token ids as [1, 2, 3] with --prompt-tokens.
-// Throws ConfigError / CheckpointError (bad options, a prompt the model cannot
-// take) and runtime errors for the CLI to report.
+// Throws pipeforge::Error: ConfigError / CheckpointError (bad options, a
+// prompt the model cannot take), runtime errors, each with its code, for the
+// CLI to report.
 void runGenerateRequest(const GenerateRequest& request);
 
 // Note [Seeded sampling]: token `index` of a generation is drawn from

@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 #include <torch/script.h>
 
+#include "common/error.h"
 #include "frontend/load_model.h"
 #include "frontend/pt2_import.h"
 #include "partitioner/split_spec.h"
@@ -218,7 +219,7 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
   runtime::LaunchResult result = runtime::launchLocal(options);
   if (result.ok()) return 0;
   std::cerr << "pipeforge train: the run failed:\n" << result.summary();
-  return 1;
+  return result.exitStatus();  // Note [Run exit status]
 }
 
 }  // namespace
@@ -253,10 +254,10 @@ int runTrainRequest(const TrainRequest& request) {
   if (request.split_dir.empty()) checkAgainstSplit(config, options.plan->manifest);
   try {
     trainRank(config, options);
-  } catch (const std::exception& e) {
+  } catch (...) {
     // Name the rank: with several ranks on one terminal, the first line that
-    // says which one failed is the one to read.
-    if (env.world_size > 1) throw std::runtime_error(fmt::format("rank {}, {}", env.rank, e.what()));
+    // says which one failed is the one to read. The error keeps its code.
+    if (env.world_size > 1) rethrowWithContext(fmt::format("rank {}", env.rank));
     throw;
   }
   return 0;

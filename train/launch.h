@@ -25,8 +25,10 @@ struct TrainRequest {
   std::string split_dir;  // a rank started by the launcher: the split it made
 };
 
-// Returns the process exit code (0 on success). Throws ConfigError and the
-// other user errors for the CLI to report.
+// Returns the process exit code: 0 on success; with --nproc, when a rank
+// failed, that rank's status (Note [Run exit status]). Throws pipeforge::Error
+// (ConfigError and the other errors, each with its code; a rank of several
+// has "rank R" as its context) for the CLI to report.
 int runTrainRequest(const TrainRequest& request);
 
 struct TrainConfig;

@@ -5,10 +5,10 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <stdexcept>
 
 #include <fmt/format.h>
 
+#include "common/error.h"
 #include "runtime/local_launcher.h"
 
 namespace pipeforge::train {
@@ -35,8 +35,8 @@ ScratchDir::ScratchDir(const std::string& prefix) {
   if (ec) base = "/tmp";
   std::string tmpl = (base / (prefix + "XXXXXX")).string();
   if (::mkdtemp(tmpl.data()) == nullptr) {
-    throw std::runtime_error(fmt::format("cannot make a scratch folder {}: {}; set TMPDIR to a writable folder",
-                                         tmpl, std::strerror(errno)));
+    throw Error(ErrorCode::kIo, fmt::format("cannot make a scratch folder {}: {}; set TMPDIR to a writable folder",
+                                            tmpl, std::strerror(errno)));
   }
   path_ = tmpl;
 }
@@ -61,8 +61,9 @@ std::string runLocalRanks(const LocalRanksOptions& options) {
   if (result.ok()) return result.ranks.at(0).output;
   const runtime::RankExit& failed = result.ranks.at(*result.first_failed);
   const std::string error = errorIn(failed.output);
-  if (!error.empty()) throw std::runtime_error(error);
-  throw std::runtime_error(fmt::format("the ranks failed:\n{}", result.summary()));
+  const ErrorCode code = errorCodeForExitStatus(result.exitStatus());  // Note [Run exit status]
+  if (!error.empty()) throw Error(code, error);
+  throw Error(code, fmt::format("the ranks failed:\n{}", result.summary()));
 }
 
 }  // namespace pipeforge::train

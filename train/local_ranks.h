@@ -35,9 +35,10 @@ struct LocalRanksOptions {
 };
 
 // Runs the ranks with their output captured and returns rank 0's output.
-// When a rank fails, throws std::runtime_error with that rank's error
-// message (the text after "error: " in its output), or the launcher's
-// summary when it left none.
+// When a rank fails, throws pipeforge::Error with the code of the run's exit
+// status (Note [Run exit status]) and the first failed rank's error message
+// (the text after "error: " in its output), or the launcher's summary when it
+// left none.
 std::string runLocalRanks(const LocalRanksOptions& options);
 
 }  // namespace pipeforge::train

@@ -1,11 +1,11 @@
 #include "train/metrics_log.h"
 
-#include <stdexcept>
+#include "common/error.h"
 
 namespace pipeforge::train {
 
 MetricsLog::MetricsLog(const std::string& path) : path_(path), out_(path, std::ios::app) {
-  if (!out_) throw std::runtime_error("cannot open metrics file '" + path + "' for writing");
+  if (!out_) throw Error(ErrorCode::kIo, "cannot open metrics file '" + path + "' for writing");
 }
 
 void MetricsLog::write(const nlohmann::json& record) {

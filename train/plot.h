@@ -6,15 +6,16 @@
 //   std::string svg = metricsSvg(m);
 #pragma once
 
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "common/error.h"
+
 namespace pipeforge::train {
 
-class PlotError : public std::runtime_error {
+class PlotError : public pipeforge::Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit PlotError(const std::string& message, ErrorCode code = ErrorCode::kUserInput) : Error(code, message) {}
 };
 
 struct MetricPoint {

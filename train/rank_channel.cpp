@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "common/error.h"
 #include "compat/c10d_store.h"
 
 namespace pipeforge::train {
@@ -37,8 +38,9 @@ class RankChannel::Store {
       store_->deleteKey(key);
       return std::string(bytes.begin(), bytes.end());
     } catch (const c10::Error& e) {
-      throw std::runtime_error(fmt::format("no value for '{}' from the other ranks within {} s (store {}): {}", key,
-                                           timeout_.count() / 1000.0, where_, e.what_without_backtrace()));
+      throw Error(ErrorCode::kPeerFailure,
+                  fmt::format("no value for '{}' from the other ranks within {} s (store {}): {}", key,
+                              timeout_.count() / 1000.0, where_, e.what_without_backtrace()));
     }
   }
 
@@ -70,7 +72,7 @@ std::string RankChannel::keyName(const std::string& key) const {
 std::string RankChannel::take(const std::string& key) {
   if (store_) return store_->take(key);
   auto it = local_.find(key);
-  if (it == local_.end()) throw std::runtime_error(fmt::format("no value for '{}' (single process)", key));
+  PIPEFORGE_CHECK(it != local_.end(), fmt::format("no value for '{}' (single process)", key));
   std::string value = std::move(it->second);
   local_.erase(it);
   return value;
@@ -86,10 +88,10 @@ double RankChannel::takeNumber(const std::string& key) {
     used = 0;
   }
   if (used == 0 || used != text.size()) {
-    throw std::runtime_error(fmt::format(
-        "the store key '{}' holds '{}', not a number: another program wrote into this job's rendezvous store "
-        "(README, Security)",
-        keyName(key), text.substr(0, 60)));
+    throw Error(ErrorCode::kPeerFailure,
+                fmt::format("the store key '{}' holds '{}', not a number: another program wrote into this job's "
+                            "rendezvous store (README, Security)",
+                            keyName(key), text.substr(0, 60)));
   }
   return value;
 }

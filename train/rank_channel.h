@@ -26,10 +26,11 @@ class RankChannel {
 
   void publish(const std::string& key, const std::string& value);
   // Waits for `key` (bounded by the timeout), returns it and deletes it.
-  // Throws std::runtime_error naming the key when it does not come.
+  // Throws pipeforge::Error (kPeerFailure) naming the key when it does not come.
   std::string take(const std::string& key);
-  // take() of a number written with publish(); throws std::runtime_error
-  // naming the key when the value is not one (Note [Checked store values]).
+  // take() of a number written with publish(); throws pipeforge::Error
+  // (kPeerFailure) naming the key when the value is not one (Note [Checked
+  // store values]).
   double takeNumber(const std::string& key);
   // The full store key of `key`, for messages about a bad value.
   std::string keyName(const std::string& key) const;

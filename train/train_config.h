@@ -10,18 +10,18 @@
 #include <array>
 #include <cstdint>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "partitioner/split_spec.h"
 #include "schedules/program.h"
 
 namespace pipeforge::train {
 
-class ConfigError : public std::runtime_error {
+class ConfigError : public pipeforge::Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit ConfigError(const std::string& message, ErrorCode code = ErrorCode::kUserInput) : Error(code, message) {}
 };
 
 struct ModelConfig {

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/error.h"
 #include "runtime/pipeline_runner.h"
 #include "schedules/auto_schedule.h"
 #include "schedules/csv.h"
@@ -89,9 +90,10 @@ class RankTrainer {
     for (; step < end_; ++step) {
       try {
         runStep(step, summary);
-      } catch (const std::exception& e) {
-        // Which training step failed; the runtime's message says where in the schedule.
-        throw std::runtime_error(fmt::format("training step {} of {}: {}", step + 1, end_, e.what()));
+      } catch (...) {
+        // Which training step failed; the runtime's message says where in the
+        // schedule. The error keeps its class and code (Note [Error codes]).
+        rethrowWithContext(fmt::format("training step {} of {}", step + 1, end_));
       }
     }
     summary.last_step = step;
@@ -129,10 +131,10 @@ class RankTrainer {
     if (scaler_) {
       scaler_->update(bad.found());
       if (!(scaler_->scale() > 0.0)) {
-        throw std::runtime_error(fmt::format("the fp16 loss scale fell to 0 after repeated overflows: {}; the "
-                                             "gradients are not finite at any scale, try precision bf16 or a lower "
-                                             "optimizer.lr",
-                                             describe(bad)));
+        throw Error(ErrorCode::kUserInput,
+                    fmt::format("the fp16 loss scale fell to 0 after repeated overflows: {}; the gradients are not "
+                                "finite at any scale, try precision bf16 or a lower optimizer.lr",
+                                describe(bad)));
       }
     }
     if (scaler_ && bad.found() && !bad.loss) {
@@ -147,7 +149,7 @@ class RankTrainer {
                                     step + 1, *loss_scale, scaler_->scale(), summary.overflow_steps));
       }
     } else if (bad.found()) {
-      if (config_.on_nonfinite == NonFinitePolicy::kStop) throw std::runtime_error(describe(bad) + kStopFix);
+      if (config_.on_nonfinite == NonFinitePolicy::kStop) throw Error(ErrorCode::kUserInput, describe(bad) + kStopFix);
       ++summary.skipped_steps;
       if (rank() == 0) {
         metrics_->write({{"event", "skipped_step"}, {"step", step + 1}, {"first_stage", bad.first_stage},
@@ -163,8 +165,8 @@ class RankTrainer {
       }
       if (const int stage = firstNonFiniteParameters(); stage >= 0) {
         // Past the point skip_step can help: the update itself overflowed.
-        throw std::runtime_error(fmt::format("the update made the parameters of stage {} ({}) non-finite{}", stage,
-                                             someParameters(stage), kStopFix));
+        throw Error(ErrorCode::kUserInput, fmt::format("the update made the parameters of stage {} ({}) non-finite{}",
+                                                       stage, someParameters(stage), kStopFix));
       }
     }
     runner_->zeroGrad();
@@ -233,8 +235,8 @@ class RankTrainer {
     for (int run = 0; run < kWarmUpRuns + kTimedRuns; ++run) {
       try {
         runner_->trainStep(batch.inputs, batch.targets);
-      } catch (const std::exception& e) {
-        throw std::runtime_error(fmt::format("profiling the stages for pipeline.schedule auto: {}", e.what()));
+      } catch (...) {
+        rethrowWithContext("profiling the stages for pipeline.schedule auto");
       }
       runner_->zeroGrad();
       if (run >= kWarmUpRuns) timed.push_back(runner_->lastProfile());
@@ -261,10 +263,11 @@ class RankTrainer {
     auto d = digests.accessor<double, 1>();
     for (int r = 1; r < env_.world_size; ++r) {
       if (d[r] != d[0]) {
-        throw std::runtime_error(fmt::format("pipeline.schedule auto: rank {} chose another program than rank 0 "
-                                             "(digest {:08x} vs {:08x}) from the same costs; this is a bug, please "
-                                             "report it; name a schedule in pipeline.schedule meanwhile",
-                                             r, static_cast<std::uint32_t>(d[r]), static_cast<std::uint32_t>(d[0])));
+        throw Error(ErrorCode::kInternal,
+                    fmt::format("pipeline.schedule auto: rank {} chose another program than rank 0 (digest {:08x} vs "
+                                "{:08x}) from the same costs; this is a bug, please report it; name a schedule in "
+                                "pipeline.schedule meanwhile",
+                                r, static_cast<std::uint32_t>(d[r]), static_cast<std::uint32_t>(d[0])));
       }
     }
     runner_->setProgram(choice.program);

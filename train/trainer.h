@@ -39,7 +39,9 @@ struct TrainSummary {
 };
 
 // Runs this process's rank (from the environment: runtime::resolveDistEnv).
-// Throws runtime::RuntimeError, ConfigError or CheckpointError on failure.
+// Throws pipeforge::Error on failure: runtime::RuntimeError, ConfigError,
+// CheckpointError, ... with their codes (Note [Error codes]); an error inside
+// a step has "training step K of N" as its context.
 TrainSummary trainRank(const TrainConfig& config, const TrainerOptions& options);
 
 }  // namespace pipeforge::train

@@ -51,6 +51,19 @@ TEST(LocalLauncherTest, ReportsAnExecutableThatCannotRun) {
   EXPECT_THROW(launchLocal(o), LaunchError);
 }
 
+// Note [Run exit status]: the run exits with the status of the rank that
+// caused it, even when a rank that only saw the failure (4) exited first.
+TEST(LocalLauncherTest, RunExitStatusIsTheCausingRanks) {
+  EXPECT_EQ(launchLocal(shell("exit 0", 2)).exitStatus(), 0);
+  LaunchResult peer_first = launchLocal(shell("if [ $RANK = 0 ]; then exit 4; fi; sleep 0.3; exit 3", 2));
+  EXPECT_EQ(*peer_first.first_failed, 0);
+  EXPECT_EQ(peer_first.exitStatus(), 3) << peer_first.summary();
+  EXPECT_EQ(launchLocal(shell("exit 4", 2)).exitStatus(), 4);
+  EXPECT_EQ(launchLocal(shell("if [ $RANK = 1 ]; then exit 70; fi; sleep 30", 2)).exitStatus(), 70);
+  // A rank killed by a signal is, for the launcher, a peer that died.
+  EXPECT_EQ(launchLocal(shell("kill -9 $$", 1)).exitStatus(), 4);
+}
+
 TEST(LocalLauncherTest, FindsAFreePort) {
   int port = findFreePort();
   EXPECT_GT(port, 0);

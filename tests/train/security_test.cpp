@@ -240,7 +240,9 @@ TEST(LocalRunSecurity, GarbageInTheStoreStopsTheRunNamingTheKey) {
   }
   auto status = run.wait(15s);
   ASSERT_TRUE(status.has_value()) << "the run did not stop within 15 s of the garbage:\n" << run.output();
-  EXPECT_EQ(*status, 1) << "a clean failure exit, not a crash:\n" << run.output();
+  // A clean failure exit, not a crash: the store failed the run, a peer
+  // failure (4, README "Exit statuses").
+  EXPECT_EQ(*status, 4) << "a clean failure exit, not a crash:\n" << run.output();
   EXPECT_NE(run.output().find(key), std::string::npos) << run.output();
   EXPECT_NE(run.output().find("not a Pipeforge failure report"), std::string::npos) << run.output();
 }
@@ -264,7 +266,7 @@ TEST(LocalRunFailure, ARankDyingBeforeTheGroupFormsStopsTheRestWithinFiveSeconds
   auto status = run.wait(15s);
   const double seconds = std::chrono::duration<double>(Clock::now() - killed).count();
   ASSERT_TRUE(status.has_value()) << "still running 15 s after a rank died:\n" << run.output();
-  EXPECT_EQ(*status, 1) << run.output();
+  EXPECT_EQ(*status, 4) << "a rank that died is a peer failure (Note [Run exit status]):\n" << run.output();
   EXPECT_LT(seconds, 5.0) << run.output();
   const std::string out = run.output();
   EXPECT_NE(out.find("rank 1: killed by signal 9"), std::string::npos) << out;
