@@ -7,16 +7,13 @@
 
 #include "inspect/graph_view.h"
 #include "inspect/pipe_view.h"
+#include "tests/inspect/inspect_fixture.h"
 #include "tests/support/zoo.h"
 
 namespace pipeforge {
 namespace {
 
-std::string writeSpec(const std::string& text) {
-  std::string dir = testing::makeTempDir("pf-inspect");
-  std::ofstream(dir + "/spec.yaml") << text;
-  return dir + "/spec.yaml";
-}
+using testing::writeSpec;
 
 TEST(InspectJson, HoldsEveryStageDagAndTheCrossEdgesWithShapes) {
   auto view = inspect::loadPipeView(

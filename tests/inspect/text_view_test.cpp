@@ -5,16 +5,13 @@
 
 #include "inspect/pipe_view.h"
 #include "inspect/text_view.h"
+#include "tests/inspect/inspect_fixture.h"
 #include "tests/support/zoo.h"
 
 namespace pipeforge {
 namespace {
 
-std::string writeSpec(const std::string& text) {
-  std::string dir = testing::makeTempDir("pf-inspect");
-  std::ofstream(dir + "/spec.yaml") << text;
-  return dir + "/spec.yaml";
-}
+using testing::writeSpec;
 
 TEST(InspectText, SeedExampleTreeAndDataflowAsPyTorchPrintsThem) {
   auto view = inspect::loadPipeView(testing::zooModelPath("seed_example"),

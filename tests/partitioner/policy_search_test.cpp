@@ -11,25 +11,20 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/script_module.h"
+
 namespace pipeforge::partitioner {
 namespace {
-
-torch::jit::Module linear(const std::string& name) {
-  torch::jit::Module m("Lin_" + name);
-  m.register_parameter("weight", torch::ones({4, 4}), /*is_buffer=*/false);
-  m.define("def forward(self, x):\n    return torch.mm(x, self.weight)\n");
-  return m;
-}
 
 // forward calls `a`, then `b`, whose forward calls `b.x` then `b.y`: two cut
 // points with the calls forward makes itself, three one level deeper.
 torch::jit::Module twoLevelModel() {
   torch::jit::Module block("Block");
-  block.register_module("x", linear("x"));
-  block.register_module("y", linear("y"));
+  block.register_module("x", testing::linear4("x"));
+  block.register_module("y", testing::linear4("y"));
   block.define("def forward(self, h):\n    return self.y.forward(self.x.forward(h))\n");
   torch::jit::Module root("Root");
-  root.register_module("a", linear("a"));
+  root.register_module("a", testing::linear4("a"));
   root.register_module("b", block);
   root.define("def forward(self, x):\n    return self.b.forward(self.a.forward(x))\n");
   return root;

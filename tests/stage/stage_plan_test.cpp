@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/script_module.h"
+
 #include "frontend/module_paths.h"
 #include "partitioner/policy_search.h"
 #include "partitioner/split_spec.h"
@@ -21,26 +23,19 @@
 namespace pipeforge::stage {
 namespace {
 
-torch::jit::Module linear(const std::string& name) {
-  torch::jit::Module m("Lin_" + name);
-  m.register_parameter("weight", torch::ones({4, 4}), /*is_buffer=*/false);
-  m.define("def forward(self, x):\n    return torch.mm(x, self.weight)\n");
-  return m;
-}
-
 // Square linear maps `a`, `b`, `c`; a `counter` whose `bump` changes its
 // buffer in place; a `blk` calling `blk.x` then `blk.y` and scaling by its
 // parameter `blk.scale`, with an int `blk.n` and a buffer `blk.shift`.
 torch::jit::Module makeModel(const std::string& forward) {
   torch::jit::Module root("Root");
-  for (const char* name : {"a", "b", "c"}) root.register_module(name, linear(name));
+  for (const char* name : {"a", "b", "c"}) root.register_module(name, testing::linear4(name));
   torch::jit::Module counter("Counter");
   counter.register_buffer("count", torch::zeros({1}));
   counter.define("def bump(self):\n    self.count.add_(1)\n\ndef forward(self, x):\n    return x * self.count\n");
   root.register_module("counter", counter);
   torch::jit::Module blk("Block");
-  blk.register_module("x", linear("x"));
-  blk.register_module("y", linear("y"));
+  blk.register_module("x", testing::linear4("x"));
+  blk.register_module("y", testing::linear4("y"));
   blk.register_parameter("scale", torch::full({1}, 2.0), /*is_buffer=*/false);
   blk.register_buffer("shift", torch::zeros({1}));
   blk.register_attribute("n", c10::IntType::get(), 3);

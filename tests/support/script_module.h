@@ -31,4 +31,10 @@ inline torch::jit::Module affine(const std::string& name, int64_t n) {
                       {{"weight", torch::eye(n)}, {"bias", torch::zeros({n})}});
 }
 
+// A bias-free leaf of class "Lin_<name>": forward(x) = x @ ones(4, 4).
+inline torch::jit::Module linear4(const std::string& name) {
+  return scriptModule("Lin_" + name, "def forward(self, x):\n    return torch.mm(x, self.weight)\n", {},
+                      {{"weight", torch::ones({4, 4})}});
+}
+
 }  // namespace pipeforge::testing
