@@ -509,7 +509,10 @@ class Importer {
         }
       }
     }
-    PIPEFORGE_FAIL("value '" + name + "' is read before it is defined in the rebuilt graph");
+    // Reachable from a malformed archive (the fuzzer found one), so it is the
+    // archive's fault, not ours: a documented Pt2Error, not a failed check.
+    fail("value '" + name + "' is read before any node of the program defines it; the archive's graph is "
+         "malformed: re-export the model with torch.export.save");
   }
 
   Value* constantList(Scope& scope, const json& list, const c10::TypePtr& elem,
