@@ -2,6 +2,8 @@
 
 #include <ATen/autocast_mode.h>
 
+#include <stdexcept>
+
 #include "compat/torch_compat.h"
 
 namespace pipeforge::compat {
@@ -92,6 +94,39 @@ AutocastGuard::~AutocastGuard() {
   setEnabled(device_, was_enabled_);
   setDtype(device_, static_cast<at::ScalarType>(was_dtype_));
   at::autocast::set_autocast_cache_enabled(was_cache_enabled_);
+}
+
+namespace {
+
+AutocastDevice regionDevice(const std::string& device_type) {
+  if (device_type == "cpu") return AutocastDevice::kCpu;
+  if (device_type == "cuda") return AutocastDevice::kCuda;
+  throw std::invalid_argument("autocast region on device type '" + device_type +
+                              "': pipeforge runs autocast regions on cpu and cuda only");
+}
+
+}  // namespace
+
+AutocastState enterAutocastRegion(const std::string& device_type, std::optional<int> dtype, bool enabled,
+                                  std::optional<bool> cache_enabled) {
+  AutocastDevice device = regionDevice(device_type);
+  AutocastState previous;
+  previous.enabled = isEnabled(device);
+  previous.dtype = static_cast<int>(dtypeOf(device));
+  previous.cache_enabled = at::autocast::is_autocast_cache_enabled();
+  setEnabled(device, enabled);
+  if (dtype) setDtype(device, static_cast<at::ScalarType>(*dtype));
+  at::autocast::increment_nesting();
+  if (cache_enabled) at::autocast::set_autocast_cache_enabled(*cache_enabled);
+  return previous;
+}
+
+void exitAutocastRegion(const std::string& device_type, const AutocastState& previous) {
+  AutocastDevice device = regionDevice(device_type);
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  setEnabled(device, previous.enabled);
+  setDtype(device, static_cast<at::ScalarType>(previous.dtype));
+  at::autocast::set_autocast_cache_enabled(previous.cache_enabled);
 }
 
 }  // namespace pipeforge::compat

@@ -37,4 +37,23 @@ class AutocastGuard {
   bool was_cache_enabled_ = true;
 };
 
+// The autocast state a region changes, to put back when it ends.
+struct AutocastState {
+  bool enabled = false;
+  int dtype = 0;  // an at::ScalarType
+  bool cache_enabled = true;
+};
+
+// Entering and leaving a `with torch.autocast(device_type, dtype, enabled,
+// cache_enabled)` region of an exported program (the wrap_with_autocast
+// higher-order op), as torch.autocast's __enter__ and __exit__ do: enter sets
+// the device's autocast flag and dtype (nullopt: the device's current one)
+// and the cast cache (nullopt: unchanged), counts one nesting level and
+// returns what it replaced; exit leaves the level, clears the cast cache when
+// it was the outermost, and restores `previous`. `device_type` is "cpu" or
+// "cuda"; anything else throws std::invalid_argument naming it.
+AutocastState enterAutocastRegion(const std::string& device_type, std::optional<int> dtype, bool enabled,
+                                  std::optional<bool> cache_enabled);
+void exitAutocastRegion(const std::string& device_type, const AutocastState& previous);
+
 }  // namespace pipeforge::compat

@@ -9,6 +9,7 @@
 #include "compat/torch_compat.h"
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cstring>
 #include <filesystem>
@@ -208,6 +209,73 @@ std::vector<Pt2ModuleFrame> parseModuleStack(const std::string& text) {
     frames.push_back(std::move(f));
   }
   return frames;
+}
+
+Pt2SourceLocation pt2SourceLocation(const json& node) {
+  Pt2SourceLocation where;
+  if (!node.is_object() || !node.contains("metadata") || !node.at("metadata").is_object()) return where;
+  const json& meta = node.at("metadata");
+  if (!meta.contains("stack_trace") || !meta.at("stack_trace").is_string()) return where;
+  const std::string trace = meta.at("stack_trace").get<std::string>();
+  // Frames read `File "<path>", line <n>, in <function>\n    <code>`,
+  // outermost first. The innermost frame outside torch's own package is the
+  // user's line (an nn.Linear call, not F.linear inside linear.py).
+  struct Frame {
+    std::string path;
+    int line = 0;
+    std::string code;
+  };
+  std::vector<Frame> frames;
+  const std::string file_tag = "File \"";
+  for (size_t at = trace.find(file_tag); at != std::string::npos; at = trace.find(file_tag, at + 1)) {
+    Frame f;
+    size_t start = at + file_tag.size();
+    size_t end = trace.find('"', start);
+    if (end == std::string::npos) break;
+    f.path = trace.substr(start, end - start);
+    const std::string line_tag = ", line ";
+    size_t digits = end + 1;
+    if (trace.compare(digits, line_tag.size(), line_tag) == 0) {
+      digits += line_tag.size();
+      size_t stop = digits;
+      while (stop < trace.size() && std::isdigit(static_cast<unsigned char>(trace[stop]))) ++stop;
+      if (stop > digits && stop - digits < 10) f.line = std::stoi(trace.substr(digits, stop - digits));
+    }
+    size_t code = trace.find('\n', end);
+    if (code != std::string::npos && trace.compare(code + 1, 2, "  ") == 0) {
+      size_t code_end = trace.find('\n', code + 1);
+      std::string text = trace.substr(code + 1, code_end == std::string::npos ? std::string::npos : code_end - code - 1);
+      size_t first = text.find_first_not_of(" \t");
+      size_t last = text.find_last_not_of(" \t\r");
+      if (first != std::string::npos && text.compare(first, file_tag.size(), file_tag) != 0) {
+        f.code = text.substr(first, last - first + 1);
+      }
+    }
+    frames.push_back(std::move(f));
+  }
+  if (frames.empty()) return where;
+  auto inTorch = [](const std::string& path) {
+    return path.find("-packages/torch/") != std::string::npos;
+  };
+  const Frame* chosen = &frames.back();
+  for (auto it = frames.rbegin(); it != frames.rend(); ++it) {
+    if (!inTorch(it->path)) {
+      chosen = &*it;
+      break;
+    }
+  }
+  where.file = chosen->path;
+  auto slash = where.file.find_last_of("/\\");
+  if (slash != std::string::npos) where.file = where.file.substr(slash + 1);
+  where.line = chosen->line;
+  where.code = chosen->code;
+  return where;
+}
+
+std::string pt2SourceLine(const json& node) {
+  Pt2SourceLocation where = pt2SourceLocation(node);
+  if (where.file.empty()) return "";
+  return where.line > 0 ? where.file + ":" + std::to_string(where.line) : where.file;
 }
 
 struct Pt2Archive::Impl {

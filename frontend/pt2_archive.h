@@ -140,6 +140,19 @@ int c10ScalarTypeOf(int pt2_code, const std::string& what);
 // Frames added by export passes without module information are dropped.
 std::vector<Pt2ModuleFrame> parseModuleStack(const std::string& text);
 
+// Where forward made a node, from its `stack_trace` metadata: the innermost
+// frame outside torch's own package (the model's line, not F.linear's): its
+// file name (no folders), line and code. Empty when the node carries
+// no trace.
+struct Pt2SourceLocation {
+  std::string file;  // "modeling_llama.py"
+  int line = 0;      // 0 when unknown
+  std::string code;  // "cos = emb.cos() * self.attention_scaling"
+};
+Pt2SourceLocation pt2SourceLocation(const nlohmann::ordered_json& node);
+// The same as "modeling_llama.py:98", or "".
+std::string pt2SourceLine(const nlohmann::ordered_json& node);
+
 // Every value name an Argument JSON (or a list of them) reads, in order;
 // higher-order subgraphs (`as_graph`) are not entered.
 void pt2ValueNames(const nlohmann::ordered_json& arg, std::vector<std::string>& out);

@@ -2,6 +2,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/runtime/operator.h>
@@ -17,6 +18,7 @@
 #include "frontend/module_paths.h"
 #include "frontend/pipe_split_op.h"
 #include "frontend/pt2_archive.h"
+#include "frontend/region_ops.h"
 
 // Note [PT2 as nested TorchScript]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -214,6 +216,7 @@ class Importer {
 
   torch::jit::Module run() {
     ensurePipeSplitRegistered();
+    ensureRegionOpsRegistered();
     checkOperators(graph_);
     checkSignature();
     buildModules();
@@ -244,17 +247,41 @@ class Importer {
     }
   }
 
+  // Note [Python-only custom ops]: an op registered with torch.library in
+  // Python (transformers' MoE layers call transformers::grouped_mm_fallback on
+  // CPU) has no kernel in LibTorch, so no stage could run it. It is refused
+  // when the model is read, which `pipeforge train` does before any rank
+  // starts, naming the export-side fix where one is known.
   void checkOperators(const json& graph) const {
     std::set<std::string> missing;
     collectMissing(graph, missing);
     if (missing.empty()) return;
-    std::string names;
-    for (const auto& m : missing) names += (names.empty() ? "" : ", ") + m;
-    fail(fmt::format("the graph calls operators that this LibTorch ({}) does not have: {}. A custom op must be "
-                     "registered in C++ (TORCH_LIBRARY) and linked into pipeforge; an ATen op missing here means "
-                     "the model was exported by a newer torch than the LibTorch pipeforge links: re-export with "
-                     "torch {}",
-                     TORCH_VERSION, names, TORCH_VERSION));
+    std::vector<std::string> aten, custom;
+    for (const auto& m : missing) {
+      const std::string ns = m.substr(0, m.find("::"));
+      (ns == "aten" || ns == "prims" || ns == "quantized" || ns == "_quantized" ? aten : custom).push_back(m);
+    }
+    if (!custom.empty()) {
+      static const std::map<std::string, std::string> kFixes = {
+          {"transformers::grouped_mm_fallback",
+           "export the model with experts_implementation=\"batched_mm\" in its config (transformers' MoE layers then "
+           "export to aten.bmm)"},
+      };
+      std::string fix;
+      for (const auto& op : custom) {
+        auto known = kFixes.find(op.substr(0, op.rfind('.')));
+        if (known != kFixes.end()) fix = known->second;
+      }
+      if (fix.empty()) {
+        fix = "register the op in C++ (TORCH_LIBRARY) and link it into pipeforge, or export the model without it";
+      }
+      fail(fmt::format("the graph calls {} {} that this LibTorch ({}) does not have: a custom op defined only in "
+                       "Python (torch.library) has no C++ kernel, so no stage can run it; {}",
+                       custom.size() == 1 ? "the custom op" : "custom ops", fmt::join(custom, ", "), TORCH_VERSION, fix));
+    }
+    fail(fmt::format("the graph calls operators that this LibTorch ({}) does not have: {}; the model was exported by "
+                     "a newer torch than the LibTorch pipeforge links: re-export with torch {}",
+                     TORCH_VERSION, fmt::join(aten, ", "), TORCH_VERSION));
   }
 
   void checkSignature() {
@@ -387,6 +414,7 @@ class Importer {
         }
       }
       regions_[open.back()].items.push_back({false, pos});
+      region_of_pos_.push_back(open.back());
       for (int r : open) {
         regions_[r].first = std::min(regions_[r].first, pos);
         regions_[r].last = std::max(regions_[r].last, pos);
@@ -400,9 +428,11 @@ class Importer {
     std::unordered_map<std::string, int> last_use;
     std::vector<std::vector<std::string>> uses(nodes.size());
     for (int pos = 0; pos < static_cast<int>(nodes.size()); ++pos) {
-      const json& node = graph_nodes.at(pos);
-      uses[pos] = pt2NodeUses(node);
-      for (const auto& d : pt2NodeDefs(node)) def_pos[d] = pos;
+      for (const auto& d : pt2NodeDefs(graph_nodes.at(pos))) def_pos[d] = pos;
+    }
+    def_pos_ = def_pos;
+    for (int pos = 0; pos < static_cast<int>(nodes.size()); ++pos) {
+      uses[pos] = expandedUses(pos);
       for (const auto& u : uses[pos]) last_use[u] = std::max(last_use[u], pos);
     }
     // A functional buffer update is written back (aten::copy_) after the node
@@ -439,11 +469,68 @@ class Importer {
       }
       for (int pos = region.first; pos <= region.last; ++pos) {
         for (const auto& d : pt2NodeDefs(graph_nodes.at(pos))) {
+          if (isFloating(d)) continue;  // Note [Symbolic sizes are recomputed, not returned]
           auto lu = last_use.find(d);
           if (lu != last_use.end() && lu->second > region.last) region.outputs.push_back(d);
         }
       }
     }
+  }
+
+  // Note [Symbolic sizes are recomputed, not returned]
+  // A size that one module call computes and code after the call reads (a
+  // decomposed Llama computes batch * seq once, in layers.0's q_proj, and
+  // every later layer reuses it) would make that call's method return an
+  // int next to its tensors. Stages receive only tensors, and a method call
+  // cannot be recomputed in a later stage, so such a split would be refused
+  // at every cut. Sizes are pure functions of tensors' shapes, so none is
+  // returned from a call: code outside the call that reads one computes it
+  // again from what it has (the root's sym_size of the inputs, passed down as
+  // arguments), and a call receives what it needs for that instead of the size.
+  bool isFloating(const std::string& value) const {
+    auto d = def_pos_.find(value);
+    if (d == def_pos_.end()) return false;
+    const json& node = graph_.at("nodes").at(d->second);
+    const std::string target = node.at("target").get<std::string>();
+    static const std::set<std::string> kSizeOps = {
+        "torch.ops.aten.sym_size.int", "torch.ops.aten.sym_numel.default", "torch.ops.aten.sym_stride.int",
+        "torch.ops.aten.sym_storage_offset.default"};
+    if (!kSizeOps.count(target) && !symbolicOps().count(target)) return false;
+    auto defs = pt2NodeDefs(node);
+    if (defs.empty()) return false;
+    for (const auto& def : defs) {
+      bool symbolic = false;
+      for (const char* table : {"sym_int_values", "sym_bool_values", "sym_float_values"}) {
+        if (graph_.contains(table) && graph_.at(table).contains(def)) symbolic = true;
+      }
+      if (!symbolic) return false;
+    }
+    return true;
+  }
+
+  // Whether code at node position `pos` runs inside region `r`'s call.
+  bool regionContains(int r, int pos) const {
+    return r == 0 || (regions_[r].first <= pos && pos <= regions_[r].last);
+  }
+
+  // What node `pos` reads, with each floating size made outside the
+  // innermost call that holds `pos` replaced by what computing it reads.
+  std::vector<std::string> expandedUses(int pos) const {
+    std::vector<std::string> out;
+    std::set<std::string> seen;
+    std::function<void(const std::string&)> add = [&](const std::string& u) {
+      if (!seen.insert(u).second) return;
+      if (isFloating(u)) {
+        int d = def_pos_.at(u);
+        if (!regionContains(region_of_pos_.at(d), pos)) {
+          for (const auto& w : pt2NodeUses(graph_.at("nodes").at(d))) add(w);
+          return;
+        }
+      }
+      out.push_back(u);
+    };
+    for (const auto& u : pt2NodeUses(graph_.at("nodes").at(pos))) add(u);
+    return out;
   }
 
   std::string placeholderFor(const std::string& fqn) const {
@@ -508,6 +595,12 @@ class Importer {
           return v;
         }
       }
+    }
+    if (scope.top_level && isFloating(name)) {
+      // Note [Symbolic sizes are recomputed, not returned]: computed again here.
+      emitNode(scope, graph_.at("nodes").at(def_pos_.at(name)));
+      auto made = scope.env.find(name);
+      if (made != scope.env.end()) return made->second;
     }
     // Reachable from a malformed archive (the fuzzer found one), so it is the
     // archive's fault, not ours: a documented Pt2Error, not a failed check.
@@ -672,11 +765,15 @@ class Importer {
       emitWhileLoop(scope, node);
       return;
     }
-    if (target.rfind(kHigherOrderPrefix, 0) == 0) {
-      fail(fmt::format("{}: the higher-order op '{}' is not supported (cond and while_loop are); rewrite that part of forward "
-                       "without it, or keep it out of the exported model",
-                       where, target.substr(std::string(kHigherOrderPrefix).size())));
+    if (target == "torch.ops.higher_order.wrap_with_set_grad_enabled") {
+      emitRegion(scope, node, RegionKind::kGradMode);
+      return;
     }
+    if (target == "torch.ops.higher_order.wrap_with_autocast") {
+      emitRegion(scope, node, RegionKind::kAutocast);
+      return;
+    }
+    if (target.rfind(kHigherOrderPrefix, 0) == 0) refuseHigherOrder(node, where);
     std::string symbol;
     std::vector<torch::jit::NamedValue> args;
     std::vector<torch::jit::NamedValue> kwargs;
@@ -838,6 +935,158 @@ class Importer {
     }
   }
 
+  // Note [PT2 regions]
+  // ~~~~~~~~~~~~~~~~~~
+  // `with torch.no_grad()` (transformers computes rotary embeddings under
+  // it) and `with torch.autocast(...)` stay in the training IR as the
+  // higher-order ops wrap_with_set_grad_enabled(enable, body, *operands) and
+  // wrap_with_autocast(device_type, dtype, enabled, cache_enabled, body,
+  // *operands). Each becomes a prim::If on a constant true whose first block
+  // sets the mode, runs the body and puts the mode back:
+  //
+  //   %out = prim::If(%true)   # pf_pt2_region = "a torch.no_grad() region of model.rotary_emb (...)"
+  //     block0():
+  //       %prev = aten::is_grad_enabled()
+  //       = aten::set_grad_enabled(%false)
+  //       ... the body ...
+  //       = aten::set_grad_enabled(%prev)
+  //       -> (%cos, %sin)
+  //     block1():               # never taken
+  //       -> (prim::Uninitialized, ...)
+  //
+  // The block is what keeps the region whole: the DAG makes one vertex of a
+  // node with blocks, so no cut and no policy can land between the mode
+  // change and its undoing, and a split point at a module the body calls is
+  // refused naming the region (partitioner/partition.cpp). The runtime runs
+  // the block as written; gradients flow through an autocast region and stop
+  // at a no-grad one exactly as in eager PyTorch, because the same thread
+  // state is set around the same ops. Stage files copy the original
+  // higher-order node (Note [PT2 stage files]), so they load in PyTorch as is.
+  enum class RegionKind { kGradMode, kAutocast };
+
+  void emitRegion(Scope& scope, const json& node, RegionKind kind) {
+    std::string where = describe(node);
+    const json& inputs = node.at("inputs");
+    const size_t body_at = kind == RegionKind::kGradMode ? 1 : 4;
+    if (inputs.size() <= body_at || !inputs[body_at].at("arg").contains("as_graph")) {
+      fail(where + (kind == RegionKind::kGradMode
+                        ? ": expected wrap_with_set_grad_enabled(enable, body, *operands)"
+                        : ": expected wrap_with_autocast(device_type, dtype, enabled, cache_enabled, body, *operands)"));
+    }
+    std::vector<Operand> operands;
+    for (size_t i = body_at + 1; i < inputs.size(); ++i) {
+      std::vector<std::string> names;
+      pt2ValueNames(inputs[i].at("arg"), names);
+      if (names.size() != 1) fail(where + ": a region operand is not a single value");
+      operands.push_back({names[0], nullptr});
+    }
+    Graph& g = *scope.graph;
+    const size_t num_outputs = node.at("outputs").size();
+    Node* region = g.insertNode(g.create(c10::prim::If, {g.insertConstant(true)}, num_outputs));
+    region->s_(c10::Symbol::attr(kPt2RegionAttribute), regionDescription(node, kind, scope.path));
+    std::vector<c10::TypePtr> types(num_outputs);
+    {
+      torch::jit::Block* body = region->addBlock();
+      torch::jit::WithInsertPoint guard(body);
+      Scope inner = scope;  // values made in the region stay in it
+      std::function<void()> leave;
+      if (kind == RegionKind::kGradMode) {
+        Value* enable = argument(inner, inputs[0].at("arg"), where);
+        Value* previous = g.insert(c10::Symbol::fromQualString("aten::is_grad_enabled"), {});
+        insertStatement(g, "aten::set_grad_enabled", {enable});
+        leave = [&g, previous] { insertStatement(g, "aten::set_grad_enabled", {previous}); };
+      } else {
+        Value* device = argument(inner, inputs[0].at("arg"), where);
+        Value* dtype = argument(inner, inputs[1].at("arg"), where);
+        Value* enabled = argument(inner, inputs[2].at("arg"), where);
+        Value* cache = argument(inner, inputs[3].at("arg"), where);
+        Value* previous = g.insert(c10::Symbol::fromQualString(kAutocastEnterOpName), {device, dtype, enabled, cache});
+        leave = [&g, device, previous] { insertStatement(g, kAutocastExitOpName, {device, previous}); };
+      }
+      auto results = emitBranch(inner, inputs[body_at].at("arg").at("as_graph").at("graph"), operands,
+                                kind == RegionKind::kGradMode ? "pt2_grad_region" : "pt2_autocast_region", where);
+      leave();
+      if (results.size() != num_outputs) {
+        fail(fmt::format("{}: the region returns {} values but the node has {} outputs", where, results.size(),
+                         num_outputs));
+      }
+      for (size_t i = 0; i < num_outputs; ++i) {
+        body->registerOutput(results[i]);
+        types[i] = results[i]->type();
+      }
+    }
+    {
+      torch::jit::Block* never = region->addBlock();
+      torch::jit::WithInsertPoint guard(never);
+      for (size_t i = 0; i < num_outputs; ++i) {
+        Node* u = g.insertNode(g.create(c10::prim::Uninitialized, {}, 1));
+        u->output()->setType(types[i]);
+        never->registerOutput(u->output());
+      }
+    }
+    const json& outputs = node.at("outputs");
+    for (size_t i = 0; i < num_outputs; ++i) {
+      region->output(i)->setType(types[i]);
+      std::vector<std::string> names;
+      pt2ValueNames(outputs[i], names);
+      if (names.size() != 1) continue;
+      region->output(i)->setDebugName(identifier(names[0]));
+      scope.env[names[0]] = region->output(i);
+    }
+  }
+
+  // A call of an op that returns nothing: schema matching packs its nothing
+  // into an empty tuple, which is dropped.
+  static void insertStatement(Graph& g, const char* op, std::vector<torch::jit::NamedValue> args) {
+    Value* packed = g.insert(c10::Symbol::fromQualString(op), args);
+    Node* n = packed ? packed->node() : nullptr;
+    if (n && n->kind() == c10::prim::TupleConstruct && n->inputs().empty() && !packed->hasUses()) n->destroy();
+  }
+
+  // "a torch.no_grad() region of model.rotary_emb (modeling_llama.py:98)", for refusals.
+  std::string regionDescription(const json& node, RegionKind kind, const std::string& path) const {
+    std::string what;
+    if (kind == RegionKind::kAutocast) {
+      what = "a torch.autocast region";
+    } else {
+      const json& enable = node.at("inputs").at(0).at("arg");
+      bool on = enable.contains("as_bool") && enable.at("as_bool").is_boolean() && enable.at("as_bool").get<bool>();
+      what = on ? "a torch.enable_grad() region" : "a torch.no_grad() region";
+    }
+    what += path.empty() ? " of forward" : " of " + path;
+    // Export records no stack trace on the higher-order node itself: the
+    // region's first body node with one says where it is.
+    std::string line = pt2SourceLine(node);
+    const json& body = node.at("inputs").at(kind == RegionKind::kGradMode ? 1 : 4).at("arg").at("as_graph").at("graph");
+    for (const auto& inner : body.at("nodes")) {
+      if (!line.empty()) break;
+      line = pt2SourceLine(inner);
+    }
+    return line.empty() ? what : what + " (" + line + ")";
+  }
+
+  // Higher-order ops other than the ones above: what each is and how to export without it.
+  [[noreturn]] void refuseHigherOrder(const json& node, const std::string& where) const {
+    std::string op = node.at("target").get<std::string>().substr(std::string(kHigherOrderPrefix).size());
+    std::string fix;
+    if (op == "flex_attention" || op == "flex_attention_backward") {
+      fix = "export the model with attn_implementation=\"sdpa\" (or \"eager\") in its config";
+    } else if (op == "tag_activation_checkpoint" || op == "checkpoint") {
+      fix = "export without activation checkpointing (model.gradient_checkpointing_disable(), or no "
+            "torch.utils.checkpoint in forward) and set pipeline.activation_checkpointing in the training config "
+            "instead";
+    } else if (op == "auto_functionalized" || op == "auto_functionalized_v2" || op == "with_effects") {
+      fix = "the model calls a custom op that mutates its inputs or has side effects; export with ops that return "
+            "new tensors";
+    } else {
+      fix = "rewrite that part of forward without it, or keep it out of the exported model";
+    }
+    std::string line = pt2SourceLine(node);
+    fail(fmt::format("{}{}: the higher-order op '{}' is not supported (cond, while_loop, "
+                     "wrap_with_set_grad_enabled and wrap_with_autocast are); {}",
+                     where, line.empty() ? "" : " at " + line, op, fix));
+  }
+
   Value* toBool(Scope& scope, Value* v) {
     return v->type()->cast<c10::TensorType>() ? scope.graph->insert(c10::aten::Bool, {v}) : v;
   }
@@ -945,7 +1194,35 @@ class Importer {
           scope.graph->insert(c10::aten::copy_, {buffer, resolve(scope, value)});
         }
       }
-      for (Node* n = before->next(); n != end; n = n->next()) tagWithPt2Node(n, index);
+      torch::jit::SourceRange range = sourceRangeOf(node);
+      for (Node* n = before->next(); n != end; n = n->next()) {
+        tagWithPt2Node(n, index);
+        setSourceRange(n, range);
+      }
+    }
+  }
+
+  // Where the Python code made `node`, as a TorchScript source range, so that
+  // the split's messages say "aten::mul at modeling_llama.py:391" as they do
+  // for scripted code. One Source per file and line.
+  torch::jit::SourceRange sourceRangeOf(const json& node) {
+    Pt2SourceLocation where = pt2SourceLocation(node);
+    if (where.file.empty() || where.line <= 0) return {};
+    std::string key = where.file + ":" + std::to_string(where.line);
+    auto it = sources_.find(key);
+    if (it == sources_.end()) {
+      std::string text = where.code.empty() ? std::string(" ") : where.code;
+      auto source = std::make_shared<torch::jit::Source>(text, where.file, static_cast<size_t>(where.line));
+      it = sources_.emplace(key, source).first;
+    }
+    return torch::jit::SourceRange(it->second, 0, it->second->size());
+  }
+
+  static void setSourceRange(Node* n, const torch::jit::SourceRange& range) {
+    if (!range.source()) return;
+    n->setSourceRange(range);
+    for (torch::jit::Block* b : n->blocks()) {
+      for (Node* inner : b->nodes()) setSourceRange(inner, range);
     }
   }
 
@@ -1054,7 +1331,10 @@ class Importer {
   std::map<std::string, std::string> mutations_;  // graph value -> buffer/parameter FQN it becomes
   std::map<int, std::vector<std::string>> writes_;  // node position -> mutation values written back after it
   std::vector<Region> regions_;
+  std::vector<int> region_of_pos_;                    // node position -> innermost region holding it
+  std::unordered_map<std::string, int> def_pos_;       // value -> position of the node that makes it
   std::map<std::string, int> method_counts_;
+  std::map<std::string, std::shared_ptr<torch::jit::Source>> sources_;  // "file:line" -> its Source
 };
 
 }  // namespace

@@ -19,6 +19,11 @@ class Pt2Archive;
 // a top-level exported node: that node's position in the graph (Note [PT2 node tags]).
 inline constexpr const char* kPt2NodeAttribute = "pf_pt2_node";
 
+// The string attribute on the prim::If that holds a grad-mode or autocast
+// region (Note [PT2 regions]): what the region is and where forward opens it,
+// e.g. "a torch.no_grad() region of model.rotary_emb (modeling_llama.py:98)".
+inline constexpr const char* kPt2RegionAttribute = "pf_pt2_region";
+
 // Rebuilds `archive`'s program as a module. Throws Pt2Error (a ModelError)
 // naming the node and the fix for what cannot be rebuilt: operators this
 // LibTorch lacks, non-tensor outputs, unsupported higher-order ops.

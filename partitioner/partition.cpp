@@ -105,7 +105,7 @@ PolicyUnits policyUnits(const frontend::ModelDag& dag) {
 
 std::vector<size_t> explicitCuts(const frontend::ModelDag& dag, const SplitSpec& spec,
                                  const std::vector<std::string>& module_paths,
-                                 const std::vector<std::string>& control_flow_paths) {
+                                 const std::vector<ControlFlowPath>& control_flow_paths) {
   std::set<size_t> cuts;
   for (const auto& [fqn, point] : spec.split_points) {
     if (std::find(module_paths.begin(), module_paths.end(), fqn) == module_paths.end()) {
@@ -129,11 +129,11 @@ std::vector<size_t> explicitCuts(const frontend::ModelDag& dag, const SplitSpec&
     }
     if (found) continue;
     for (const auto& inside : control_flow_paths) {
-      if (frontend::isWithin(inside, fqn) || frontend::isWithin(fqn, inside)) {
+      if (frontend::isWithin(inside.fqn, fqn) || frontend::isWithin(fqn, inside.fqn)) {
         throw SpecError(fmt::format(
-            "split point '{}' is inside a loop or if body of forward; control flow stays whole in one stage, "
-            "so split before or after the statement that holds it",
-            fqn));
+            "split point '{}' is inside {}; such a region stays whole in one stage, so split before or after "
+            "the statement that holds it",
+            fqn, inside.inside));
       }
     }
     throw SpecError(fmt::format("split point '{}': forward never calls this module; split at a module that runs", fqn));

@@ -33,12 +33,21 @@ struct PolicyUnits {
 // after the first vertex that does work).
 PolicyUnits policyUnits(const frontend::ModelDag& dag);
 
+// A module whose code runs inside a node with blocks of the opened graph,
+// which stays whole in one stage, and what that node is: "a loop or if body",
+// or an exported program's region ("a torch.no_grad() region of
+// model.rotary_emb (modeling_llama.py:98)", Note [PT2 regions]).
+struct ControlFlowPath {
+  std::string fqn;
+  std::string inside;
+};
+
 // Cuts named by the spec's split_points and the graph's markers, as vertex
 // positions. Throws SpecError for unknown FQNs (with near matches), split
-// points inside control flow, and FQNs forward never calls.
+// points inside control flow (naming it), and FQNs forward never calls.
 std::vector<size_t> explicitCuts(const frontend::ModelDag& dag, const SplitSpec& spec,
                                  const std::vector<std::string>& module_paths,
-                                 const std::vector<std::string>& control_flow_paths);
+                                 const std::vector<ControlFlowPath>& control_flow_paths);
 
 // Stage k is the vertex range [starts[k], starts[k+1]) (the last runs to the
 // end); the inputs vertex goes to stage 0 and the outputs vertex to the last.

@@ -10,26 +10,44 @@
 #include <string>
 
 #include "frontend/module_paths.h"
+#include "frontend/pt2_import.h"
 
 namespace pipeforge::partitioner {
 namespace {
 
-// FQNs whose code sits inside a prim::If / prim::Loop body of the opened graph.
-std::vector<std::string> controlFlowPaths(const frontend::OpenedModel& opened) {
-  std::vector<std::string> paths;
-  std::function<void(torch::jit::Block*, bool)> walk = [&](torch::jit::Block* block, bool inside) {
+// FQNs whose code sits inside a node with blocks (prim::If / prim::Loop, or
+// an exported program's grad-mode or autocast region) of the opened graph,
+// each with what the outermost such node is.
+std::vector<ControlFlowPath> controlFlowPaths(const frontend::OpenedModel& opened) {
+  static const c10::Symbol kRegion = c10::Symbol::attr(frontend::kPt2RegionAttribute);
+  std::vector<ControlFlowPath> paths;
+  std::function<void(torch::jit::Block*, const std::string*)> walk = [&](torch::jit::Block* block,
+                                                                         const std::string* inside) {
     for (torch::jit::Node* n : block->nodes()) {
       if (inside) {
-        paths.push_back(opened.ownerOf(n));
+        paths.push_back({opened.ownerOf(n), *inside});
         if (n->kind() == c10::prim::CallMethod) {
-          if (auto p = frontend::attributePath(n->input(0))) paths.push_back(*p);
+          if (auto p = frontend::attributePath(n->input(0))) paths.push_back({*p, *inside});
         }
       }
-      for (torch::jit::Block* b : n->blocks()) walk(b, true);
+      if (n->blocks().empty()) continue;
+      static const std::string kLoopOrIf = "a loop or if body of forward";
+      const std::string* what = inside;
+      std::string region;
+      if (!what) {
+        if (n->hasAttribute(kRegion)) {
+          region = n->s(kRegion);
+          what = &region;
+        } else {
+          what = &kLoopOrIf;
+        }
+      }
+      for (torch::jit::Block* b : n->blocks()) walk(b, what);
     }
   };
-  walk(opened.graph().block(), false);
-  paths.erase(std::remove(paths.begin(), paths.end(), std::string()), paths.end());
+  walk(opened.graph().block(), nullptr);
+  paths.erase(std::remove_if(paths.begin(), paths.end(), [](const ControlFlowPath& p) { return p.fqn.empty(); }),
+              paths.end());
   return paths;
 }
 

@@ -440,9 +440,13 @@ class DataflowPlanner {
     Node* producer = v->node();
     const int p = stage_of_.at(producer);
     if (!producer->blocks().empty() || producer->hasSideEffects()) {
-      refuse(fmt::format("value {} made in stage {} is used in stage {}, but only tensors can cross stages and it "
-                         "cannot be recomputed there; move the split point so its producer and users share a stage",
-                         describeValue(v), p, k));
+      // Named by the code that made it, not by its graph id: that is what the user can find.
+      refuse(fmt::format("a {} made in stage {} by {} is used in stage {} by {}, but only tensors can cross stages and "
+                         "it cannot be recomputed there ({}); move the split point so that its producer and its users "
+                         "share a stage",
+                         v->type()->repr_str(), p, describeNode(producer), k, describeNode(user),
+                         producer->blocks().empty() ? "a module call or an op with side effects runs only once"
+                                                    : "it comes out of an if or a loop"));
     }
     const auto& writes = pt_.writes(producer);
     if (!writes.empty()) {

@@ -83,7 +83,7 @@ TEST_P(Pt2ImportZoo, KeepsTheStateDictNamesAndTheModuleTree) {
 
 INSTANTIATE_TEST_SUITE_P(Zoo, Pt2ImportZoo,
                          ::testing::Values("gpt", "gpt_dynamic", "multi_io", "markers", "resnet_train", "resnet_eval",
-                                           "resnet_functional", "cond_model", "while_model"));
+                                           "resnet_functional", "cond_model", "while_model", "regions"));
 
 TEST(Pt2Import, CallsBecomeMethodsOfTheOriginalSubmodules) {
   auto model = frontend::loadModel(testing::pt2ZooPath("gpt"));
@@ -216,6 +216,56 @@ INSTANTIATE_TEST_SUITE_P(Pt2Split, Pt2SplitInsideHigherOrderOp,
                          ::testing::Values(std::make_pair("cond_model", "pos"), std::make_pair("cond_model", "neg"),
                                            std::make_pair("while_model", "step")));
 
+// Note [PT2 regions]: a no-grad region stops gradients exactly where eager
+// PyTorch does, and an autocast region computes in bfloat16 and trains.
+TEST(Pt2Regions, GradientsStopAtTheNoGradRegionAndFlowThroughAutocast) {
+  auto model = frontend::loadModel(testing::pt2ZooPath("regions"));
+  auto ref = testing::loadPt2Reference("regions");
+  auto result = model.forward(ref.inputs);  // with grad, unlike testing::runForward
+  std::vector<at::Tensor> outputs{result.isTuple() ? result.toTupleRef().elements()[0].toTensor() : result.toTensor()};
+  expectOutputsMatch(outputs, ref);
+  outputs[0].sum().backward();
+  for (const auto& p : model.named_parameters(true)) {
+    bool in_gate = p.name.rfind("gate.", 0) == 0;
+    EXPECT_EQ(p.value.grad().defined(), !in_gate) << p.name;
+    if (!in_gate) EXPECT_GT(p.value.grad().abs().sum().item<double>(), 0.0) << p.name;
+  }
+  EXPECT_TRUE(at::GradMode::is_enabled()) << "the region put grad mode back";
+}
+
+TEST(Pt2Regions, TheRegionIsAStatementOfItsModule) {
+  auto model = frontend::loadModel(testing::pt2ZooPath("regions"));
+  std::string text = model.get_method("forward").graph()->toString();
+  EXPECT_NE(text.find("aten::set_grad_enabled"), std::string::npos) << text;
+  EXPECT_NE(text.find("pipeforge::autocast_enter"), std::string::npos) << text;
+  EXPECT_NE(text.find("pipeforge::autocast_exit"), std::string::npos) << text;
+  EXPECT_NE(text.find("a torch.no_grad() region of forward (generate_pt2_zoo.py:"), std::string::npos) << text;
+  // A split point before, between or after the regions works, and the
+  // stages chained equal the model.
+  auto ref = testing::loadPt2Reference("regions");
+  for (const char* spec : {"split_points: {main: BEGINNING}", "split_points: {out: BEGINNING}"}) {
+    auto result = stage::splitInMemory(model, partitioner::parseSplitSpec(spec, "t"));
+    torch::NoGradGuard no_grad;
+    expectOutputsMatch(stage::runChained(result.stages.modules, result.stages.manifest, ref.inputs), ref);
+  }
+}
+
+TEST(Pt2Regions, ASplitPointInsideARegionIsRefusedNamingIt) {
+  auto model = frontend::loadModel(testing::pt2ZooPath("regions"));
+  const std::pair<const char*, const char*> cases[] = {
+      {"gate", "is inside a torch.no_grad() region of forward (generate_pt2_zoo.py:"},
+      {"cast", "is inside a torch.autocast region of forward (generate_pt2_zoo.py:"},
+  };
+  for (const auto& [fqn, expected] : cases) {
+    try {
+      stage::splitInMemory(model, partitioner::parseSplitSpec(std::string("split_points: {") + fqn + ": END}", "t"));
+      ADD_FAILURE() << "a split point inside a region must be refused: " << fqn;
+    } catch (const partitioner::SpecError& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Pt2Split, TiedEmbeddingIsListedAndHeldByBothEnds) {
   auto model = frontend::loadModel(testing::pt2ZooPath("gpt"));
   auto result = stage::splitInMemory(model, partitioner::parseSplitSpec("split_points: {blocks.1: BEGINNING}", "t"));
@@ -332,7 +382,7 @@ TEST_P(Pt2CliBadFile, ExitsOneWithOneLine) {
 
 INSTANTIATE_TEST_SUITE_P(Errors, Pt2CliBadFile,
                          ::testing::Values("bad_truncated", "bad_schema", "bad_archive_version", "bad_aoti",
-                                           "legacy_flat", "bad_unknown_op", "bad_non_tensor_out", "bad_no_grad"));
+                                           "legacy_flat", "bad_unknown_op", "bad_non_tensor_out"));
 
 }  // namespace
 }  // namespace pipeforge

@@ -15,13 +15,14 @@ For each model NAME it writes:
                  state_names, state_values   the state_dict before the forward
                  after_names, after_values   the buffers after that forward
                                              (BatchNorm in train mode updates them)
+  regions.pt2  a torch.no_grad() region calling a submodule and a bfloat16
+               torch.autocast region (wrap_with_set_grad_enabled, wrap_with_autocast)
 and, for the reader's error tests, files that are wrong in one way each:
   bad_truncated.pt2        the first half of gpt.pt2
   bad_schema.pt2           markers.pt2 with schema_version.major = 999
   bad_archive_version.pt2  markers.pt2 with archive_version = 7
   bad_unknown_op.pt2       calls pf_zoo::mystery, a custom op only Python knows
   bad_non_tensor_out.pt2   forward returns (Tensor, int)
-  bad_no_grad.pt2          `with torch.no_grad()` in forward: wrap_with_set_grad_enabled
   bad_aoti.pt2             an AOTInductor package's layout: data/aotinductor/ and
                            no models/*.json (hand-made: aoti_compile_and_package
                            works here but takes ~100 s for one Linear on 2 cores)
@@ -218,17 +219,25 @@ class WhileModel(nn.Module):
         return self.out(h)
 
 
-# For bad_no_grad: `torch.no_grad()` inside forward becomes the higher-order op
-# wrap_with_set_grad_enabled, which the importer refuses by name.
-class NoGradRegion(nn.Module):
+# `with torch.no_grad()` and `with torch.autocast(...)` in forward: the
+# training IR keeps them as the higher-order ops wrap_with_set_grad_enabled and
+# wrap_with_autocast (Note [PT2 regions]). The no-grad region calls `gate`, so
+# gate gets no gradient; `cast` runs in bfloat16 and trains.
+class RegionsModel(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.lin = nn.Linear(4, 4)
+        self.gate = nn.Linear(4, 4)
+        self.main = nn.Linear(4, 4)
+        self.cast = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 2)
 
     def forward(self, x):
         with torch.no_grad():
-            y = self.lin(x) * 2
-        return x + y
+            scale = torch.sigmoid(self.gate(x))
+        h = self.main(x) * scale
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            c = self.cast(h)
+        return self.out(c.float() + h)
 
 
 class NonTensorOutput(nn.Module):
@@ -283,9 +292,9 @@ def build(name: str):
     if name == "while_model":
         x = torch.randn(3, 4, generator=g)
         return WhileModel(), [x], [x], None, False
-    if name == "bad_no_grad":
-        x = torch.randn(2, 4, generator=g)
-        return NoGradRegion(), [x], [x], None, True
+    if name == "regions":
+        x = torch.randn(6, 4, generator=g)
+        return RegionsModel(), [x], [x], None, True
     if name == "bad_non_tensor_out":
         x = torch.randn(2, 4, generator=g)
         return NonTensorOutput(), [x], [x], None, False
@@ -374,7 +383,7 @@ def save_bad_files(out_dir: str) -> None:
 
 
 MODELS = ["gpt", "gpt_dynamic", "multi_io", "multi_io_deep", "markers", "resnet_train", "resnet_eval", "resnet_functional",
-          "cond_model", "while_model", "bad_unknown_op", "bad_non_tensor_out", "bad_no_grad"]
+          "cond_model", "while_model", "bad_unknown_op", "bad_non_tensor_out", "regions"]
 
 
 def main() -> None:

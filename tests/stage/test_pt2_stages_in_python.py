@@ -38,6 +38,7 @@ CASES = [
     ("markers", "split_points:\n  pair.first: END\n", 5),
     ("resnet_eval", "split_points:\n  layer1.1.conv2: BEGINNING\n  layer2: BEGINNING\n", 3),
     ("resnet_eval", "num_stages: 4\npolicy: uniform\n", 4),
+    ("regions", "split_points:\n  main: BEGINNING\n  out: BEGINNING\n", 3),
 ]
 
 

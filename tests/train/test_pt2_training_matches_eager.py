@@ -18,8 +18,10 @@ the exported program, both ends of the pipeline) on token rows with
 cross-entropy, and `multi_io_deep` (the zoo's multi-input skip model with a
 deeper body, so that it has the 8 stages 4 ranks x 2 need: three inputs, a
 skip connection over every middle cut, two outputs of which the first is
-trained) with mse. Both were exported with a static batch, so each microbatch
-has exactly that many rows.
+trained) with mse, and `regions` (a torch.no_grad() region that calls a
+submodule, which must stay untrained, and a bfloat16 torch.autocast region;
+Note [PT2 regions]) with mse on 2 ranks. All were exported with a static
+batch, so each microbatch has exactly that many rows.
 
 Then the refusals: a microbatch that a static export (or a dynamic one's
 range) cannot take stops `pipeforge train` with exit 1 before any step, naming
@@ -45,7 +47,9 @@ LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 0.01
 SCHEDULES = {"1F1B": 1, "InterleavedZeroBubble": 2, "ZBVZeroBubble": 2}
 RANKS = (2, 4)
 # name -> (loss, rows per microbatch = the exported batch, rows in the data file)
-MODELS = {"gpt": ("cross_entropy", 4, 40), "multi_io_deep": ("mse", 6, 56)}
+MODELS = {"gpt": ("cross_entropy", 4, 40), "multi_io_deep": ("mse", 6, 56), "regions": ("mse", 6, 56)}
+# Models with too few module calls for 8 stages: only these layouts.
+ONLY = {"regions": [(2, "1F1B")]}
 
 
 def make_data(torch, name: str, path: str, rows: int) -> None:
@@ -53,6 +57,8 @@ def make_data(torch, name: str, path: str, rows: int) -> None:
     if name == "gpt":
         tokens = torch.randint(0, 64, (rows, 17), generator=g)
         torch.save({"inputs": tokens[:, :-1].contiguous(), "targets": tokens[:, 1:].contiguous()}, path)
+    elif name == "regions":
+        torch.save({"inputs": torch.randn(rows, 4, generator=g), "targets": torch.randn(rows, 2, generator=g)}, path)
     else:
         x, y = torch.randn(rows, 8, generator=g), torch.randn(rows, 8, generator=g)
         mask = torch.randint(0, 2, (rows, 8), generator=g)
@@ -173,6 +179,8 @@ def main() -> None:
             initial = torch.export.load(model_path).module().state_dict()
             for ranks in RANKS:
                 for schedule in SCHEDULES:
+                    if name in ONLY and (ranks, schedule) not in ONLY[name]:
+                        continue
                     label = f"{name} {ranks} ranks {schedule}"
                     losses, state, stages = train_pipeforge(torch, binary, d, name, model_path, data_path, kind,
                                                             rows_per_mb, ranks, schedule)
