@@ -4,6 +4,7 @@
 
 #include <torch/script.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -83,6 +84,14 @@ ExportSummary exportTrainedModel(const ExportRequest& request) {
     ++summary.tied_groups;
   }
 
+  // A tied name that no stage held under that name is the held one's tensor.
+  for (const auto& group : meta.tied) {
+    auto held = std::find_if(group.begin(), group.end(), [&](const std::string& n) { return params.count(n) > 0; });
+    if (held == group.end()) continue;
+    for (const auto& name : group) {
+      if (!params.count(name)) params.emplace(name, params.at(*held));
+    }
+  }
   // A .pt2 written out is the original archive with new weights: open it
   // once, import the model from it, and rewrite that same archive below.
   const bool to_pt2 = fs::path(request.out_path).extension() == ".pt2";

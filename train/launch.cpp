@@ -70,14 +70,18 @@ void checkSplitFolder(const std::string& dir, const stage::PipeManifest& manifes
   }
   auto describe = [](const at::Tensor& t) { return fmt::format("{}{}", c10::toString(t.scalar_type()), t.sizes()); };
   for (const auto& group : manifest.tied) {
+    // A name of the group that no stage reads under that name (BERT's
+    // cls.predictions.bias, read as cls.predictions.decoder.bias) is the same
+    // tensor as the held ones; a group none of whose names is held is not.
+    if (std::none_of(group.begin(), group.end(), [&](const std::string& fqn) { return params.count(fqn) > 0; })) {
+      throw ConfigError(fmt::format("{}/pipe.json: tied group [{}] names tensors no stage file holds; the split "
+                                    "folder is inconsistent: re-run `pipeforge split`",
+                                    dir, fmt::join(group, ", ")));
+    }
     const std::pair<int, at::Tensor>* first = nullptr;
     for (const std::string& fqn : group) {
       auto it = params.find(fqn);
-      if (it == params.end()) {
-        throw ConfigError(fmt::format("{}/pipe.json: tied group [{}] names '{}', which no stage file holds; the split "
-                                      "folder is inconsistent: re-run `pipeforge split`",
-                                      dir, fmt::join(group, ", "), fqn));
-      }
+      if (it == params.end()) continue;
       if (first == nullptr) {
         first = &it->second;
         continue;
@@ -133,6 +137,48 @@ void checkInputSizes(const TrainConfig& config, const stage::PipeManifest& manif
                                     "data.block_size is {}; set data.block_size to {} or export with that dimension "
                                     "dynamic",
                                     manifest.source, describe(dims[1]), name, config.data.block_size, dims[1].min));
+    }
+  }
+}
+
+// A microbatch of the data against every dimension the export fixed or
+// bounded (pipe.json "input_dims"), not only the batch: a program exported
+// for 16 tokens fails inside a stage's first reshape on 24, with a message
+// about expanded sizes that names neither the data nor the export.
+void checkDataFitsInputs(const TrainConfig& config, const stage::PipeManifest& manifest, Dataset& dataset) {
+  if (manifest.input_dims.empty()) return;
+  const std::int64_t rows = replicaBatchSize(config) / config.pipeline.microbatches;
+  if (rows < 1) return;  // refused with its own message by checkInputSizes
+  const DataLayout layout = dataLayoutFor(config, manifest.inputs);
+  const Batch one = sliceBatch(dataset.batch(DataSplit::kTrain, 0, rows), 0, rows, layout);
+  const std::vector<ChunkEntry> chunks = inputChunksFor(config, manifest.inputs);
+  for (size_t i = 0; i < manifest.input_dims.size() && i < one.inputs.size(); ++i) {
+    const auto& dims = manifest.input_dims[i];
+    const at::Tensor& x = one.inputs[i];
+    const std::string& name = manifest.inputs.at(i);
+    if (dims.empty()) continue;
+    if (static_cast<size_t>(x.dim()) != dims.size()) {
+      throw ConfigError(fmt::format("model '{}' takes input '{}' with {} dimensions, but the data gives it {} "
+                                    "(sizes {}); check data.path's inputs and their order ({})",
+                                    manifest.source, name, dims.size(), x.dim(), x.sizes(),
+                                    fmt::join(manifest.inputs, ", ")));
+    }
+    const ChunkEntry chunk = i < chunks.size() ? chunks[i] : ChunkEntry{};
+    for (size_t d = 0; d < dims.size(); ++d) {
+      if (!chunk.replicate && static_cast<int>(d) == chunk.dim) continue;  // the batch: checkInputSizes
+      const std::int64_t n = x.size(static_cast<std::int64_t>(d));
+      if (n >= dims[d].min && (dims[d].max < 0 || n <= dims[d].max)) continue;
+      const std::string exported = dims[d].min == dims[d].max ? fmt::format("a static size of {}", dims[d].min)
+                                   : dims[d].max < 0            ? fmt::format("sizes >= {}", dims[d].min)
+                                                                : fmt::format("sizes {}..{}", dims[d].min, dims[d].max);
+      const std::string data = config.data.format == DataFormat::kTokens
+                                   ? fmt::format("data.block_size is {}", config.data.block_size)
+                                   : fmt::format("the data's microbatches have {} there", n);
+      throw ConfigError(fmt::format(
+          "model '{}' was exported with {} in dimension {} of input '{}', but {}; re-export with that dimension "
+          "dynamic, torch.export.export(..., dynamic_shapes={{\"{}\": {{{}: torch.export.Dim(\"{}\")}}}}), or "
+          "make the data fit",
+          manifest.source, exported, d, name, data, name, d, d == 1 ? "seq" : "dim"));
     }
   }
 }
@@ -195,7 +241,10 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
   checkSplitFolder(split_dir, manifest);
   checkAgainstSplit(config, manifest);
   // Unreadable data, or data that does not fit the model's inputs, fails here, once, not on every rank.
-  openDataset(config.data, config.seed, dataLayoutFor(config, manifest.inputs));
+  {
+    auto dataset = openDataset(config.data, config.seed, dataLayoutFor(config, manifest.inputs));
+    checkDataFitsInputs(config, manifest, *dataset);
+  }
 
   runtime::LaunchOptions options;
   options.executable = fs::read_symlink("/proc/self/exe").string();
