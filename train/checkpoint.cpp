@@ -179,6 +179,7 @@ void commitCheckpoint(const std::string& root, const CheckpointMeta& meta, int k
   j["seed"] = meta.seed;
   j["tied"] = meta.tied;
   j["unused"] = meta.unused;
+  if (meta.block_size) j["block_size"] = *meta.block_size;
   if (meta.loss_scale) {
     j["loss_scale"] = {{"scale", meta.loss_scale->scale}, {"growth_tracker", meta.loss_scale->growth_tracker}};
   }
@@ -323,6 +324,10 @@ CheckpointMeta readCheckpointMeta(const std::string& step_dir) {
     meta.seed = j.at("seed").get<std::uint64_t>();
     meta.tied = j.at("tied").get<std::vector<std::vector<std::string>>>();
     meta.unused = j.value("unused", std::vector<std::string>{});
+    if (j.contains("block_size")) {
+      meta.block_size = j.at("block_size").get<std::int64_t>();
+      if (*meta.block_size < 1) throw CheckpointError(fmt::format("'{}': block_size {} is not >= 1", path, *meta.block_size));
+    }
     if (j.contains("loss_scale")) {
       const auto& ls = j.at("loss_scale");
       LossScaleState state{ls.at("scale").get<double>(), ls.at("growth_tracker").get<std::int64_t>()};

@@ -64,6 +64,10 @@ struct CheckpointMeta {
   std::vector<std::vector<std::string>> tied;
   std::vector<std::string> unused;  // pipe.json "unused": model state no stage holds
   std::optional<LossScaleState> loss_scale;  // fp16 runs only; absent in older checkpoints
+  // The sequence length the run trained on (data.block_size of text data);
+  // `pipeforge generate`'s default context. Absent for tensor data and in
+  // older checkpoints.
+  std::optional<std::int64_t> block_size;
 };
 
 inline constexpr const char* kCheckpointFormat = "pipeforge.checkpoint/1";

@@ -227,28 +227,22 @@ void launch(const GenerateRequest& r) {
   verifyCheckpoint(step_dir);
   const CheckpointMeta meta = readCheckpointMeta(step_dir);
 
-  // Note [Block size]: the longest context is the model's own, never a guess:
-  // the rows of its position embedding (a position past them fails inside a
-  // stage), else --block-size; --block-size may shrink it, never grow it.
+  // Note [Block size]: the longest context is never a guess. In order:
+  // --block-size; the length the run trained on (checkpoint meta.json
+  // "block_size", recorded from data.block_size), since positions it never
+  // saw are untrained; the rows of a position embedding (a position past
+  // them fails inside a stage); the largest sequence a torch.export model
+  // was exported for (its dynamic dimension 1). A position embedding caps
+  // every choice. The one used is printed with where it came from.
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> shapes;
   for (const auto& [name, t] : readCheckpointTensors(step_dir, meta.num_stages, /*parameters=*/true)) {
     shapes.emplace_back(name, t.tensor.sizes().vec());
   }
   const std::optional<std::int64_t> rows = positionEmbeddingRows(shapes);
-  std::int64_t block = 0;
-  if (r.block_size) {
-    if (rows && *r.block_size > *rows) {
-      throw ConfigError(fmt::format("--block-size {} is longer than the model's position embedding ({} positions); "
-                                    "give --block-size {} or less",
-                                    *r.block_size, *rows, *rows));
-    }
-    block = *r.block_size;
-  } else if (rows) {
-    block = *rows;
-  } else {
-    throw ConfigError(fmt::format("cannot tell the maximum sequence length of the model trained in '{}': it has no "
-                                  "position embedding (wpe.weight, pos_emb, ...); give it with --block-size N",
-                                  step_dir));
+  if (r.block_size && rows && *r.block_size > *rows) {
+    throw ConfigError(fmt::format("--block-size {} is longer than the model's position embedding ({} positions); "
+                                  "give --block-size {} or less",
+                                  *r.block_size, *rows, *rows));
   }
 
   const int nproc = r.nproc > 0 ? r.nproc : meta.num_stages;
@@ -266,7 +260,30 @@ void launch(const GenerateRequest& r) {
                                   "add cuts); give --nproc {}",
                                   r.model_path, manifest.num_stages, nproc, manifest.num_stages));
   }
+  std::int64_t block = 0;
+  std::string block_from;
+  const bool exported_sequence = !manifest.input_dims.empty() && manifest.input_dims[0].size() >= 2 &&
+                                 manifest.input_dims[0][1].max >= 0;
+  if (r.block_size) {
+    block = *r.block_size;
+    block_from = "--block-size";
+  } else if (meta.block_size) {
+    block = rows ? std::min(*meta.block_size, *rows) : *meta.block_size;
+    block_from = "the run's data.block_size";
+  } else if (rows) {
+    block = *rows;
+    block_from = "the model's position embedding";
+  } else if (exported_sequence) {
+    block = manifest.input_dims[0][1].max;
+    block_from = "the longest sequence the model was exported for";
+  } else {
+    throw ConfigError(fmt::format("cannot tell the maximum sequence length of the model trained in '{}': the run "
+                                  "recorded none (tensor data), it has no position embedding (wpe.weight, pos_emb, "
+                                  "...) and no dynamic sequence dimension; give it with --block-size N",
+                                  step_dir));
+  }
   fitInputs(manifest, static_cast<std::int64_t>(prompt.size()), block);  // refuses here, once, not on every rank
+  std::cout << fmt::format("context: at most {} tokens ({})\n", block, block_from) << std::flush;
 
   LocalRanksOptions options;
   options.args = {"generate", step_dir, "--model", r.model_path};

@@ -131,7 +131,7 @@ void checkInputSizes(const TrainConfig& config, const stage::PipeManifest& manif
           manifest.source, describe(dims[b]), b, name, rows, config.global_batch_size, config.pipeline.data_parallel,
           config.pipeline.microbatches, name, b, fit));
     }
-    if (config.data.format == DataFormat::kTokens && i == 0 && dims.size() >= 2 &&
+    if (config.data.format != DataFormat::kTensors && i == 0 && dims.size() >= 2 &&
         !accepts(dims[1], config.data.block_size)) {
       throw ConfigError(fmt::format("model '{}' was exported with {} in dimension 1 (the sequence) of input '{}', but "
                                     "data.block_size is {}; set data.block_size to {} or export with that dimension "
@@ -171,7 +171,7 @@ void checkDataFitsInputs(const TrainConfig& config, const stage::PipeManifest& m
       const std::string exported = dims[d].min == dims[d].max ? fmt::format("a static size of {}", dims[d].min)
                                    : dims[d].max < 0            ? fmt::format("sizes >= {}", dims[d].min)
                                                                 : fmt::format("sizes {}..{}", dims[d].min, dims[d].max);
-      const std::string data = config.data.format == DataFormat::kTokens
+      const std::string data = config.data.format != DataFormat::kTensors
                                    ? fmt::format("data.block_size is {}", config.data.block_size)
                                    : fmt::format("the data's microbatches have {} there", n);
       throw ConfigError(fmt::format(

@@ -530,6 +530,7 @@ class RankTrainer {
       meta.world_size = env_.world_size;
       meta.seed = config_.seed;
       meta.tied = manifest_.tied;
+      if (config_.data.format != DataFormat::kTensors) meta.block_size = config_.data.block_size;
       meta.unused = manifest_.unused;
       if (scaler_) meta.loss_scale = LossScaleState{scaler_->scale(), scaler_->growthTracker()};
       commitCheckpoint(root, meta, config_.checkpoint.keep);
@@ -737,8 +738,10 @@ class RankTrainer {
     if (!s.checkpoint.empty()) {
       out_ << "  checkpoint: " << s.checkpoint << "\n";
       if (!manifest_.source.empty()) {
-        out_ << fmt::format("  export:     pipeforge export {} --model {} --out trained.pt\n", config_.checkpoint.dir,
-                            manifest_.source);
+        // A .pt2 model exports back to a .pt2 (torch.export.load runs it).
+        const bool pt2 = manifest_.source.size() > 4 && manifest_.source.compare(manifest_.source.size() - 4, 4, ".pt2") == 0;
+        out_ << fmt::format("  export:     pipeforge export {} --model {} --out trained.{}\n", config_.checkpoint.dir,
+                            manifest_.source, pt2 ? "pt2" : "pt");
       }
     }
     out_ << "  metrics:    " << metrics_path_ << "\n";
