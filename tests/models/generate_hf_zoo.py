@@ -17,7 +17,8 @@ For each family NAME (FAMILIES below) it writes:
   NAME.json       how to rebuild it: {"family", "config_class", "model_class",
                   "config": config.to_dict(), "inputs": [names], "kind":
                   "tokens" | "seq2seq" | "image", "vocab", "image": [C, H, W],
-                  "labels", "blocks": [FQN of every repeated block, in order]}
+                  "labels", "blocks": [FQN of every repeated block, in order],
+                  "attn_implementation", "gradient_checkpointing"}
 Dropout is 0 everywhere, so the train-mode export is deterministic.
 
 And, for the refusals:
@@ -64,6 +65,11 @@ FAMILIES = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2,
                                                         "experts_implementation": "batched_mm",
                                                         "router_jitter_noise": 0.0}, "tokens"),
+    # Variants a user exports as often: eager attention (explicit softmax and
+    # masks instead of sdpa), and gradient checkpointing enabled (torch.export
+    # traces through it: the program is the plain one).
+    "llama_eager": ("LlamaConfig", "LlamaForCausalLM", {"attn_implementation": "eager"}, "tokens"),
+    "llama_gc": ("LlamaConfig", "LlamaForCausalLM", {}, "tokens"),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(vocab_size=VOCAB, n_positions=SEQ_MAX, n_embd=32, n_layer=4,
                                                    n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                                    use_cache=False, bos_token_id=1, eos_token_id=1), "tokens"),
@@ -84,6 +90,7 @@ FAMILIES = {
 }
 # The pre-2020 families keep their own config keys; the decoders share DECODER.
 OWN_CONFIG = {"gpt2", "bert", "vit", "t5"}
+GRADIENT_CHECKPOINTING = {"llama_gc"}
 
 
 def build(name: str, seed: int = 0, overrides: dict = None):
@@ -94,6 +101,8 @@ def build(name: str, seed: int = 0, overrides: dict = None):
     config = getattr(transformers, config_class)(**kwargs)
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(config)
+    if name in GRADIENT_CHECKPOINTING:
+        model.gradient_checkpointing_enable()
     model.train()  # dropout 0: train mode only keeps what training runs
     return model, kind
 
@@ -129,7 +138,8 @@ def blocks_of(model) -> list:
 
 
 def _replace(path: str, write) -> None:
-    tmp = path + ".tmp"
+    root, ext = os.path.splitext(path)
+    tmp = root + ".tmp" + ext  # torch.export.save wants its file to end in .pt2
     write(tmp)
     os.replace(tmp, path)
 
@@ -148,6 +158,8 @@ def save_family(name: str, out: str) -> None:
         "inputs": ["pixel_values"] if kind == "image" else
                   ["input_ids", "decoder_input_ids"] if kind == "seq2seq" else ["input_ids"],
         "vocab": VOCAB, "image": [3, 16, 16], "labels": 5, "blocks": blocks_of(model),
+        "attn_implementation": model.config._attn_implementation,
+        "gradient_checkpointing": name in GRADIENT_CHECKPOINTING,
     }
     _replace(os.path.join(out, name + ".json"), lambda p: open(p, "w").write(json.dumps(meta, indent=1)))
 

@@ -39,11 +39,11 @@ import interop_common as common  # noqa: E402
 
 STEPS = 5
 MICROBATCHES = 4
-ROWS_PER_MB = 2
+ROWS_PER_MB = 3  # the export's example had 2 rows of 16 tokens: any size its ranges allow trains
 SEED = 7
 RTOL, ATOL = 1e-4, 1e-5
-SEQ, TARGET_SEQ = 16, 12
-DATA_ROWS = 40
+SEQ, TARGET_SEQ = 20, 9
+DATA_ROWS = 48
 
 # label -> (schedule, pipeline ranks, stages per rank, data parallel, optimizer)
 SGD = "name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 0.01"
@@ -79,7 +79,10 @@ def hf_model(torch, zoo: str, name: str, meta: dict):
     """A fresh transformers model from the zoo's config, with the zoo's initial weights."""
     import transformers
     config = getattr(transformers, meta["config_class"]).from_dict(meta["config"])
+    config._attn_implementation = meta["attn_implementation"]  # what was exported: eager or sdpa
     model = getattr(transformers, meta["model_class"])(config)
+    if meta["gradient_checkpointing"]:
+        model.gradient_checkpointing_enable()
     model.load_state_dict(torch.load(os.path.join(zoo, name + ".init.pt")), strict=True)
     return model.train()
 
@@ -154,7 +157,37 @@ output: {{dir: {run}/out}}
     exported = torch.export.load(trained).module().state_dict()
     model = hf_model(torch, zoo, name, meta)
     model.load_state_dict(exported, strict=True)
-    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}, model
+
+
+def check_generate(torch, binary: str, d: str, zoo: str, name: str, label: str, model) -> list:
+    """`pipeforge generate` from the run's checkpoint, greedy, equals greedy
+    decoding of the transformers model holding the exported weights, the
+    context growing by one token per step (a new sequence length each time,
+    through the export's dynamic dimension)."""
+    import re
+    run = os.path.join(d, f"{name}-{label.replace(' ', '')}")
+    prompt = [5, 17, 33]
+    tokens = 6
+    out = common.run_pipeforge(binary, "generate", os.path.join(run, "ckpt"), "--model",
+                               os.path.join(zoo, name + ".pt2"), "--prompt-tokens", ",".join(map(str, prompt)),
+                               "--tokens", str(tokens), "--temperature", "0")
+    m = re.search(r"^continuation: \[(.*)\]$", out, re.M)
+    got = [int(v) for v in m.group(1).split(", ")] if m else None
+    ids = list(prompt)
+    model.eval()
+    with torch.no_grad():
+        for _ in range(tokens):
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+            ids.append(int(torch.argmax(logits)))
+    want = ids[len(prompt):]
+    problems = []
+    if got != want:
+        problems.append(f"{name} generate: {got} vs transformers greedy {want}:\n{out}")
+    if "context: at most 64 tokens (the longest sequence the model was exported for)" not in out:
+        problems.append(f"{name} generate does not say its context comes from the export:\n{out}")
+    print(f"{name:9s} generate    greedy {got} {'== transformers' if not problems else 'MISMATCH'}")
+    return problems
 
 
 def check_refusals(binary: str, d: str, zoo: str) -> list:
@@ -222,13 +255,15 @@ def main() -> None:
             for label, layout in LAYOUTS.items():
                 start = time.time()
                 ref_losses, ref_state = train_eager(torch, zoo, name, meta, data_path, layout)
-                losses, state = train_pipeforge(torch, binary, d, zoo, name, meta, data_path, label, layout)
+                losses, state, trained = train_pipeforge(torch, binary, d, zoo, name, meta, data_path, label, layout)
                 problems, loss_diff, diff = common.compare_training(torch, losses, ref_losses, state, ref_state,
                                                                     RTOL, ATOL, initial)
                 table.append((name, label, loss_diff, diff, not problems))
                 print(f"{name:9s} {label:11s} max |loss diff| {loss_diff:.2e}  max |param diff| {diff:.2e}  "
                       f"{time.time() - start:4.1f} s  {'ok' if not problems else 'MISMATCH'}", flush=True)
                 failures += [f"{name} {label}: {p}" for p in problems]
+                if meta["kind"] == "tokens" and meta["config_class"] == "LlamaConfig" and label == "1F1B":
+                    failures += check_generate(torch, binary, d, zoo, name, label, trained)
         long_rows = torch.randint(0, 256, (16, 25), generator=torch.Generator().manual_seed(5))
         torch.save({"inputs": long_rows[:, :-1].contiguous(), "targets": long_rows[:, 1:].contiguous()},
                    os.path.join(d, "long_rows.pt"))
