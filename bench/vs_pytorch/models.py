@@ -69,6 +69,7 @@ class ModelSpec:
     input_kind: str                 # "tokens" | "image"
     vocab: int = 0                  # tokens: id range and classes; image: classes
     units: List[str] = field(default_factory=list)  # FQNs at which a cut may go, in order
+    exported: bool = False          # Pipeforge gets a torch.export .pt2 of build(), not TorchScript
 
 
 def _gpt_units(layers: int) -> List[str]:
@@ -92,6 +93,18 @@ def _gpt(layers: int, **cfg):
 
 GPT24 = dict(vocab=256, n_embd=256, n_head=8, block_size=64)
 
+# A stock transformers Llama (issue 23), random init: 8 decoder layers, d=256,
+# 8 heads over 4 KV heads (GQA), SwiGLU MLP, RoPE, RMSNorm, T=64.
+LLAMA = dict(vocab_size=256, hidden_size=256, intermediate_size=688, num_hidden_layers=8, num_attention_heads=8,
+             num_key_value_heads=4, max_position_embeddings=64, use_cache=False, attention_dropout=0.0)
+
+
+def _llama() -> nn.Module:
+    import transformers
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).train()
+
 MODELS = {
     "gpt_demo": ModelSpec("gpt_demo", "demo GPT: 4 blocks, d=64, T=64 (build/zoo/gpt_demo.pt)",
                           _gpt(4, **generate_zoo.GPT_DEMO), "gpt_demo.pt", (generate_zoo.GPT_DEMO["block_size"],),
@@ -101,6 +114,9 @@ MODELS = {
     "resnet": ModelSpec("resnet", "ResNet: 8 basic blocks with BatchNorm, 3x32x32, 10 classes",
                         lambda: (torch.manual_seed(0), ResNet())[1], "", (3, 32, 32), "image", 10,
                         [f"blocks.{i}" for i in range(1, 8)]),
+    "llama": ModelSpec("llama", "transformers LlamaForCausalLM: 8 layers, d=256, 8/4 heads (GQA), T=64, "
+                       "torch.export with dynamic batch and sequence", _llama, "", (LLAMA["max_position_embeddings"],),
+                       "tokens", LLAMA["vocab_size"], [f"model.layers.{i}" for i in range(1, 8)], exported=True),
 }
 
 
@@ -116,7 +132,18 @@ def cuts(spec: ModelSpec, num_stages: int) -> List[str]:
 
 
 def make_model_file(spec: ModelSpec, zoo: str, work: str) -> str:
-    """The TorchScript file both sides start from."""
+    """The file Pipeforge splits: TorchScript, or for an exported model the
+    .pt2 a user writes with torch.export (dynamic batch and sequence), with
+    the weights beside it as NAME.init.pt for the eager side."""
+    if spec.exported:
+        model = spec.build()
+        path = os.path.join(work, spec.name + ".pt2")
+        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, _init_path(path))
+        x = torch.randint(0, spec.vocab, (2, 16), generator=torch.Generator().manual_seed(1))
+        batch = torch.export.Dim("batch", min=1, max=64)
+        seq = torch.export.Dim("seq", min=2, max=spec.input_shape[0])
+        torch.export.save(torch.export.export(model, (x,), dynamic_shapes=({0: batch, 1: seq},)), path)
+        return path
     if spec.zoo_file:
         path = os.path.join(zoo, spec.zoo_file)
         if not os.path.exists(path):
@@ -127,10 +154,17 @@ def make_model_file(spec: ModelSpec, zoo: str, work: str) -> str:
     return path
 
 
+def _init_path(model_file: str) -> str:
+    return os.path.splitext(model_file)[0] + ".init.pt"
+
+
 def load_eager(spec: ModelSpec, model_file: str) -> nn.Module:
     """The eager module with the weights and buffers of `model_file`."""
     model = spec.build()
-    model.load_state_dict(torch.jit.load(model_file).state_dict())
+    if spec.exported:
+        model.load_state_dict(torch.load(_init_path(model_file)))
+    else:
+        model.load_state_dict(torch.jit.load(model_file).state_dict())
     return model.train()
 
 
@@ -148,5 +182,5 @@ def make_data(spec: ModelSpec, rows: int, path: str) -> None:
 
 def loss_fn(output, target):
     """Pipeforge's `loss: cross_entropy`: logits [..., V] against integer targets, ignore_index -1."""
-    out = output[0] if isinstance(output, tuple) else output
+    out = output[0] if isinstance(output, tuple) else getattr(output, "logits", output)
     return F.cross_entropy(out.reshape(-1, out.size(-1)), target.reshape(-1), ignore_index=-1)

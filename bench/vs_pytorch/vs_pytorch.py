@@ -89,18 +89,30 @@ def mib(kib) -> str:
     return "?" if kib is None else f"{kib / 1024:.0f}"
 
 
-def summarize(model: str, layout: str, pf: dict, pt: dict, warmup: int) -> dict:
+def summarize(model: str, layout: str, pf: dict, pt, warmup: int) -> dict:
+    """One row. `pt` is None when the PyTorch side could not train the model
+    (its error is kept in the row): only Pipeforge's columns are filled."""
     pf_ms = statistics.median(pf["step_s"][warmup:]) * 1e3
+    s = {"model": model, "layout": layout, "pf_ms": pf_ms, "pf_rss": pf["peak_kib"], "pf_first": pf["first_step_s"],
+         "pf_split": pf["split_s"], "pf_par": pf["parallelism"], "pf_cpu": pf["cpu_per_step"],
+         "pf_loss": pf["first_loss"], "pf_steps": pf["step_s"], "pt_error": None}
+    if pt is None:
+        return dict(s, pt_ms=None, ratio=None, pt_rss=None, pt_first=None, pt_par=None, pt_cpu=None, pt_loss=None,
+                    step_ok=None, rss_ok=None, pt_steps=None)
     pt_ms = statistics.median(pt["step_s"][warmup:]) * 1e3
     ratio = pf_ms / pt_ms
     rss_ok = all(a is not None and b is not None and a <= b for a, b in zip(pf["peak_kib"], pt["peak_kib"]))
     step_ok = ratio <= STEP_GOAL if model in STEP_GOAL_MODELS else None
-    return {"model": model, "layout": layout, "pf_ms": pf_ms, "pt_ms": pt_ms, "ratio": ratio,
-            "pf_rss": pf["peak_kib"], "pt_rss": pt["peak_kib"], "pf_first": pf["first_step_s"],
-            "pf_split": pf["split_s"], "pt_first": pt["first_step_s"], "pf_par": pf["parallelism"],
-            "pt_par": pt["parallelism"], "pf_cpu": pf["cpu_per_step"], "pt_cpu": pt["cpu_per_step"],
-            "pf_loss": pf["first_loss"], "pt_loss": pt["first_loss"],
-            "step_ok": step_ok, "rss_ok": rss_ok, "pf_steps": pf["step_s"], "pt_steps": pt["step_s"]}
+    return dict(s, pt_ms=pt_ms, ratio=ratio, pt_rss=pt["peak_kib"], pt_first=pt["first_step_s"],
+                pt_par=pt["parallelism"], pt_cpu=pt["cpu_per_step"], pt_loss=pt["first_loss"], step_ok=step_ok,
+                rss_ok=rss_ok, pt_steps=pt["step_s"])
+
+
+def torch_error(e: Exception) -> str:
+    """The exception line a failed PyTorch rank ended with (its log's last 'Error:' line)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "Error:" in ln or "Exception:" in ln]
+    return (errors or lines or ["(no output)"])[-1]
 
 
 HEADER = (f"{'model':9s} {'layout':8s} | {'step ms PF':>10s} {'PT':>7s} {'PF/PT':>6s} | {'peak RSS MiB/rank PF':>20s} "
@@ -112,12 +124,16 @@ HEADER = (f"{'model':9s} {'layout':8s} | {'step ms PF':>10s} {'PT':>7s} {'PF/PT'
 def row(s: dict) -> str:
     goal = {True: "yes", False: "NO", None: "n/a"}
     first_pf = f"{s['pf_first']:.2f} ({s['pf_split']:.2f})"
+    pf_cols = (f"{s['model']:9s} {s['layout']:8s} | {s['pf_ms']:10.1f}", f"{'/'.join(map(mib, s['pf_rss'])):>20s}",
+               f"{first_pf:>21s}", f"{s['pf_par']:10.2f}", f"{s['pf_cpu']:13.3f}", f"{s['pf_loss']:9.4f}")
+    if s["pt_error"] is not None:
+        return (f"{pf_cols[0]} {'failed':>7s} {'-':>6s} | {pf_cols[1]} {'-':>16s} | {pf_cols[2]} {'-':>6s} | "
+                f"{pf_cols[3]} {'-':>5s} | {pf_cols[4]} {'-':>6s} | {pf_cols[5]} {'-':>7s} | "
+                f"{'n/a':10s} {'n/a':7s}\n    PyTorch failed: {s['pt_error']}")
     loss_pt = "?" if s["pt_loss"] is None else f"{s['pt_loss']:.4f}"
-    return (f"{s['model']:9s} {s['layout']:8s} | {s['pf_ms']:10.1f} {s['pt_ms']:7.1f} {s['ratio']:6.2f} | "
-            f"{'/'.join(map(mib, s['pf_rss'])):>20s} {'/'.join(map(mib, s['pt_rss'])):>16s} | {first_pf:>21s} "
-            f"{s['pt_first']:6.2f} | {s['pf_par']:10.2f} {s['pt_par']:5.2f} | {s['pf_cpu']:13.3f} {s['pt_cpu']:6.3f} | "
-            f"{s['pf_loss']:9.4f} {loss_pt:>7s} | "
-            f"{goal[s['step_ok']]:10s} {goal[s['rss_ok']]:7s}")
+    return (f"{pf_cols[0]} {s['pt_ms']:7.1f} {s['ratio']:6.2f} | {pf_cols[1]} {'/'.join(map(mib, s['pt_rss'])):>16s} | "
+            f"{pf_cols[2]} {s['pt_first']:6.2f} | {pf_cols[3]} {s['pt_par']:5.2f} | {pf_cols[4]} {s['pt_cpu']:6.3f} | "
+            f"{pf_cols[5]} {loss_pt:>7s} | {goal[s['step_ok']]:10s} {goal[s['rss_ok']]:7s}")
 
 
 def main() -> None:
@@ -148,8 +164,12 @@ def main() -> None:
                    "threads": a.threads, "optimizer": OPTIMIZER, "seed": SEED, "rows": batch_rows,
                    "warmup": a.warmup}
             pf = pipeforge_side.run(binary, job, work)
-            pt = torch_side.run(job, work)
+            try:
+                pt, error = torch_side.run(job, work), None
+            except RuntimeError as e:  # PyTorch cannot pipeline this model: Pipeforge's side still stands
+                pt, error = None, torch_error(e)
             s = summarize(name, layout, pf, pt, a.warmup)
+            s["pt_error"] = error
             s["cuts"] = job["cuts"]
             results.append(s)
             print(row(s), flush=True)
@@ -159,9 +179,14 @@ def main() -> None:
     for s in results:
         print(row(s))
     step_rows = [s for s in results if s["step_ok"] is not None]
+    compared = [s for s in results if s["pt_error"] is None]
     print(f"\nGoal step <= {STEP_GOAL}x PyTorch (GPT models): "
           f"{sum(s['step_ok'] for s in step_rows)}/{len(step_rows)} rows hold; "
-          f"goal peak RSS <= PyTorch on every rank: {sum(s['rss_ok'] for s in results)}/{len(results)} rows hold")
+          f"goal peak RSS <= PyTorch on every rank: {sum(s['rss_ok'] for s in compared)}/{len(compared)} rows hold")
+    failed = [s for s in results if s["pt_error"] is not None]
+    if failed:
+        print(f"PyTorch could not train {len(failed)} row(s) that Pipeforge trained: "
+              + ", ".join(f"{s['model']} {s['layout']}" for s in failed))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"version": version, "torch": torch.__version__, "args": vars(a), "results": results}, f, indent=1)
