@@ -18,11 +18,15 @@ pipeforge::compat::AutocastState decode(const std::vector<int64_t>& v) {
   return {v[0] != 0, static_cast<int>(v[1]), v[2] != 0};
 }
 
-std::vector<int64_t> autocastEnter(std::string device_type, std::optional<at::ScalarType> dtype, bool enabled,
-                                   std::optional<bool> cache_enabled) {
+// c10::optional, not std::optional: LibTorch 1.13's registration maps only
+// c10::optional to a schema's `T?` (in 2.x the two are one type).
+std::vector<int64_t> autocastEnter(std::string device_type, c10::optional<at::ScalarType> dtype, bool enabled,
+                                   c10::optional<bool> cache_enabled) {
   std::optional<int> code;
   if (dtype) code = static_cast<int>(*dtype);
-  return encode(pipeforge::compat::enterAutocastRegion(device_type, code, enabled, cache_enabled));
+  std::optional<bool> cache;
+  if (cache_enabled) cache = *cache_enabled;
+  return encode(pipeforge::compat::enterAutocastRegion(device_type, code, enabled, cache));
 }
 
 void autocastExit(std::string device_type, std::vector<int64_t> state) {
