@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/run_guarded.h"
+#include "common/atomic_file.h"
 #include "common/error.h"
 #include "inspect/graph_view.h"
 #include "inspect/pipe_view.h"
@@ -56,15 +57,7 @@ int runInspect(const InspectOptions& o) {
     std::cout << text;
     return kExitOk;
   }
-  std::string tmp = o.out + ".tmp";
-  {
-    std::ofstream file(tmp, std::ios::binary);
-    file << text;
-    if (!file) throw Error(ErrorCode::kIo, "cannot write '" + o.out + "'");
-  }
-  if (std::rename(tmp.c_str(), o.out.c_str()) != 0) {
-    throw Error(ErrorCode::kIo, "cannot write '" + o.out + "' (rename failed: " + std::strerror(errno) + ")");
-  }
+  writeFileAtomically(o.out, text);
   return kExitOk;
 }
 

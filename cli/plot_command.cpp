@@ -5,6 +5,7 @@
 #include <iostream>
 #include <memory>
 
+#include "common/atomic_file.h"
 #include "cli/commands.h"
 #include "cli/run_guarded.h"
 #include "train/checkpoint.h"
@@ -27,7 +28,7 @@ void addPlotCommand(CLI::App& app, int& exit_code) {
     exit_code = runGuarded("plot", [&] {
       const train::MetricsSeries series = train::readMetricsLog(*metrics);
       if (options->title.empty()) options->title = *metrics;
-      train::writeFileAtomically(*svg, train::metricsSvg(series, *options));
+      writeFileAtomically(*svg, train::metricsSvg(series, *options));
       std::cout << fmt::format("plotted {} train and {} held-out points of {} -> {}\n", series.train_loss.size(),
                                series.eval_loss.size(), *metrics, *svg);
       return kExitOk;

@@ -23,6 +23,8 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "common/atomic_file.h"
+#include "common/error.h"
 #include "cli/run_guarded.h"
 #include "schedules/auto_schedule.h"
 #include "schedules/chrome_trace.h"
@@ -80,34 +82,12 @@ std::string plural(int n, const char* noun) {
   return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s");
 }
 
-// Writes next to the target, then renames over it: readers never see half a file.
-void writeFileAtomically(const std::string& path, const std::string& text, const char* what) {
-  namespace fs = std::filesystem;
-  const fs::path target(path);
-  fs::path tmp = target;
-  tmp += fmt::format(".tmp.{}", static_cast<long>(::getpid()));
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) {
-      throw sch::ScheduleError(fmt::format(
-          "cannot write the {} to '{}': cannot create '{}' (does the folder exist and is it "
-          "writable?)",
-          what, path, tmp.string()), ErrorCode::kIo);
-    }
-    out << text;
-    out.flush();
-    if (!out) {
-      std::error_code ignored;
-      fs::remove(tmp, ignored);
-      throw sch::ScheduleError(fmt::format("cannot write the {} to '{}' (disk full?)", what, path), ErrorCode::kIo);
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, target, ec);
-  if (ec) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    throw sch::ScheduleError(fmt::format("cannot write the {} to '{}': {}", what, path, ec.message()), ErrorCode::kIo);
+// Note [Atomic writes]; the error says which output failed.
+void writeOutput(const std::string& path, const std::string& text, const char* what) {
+  try {
+    writeFileAtomically(path, text);
+  } catch (Error& e) {
+    throw e.addContext(fmt::format("cannot write the {}", what));
   }
 }
 
@@ -321,7 +301,7 @@ int runSchedule(const ScheduleOptions& o) {
 
   // --- files ---------------------------------------------------------------------
   if (!o.csv.empty()) {
-    writeFileAtomically(o.csv, sch::programToCsv(program), "schedule CSV");
+    writeOutput(o.csv, sch::programToCsv(program), "schedule CSV");
     std::cout << "wrote " << o.csv << "\n";
   }
   if (!o.trace.empty() || !o.svg.empty()) {
@@ -332,14 +312,14 @@ int runSchedule(const ScheduleOptions& o) {
       sch::ChromeTraceOptions trace_options;
       trace_options.microseconds_per_unit = o.time_unit_us;
       trace_options.process_name = title;
-      writeFileAtomically(o.trace, sch::chromeTraceText(shown, program.num_ranks, trace_options),
+      writeOutput(o.trace, sch::chromeTraceText(shown, program.num_ranks, trace_options),
                           "Chrome trace");
       std::cout << "wrote " << o.trace << " (open in https://ui.perfetto.dev)\n";
     }
     if (!o.svg.empty()) {
       sch::SvgTimelineOptions svg_options;
       svg_options.title = title + (timed ? ", " + sch::describeCostModel(*costs) : ", unit steps");
-      writeFileAtomically(
+      writeOutput(
           o.svg, sch::svgTimeline(shown, program.num_ranks, program.stage_to_rank, svg_options),
           "SVG timeline");
       std::cout << "wrote " << o.svg << "\n";

@@ -29,4 +29,12 @@ std::vector<torch::jit::Value*> externalInputs(torch::jit::Node* node) {
   return out;
 }
 
+std::string sourceLocation(const torch::jit::Node* node) {
+  auto range = node->sourceRange();
+  auto src = range.source();
+  if (!src || !src->filename()) return "";
+  auto line = src->starting_line_no() + src->lineno_for_offset(range.start());
+  return *src->filename() + ":" + std::to_string(line);
+}
+
 }  // namespace pipeforge::frontend

@@ -24,14 +24,6 @@ DagNodeKind kindOf(const Node* n) {
   return DagNodeKind::kOp;
 }
 
-std::string sourceOf(const Node* n) {
-  auto range = n->sourceRange();
-  auto src = range.source();
-  if (!src || !src->filename()) return "";
-  auto line = src->starting_line_no() + src->lineno_for_offset(range.start());
-  return *src->filename() + ":" + std::to_string(line);
-}
-
 // FQNs of the parameters/buffers a node reads, also from inside its blocks:
 // tensors reached by GetAttr, and every tensor of a module it calls.
 void parametersRead(const Node* n, const std::set<std::string>& tensor_names, std::set<std::string>& names) {
@@ -120,7 +112,7 @@ ModelDag buildDag(const OpenedModel& model) {
       d.callee = attributePath(n->input(0)).value_or("");
       d.op = "call " + d.callee + "." + n->s(c10::attr::name);
     }
-    d.source = sourceOf(n);
+    d.source = sourceLocation(n);
     d.node = n;
     std::set<std::string> tensors_read;
     parametersRead(n, tensor_names, tensors_read);

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "common/atomic_file.h"
 #include "frontend/pt2_archive.h"
 
 namespace pipeforge::frontend {
@@ -78,9 +79,9 @@ void writePt2WithWeights(Pt2Archive& archive, const std::string& out_path,
 
   caffe2::serialize::PyTorchStreamReader reader(original);
   const auto records = payloadRecords(reader, archive.modelName(), original);
-  const std::string temp = fmt::format("{}.tmp-{}", out_path, ::getpid());
-  try {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+  AtomicFile file(out_path);  // Note [Atomic writes]
+  {
+    std::ofstream out(file.tempPath(), std::ios::binary | std::ios::trunc);
     if (!out) {
       throw Pt2Error(fmt::format("cannot write '{}'; check the folder exists and is writable", out_path),
                      ErrorCode::kIo);
@@ -110,15 +111,8 @@ void writePt2WithWeights(Pt2Archive& archive, const std::string& out_path,
     writer.writeEndOfFile();
     out.close();
     if (!out) throw Pt2Error(fmt::format("cannot write '{}': the disk may be full", out_path), ErrorCode::kIo);
-  } catch (...) {
-    std::remove(temp.c_str());
-    throw;
   }
-  if (std::rename(temp.c_str(), out_path.c_str()) != 0) {
-    std::remove(temp.c_str());
-    throw Pt2Error(fmt::format("cannot write '{}' (rename failed); check the folder is writable", out_path),
-                   ErrorCode::kIo);
-  }
+  file.commit();
 }
 
 }  // namespace pipeforge::frontend

@@ -8,6 +8,8 @@
 #include <set>
 #include <sstream>
 
+#include "common/dtype_names.h"
+
 namespace pipeforge::partitioner {
 namespace {
 
@@ -55,11 +57,12 @@ ExampleInput parseExampleInput(const YAML::Node& node, size_t index, const std::
       has_shape = true;
     } else if (name == "dtype") {
       in.dtype = scalarAs<std::string>(kv.second, key + ".dtype", "a string", origin);
-      static const std::set<std::string> kDtypes{"float32", "float64", "float16", "bfloat16", "int64", "int32", "bool"};
-      if (!kDtypes.count(in.dtype)) {
-        throw SpecError(where(origin, kv.second) + ": " + key + ".dtype '" + in.dtype +
-                        "' is not supported; use float32, float64, float16, bfloat16, int64, int32 or bool");
+      auto dtype = parseDtype(in.dtype);
+      if (!dtype) {
+        throw SpecError(where(origin, kv.second) + ": " + key + ".dtype '" + in.dtype + "' is not supported; use " +
+                        dtypeChoices() + " (or PyTorch's names: float, double, half, long, int)");
       }
+      in.dtype = dtypeName(*dtype);
     } else if (name == "low") {
       in.low = scalarAs<double>(kv.second, key + ".low", "a number", origin);
     } else if (name == "high") {

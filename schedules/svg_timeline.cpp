@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "common/svg_text.h"
+
 namespace pipeforge::schedules {
 
 namespace {
@@ -45,35 +47,6 @@ Style styleOf(ActionType type) {
 std::string colour(const Style& s, double lighten) {
   auto mix = [&](int c) { return static_cast<int>(std::lround(c + (255 - c) * lighten)); };
   return fmt::format("#{:02x}{:02x}{:02x}", mix(s.r), mix(s.g), mix(s.b));
-}
-
-std::string num(double v) {
-  std::string s = fmt::format("{:.2f}", v);
-  if (s == "-0.00") s = "0.00";
-  return s;
-}
-
-std::string escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
 }
 
 double niceStep(double span) {
@@ -162,7 +135,7 @@ std::string svgTimeline(const CostSimulation& simulation, int num_ranks,
   out += fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\" "
       "font-family=\"sans-serif\" font-size=\"11\">\n",
-      num(width), num(height), num(width), num(height));
+      svgNumber(width), svgNumber(height), svgNumber(width), svgNumber(height));
   out +=
       "<defs><pattern id=\"idle\" patternUnits=\"userSpaceOnUse\" width=\"6\" height=\"6\" "
       "patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"#f3f3f3\"/>"
@@ -170,17 +143,17 @@ std::string svgTimeline(const CostSimulation& simulation, int num_ranks,
       "</pattern></defs>\n";
   out += fmt::format("<rect class=\"background\" x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" "
                      "fill=\"#ffffff\"/>\n",
-                     num(width), num(height));
+                     svgNumber(width), svgNumber(height));
   if (!options.title.empty()) {
     out += fmt::format("<text class=\"title\" x=\"{}\" y=\"22\" font-size=\"14\">{}</text>\n",
-                       num(L.left), escape(options.title));
+                       svgNumber(L.left), svgEscape(options.title));
   }
   for (int r = 0; r < num_ranks; ++r) {
     const double y = L.y(r);
     out += fmt::format(
         "<text class=\"rank-label\" x=\"{}\" y=\"{}\" text-anchor=\"end\" "
         "dominant-baseline=\"middle\">rank {}</text>\n",
-        num(L.left - 8.0), num(y + L.lane_height / 2), r);
+        svgNumber(L.left - 8.0), svgNumber(y + L.lane_height / 2), r);
     // Idle stretches, hatched, so bubbles show as bubbles.
     double cursor = 0.0;
     auto idle = [&](double from, double to) {
@@ -188,8 +161,8 @@ std::string svgTimeline(const CostSimulation& simulation, int num_ranks,
       out += fmt::format(
           "<rect class=\"idle\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" "
           "fill=\"url(#idle)\"><title>rank {} idle {}-{}</title></rect>\n",
-          num(L.x(from)), num(y), num((to - from) * L.pixels_per_unit), num(L.lane_height), r,
-          num(from), num(to));
+          svgNumber(L.x(from)), svgNumber(y), svgNumber((to - from) * L.pixels_per_unit), svgNumber(L.lane_height), r,
+          svgNumber(from), svgNumber(to));
     };
     for (const TimedAction* e : lanes[r]) {
       idle(cursor, e->start);
@@ -204,8 +177,8 @@ std::string svgTimeline(const CostSimulation& simulation, int num_ranks,
       out += fmt::format(
           "<rect class=\"op op-{}\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" "
           "stroke=\"#ffffff\" stroke-width=\"0.5\"><title>rank {}: {} {}-{}</title></rect>\n",
-          st.label, num(x), num(y), num(w), num(L.lane_height), colour(st, shade(e->action)),
-          e->rank, escape(name), num(e->start), num(e->end));
+          st.label, svgNumber(x), svgNumber(y), svgNumber(w), svgNumber(L.lane_height), colour(st, shade(e->action)),
+          e->rank, svgEscape(name), svgNumber(e->start), svgNumber(e->end));
       std::string label;
       if (e->action.type == ActionType::kOverlapFB) {
         for (const Action& sub : e->action.sub_actions) {
@@ -218,20 +191,20 @@ std::string svgTimeline(const CostSimulation& simulation, int num_ranks,
       out += fmt::format(
           "<text class=\"mb\" x=\"{}\" y=\"{}\" text-anchor=\"middle\" "
           "dominant-baseline=\"middle\" font-size=\"{}\" fill=\"#1a1a1a\">{}</text>\n",
-          num(x + w / 2), num(y + L.lane_height / 2), num(font), escape(label));
+          svgNumber(x + w / 2), svgNumber(y + L.lane_height / 2), svgNumber(font), svgEscape(label));
     }
   }
   // Time axis.
   out += fmt::format("<line class=\"axis\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" "
                      "stroke=\"#555555\"/>\n",
-                     num(L.x(0)), num(axis_y), num(L.x(span)), num(axis_y));
+                     svgNumber(L.x(0)), svgNumber(axis_y), svgNumber(L.x(span)), svgNumber(axis_y));
   const double step = niceStep(span);
   for (int k = 0; k * step <= span + kEps; ++k) {
     const double t = k * step;
     out += fmt::format(
         "<line class=\"tick\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#555555\"/>"
         "<text class=\"tick-label\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{:g}</text>\n",
-        num(L.x(t)), num(axis_y), num(L.x(t)), num(axis_y + 4), num(L.x(t)), num(axis_y + 16),
+        svgNumber(L.x(t)), svgNumber(axis_y), svgNumber(L.x(t)), svgNumber(axis_y + 4), svgNumber(L.x(t)), svgNumber(axis_y + 16),
         std::round(t * 1e6) / 1e6);
   }
   // Legend.
@@ -241,7 +214,7 @@ std::string svgTimeline(const CostSimulation& simulation, int num_ranks,
         "<rect class=\"legend\" x=\"{}\" y=\"{}\" width=\"14\" height=\"14\" fill=\"{}\" "
         "stroke=\"#888888\" stroke-width=\"0.5\"/><text class=\"legend-label\" x=\"{}\" "
         "y=\"{}\" dominant-baseline=\"middle\">{}</text>\n",
-        num(lx), num(legend_y), fill, num(lx + 18), num(legend_y + 7), escape(text));
+        svgNumber(lx), svgNumber(legend_y), fill, svgNumber(lx + 18), svgNumber(legend_y + 7), svgEscape(text));
     lx += 26.0 + 7.0 * static_cast<double>(text.size());
   };
   legend(colour(styleOf(ActionType::kForward), 0.0), "F forward");
@@ -254,12 +227,12 @@ std::string svgTimeline(const CostSimulation& simulation, int num_ranks,
     out += fmt::format(
         "<text class=\"legend-note\" x=\"{}\" y=\"{}\" dominant-baseline=\"middle\">"
         "lighter = later stage on the rank; numbers = microbatch</text>\n",
-        num(lx), num(legend_y + 7));
+        svgNumber(lx), svgNumber(legend_y + 7));
   } else {
     out += fmt::format(
         "<text class=\"legend-note\" x=\"{}\" y=\"{}\" dominant-baseline=\"middle\">"
         "numbers = microbatch</text>\n",
-        num(lx), num(legend_y + 7));
+        svgNumber(lx), svgNumber(legend_y + 7));
   }
   out += "</svg>\n";
   return out;

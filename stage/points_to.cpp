@@ -79,14 +79,6 @@ bool isContainer(const c10::TypePtr& type) {
   }
 }
 
-std::string sourceOf(const Node* n) {
-  auto range = n->sourceRange();
-  auto src = range.source();
-  if (!src || !src->filename()) return "";
-  auto line = src->starting_line_no() + src->lineno_for_offset(range.start());
-  return *src->filename() + ":" + std::to_string(line);
-}
-
 // prim:: ops with no schema that neither write nor share memory: their
 // tracked outputs (if any) are new.
 bool isFreshPrim(const Node* n) {
@@ -689,7 +681,7 @@ struct PointsTo::Impl {
 
 std::string describeOp(const Node* node) {
   std::string text = node->kind().toQualString();
-  std::string where = sourceOf(node);
+  std::string where = frontend::sourceLocation(node);
   return where.empty() ? text : text + " at " + where;
 }
 

@@ -8,6 +8,8 @@
 #include <limits>
 #include <map>
 
+#include "common/dtype_names.h"
+#include "common/error.h"
 #include "partitioner/policy_search.h"
 #include "stage/constant_inputs.h"
 #include "stage/run_chained.h"
@@ -33,14 +35,27 @@ std::string errorSummary(const std::string& what) {
   return what.substr(0, what.find('\n'));
 }
 
+// The split spec checked the name (parseDtype); an unknown one is a bug.
 at::ScalarType dtypeOf(const std::string& name) {
-  if (name == "float32") return at::kFloat;
-  if (name == "float64") return at::kDouble;
-  if (name == "float16") return at::kHalf;
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "int64") return at::kLong;
-  if (name == "int32") return at::kInt;
-  return at::kBool;
+  auto dtype = parseDtype(name);
+  PIPEFORGE_CHECK(dtype.has_value(), "example input dtype '" + name + "' was not checked by the split spec");
+  switch (*dtype) {
+    case Dtype::kFloat32:
+      return at::kFloat;
+    case Dtype::kFloat64:
+      return at::kDouble;
+    case Dtype::kFloat16:
+      return at::kHalf;
+    case Dtype::kBFloat16:
+      return at::kBFloat16;
+    case Dtype::kInt64:
+      return at::kLong;
+    case Dtype::kInt32:
+      return at::kInt;
+    case Dtype::kBool:
+      return at::kBool;
+  }
+  PIPEFORGE_FAIL("unhandled Dtype");
 }
 
 std::string metaOf(const at::Tensor& t) {

@@ -3,10 +3,9 @@
 #include <torch/script.h>
 
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <random>
 
+#include "common/atomic_file.h"
 #include "common/error.h"
 #include "frontend/load_model.h"
 #include "frontend/pipe_split_op.h"
@@ -21,39 +20,8 @@
 #include "stage/split_in_memory.h"
 
 namespace pipeforge::stage {
-namespace {
 
 namespace fs = std::filesystem;
-
-// A sibling folder that is removed unless released: a failed split leaves nothing behind.
-class TempSibling {
- public:
-  explicit TempSibling(const fs::path& target) {
-    std::random_device rd;
-    for (int attempt = 0; attempt < 100; ++attempt) {
-      fs::path candidate = target.parent_path() / (target.filename().string() + ".tmp-" + std::to_string(rd() % 1000000));
-      std::error_code ec;
-      if (fs::create_directory(candidate, ec)) {
-        path_ = candidate;
-        return;
-      }
-    }
-    throw Error(ErrorCode::kIo, "cannot create a temporary folder beside '" + target.string() + "'");
-  }
-  ~TempSibling() {
-    if (!path_.empty()) {
-      std::error_code ec;
-      fs::remove_all(path_, ec);
-    }
-  }
-  const fs::path& path() const { return path_; }
-  void release() { path_.clear(); }
-
- private:
-  fs::path path_;
-};
-
-}  // namespace
 
 SplitSummary splitModelToDirectory(const SplitRequest& request) {
   fs::path out = fs::absolute(request.out_dir).lexically_normal();
@@ -102,10 +70,10 @@ SplitSummary splitModelToDirectory(const SplitRequest& request) {
   PipeManifest& manifest = result.stages.manifest;
   manifest.source = request.model_path;
 
-  TempSibling temp(out);
+  AtomicDirectory temp(out.string());  // Note [Atomic writes]
   for (size_t i = 0; i < manifest.stages.size(); ++i) {
     StageInfo& info = manifest.stages[i];
-    const std::string file = (temp.path() / info.file).string();
+    const std::string file = (fs::path(temp.tempPath()) / info.file).string();
     if (pt2) {
       writePt2Stage(*archive, pt2->stages[i], file);
     } else {
@@ -117,21 +85,8 @@ SplitSummary splitModelToDirectory(const SplitRequest& request) {
     }
     info.sha256 = sha256OfFile(file);  // Note [File digests]
   }
-  {
-    std::ofstream json(temp.path() / kManifestFileName);
-    json << manifestToJson(manifest);
-    if (!json) throw Error(ErrorCode::kIo, "cannot write " + (temp.path() / kManifestFileName).string());
-  }
-  if (fs::exists(out, ec)) {
-    // Swap in the new folder first, then drop the old one.
-    TempSibling old(out);
-    fs::remove(old.path());
-    fs::rename(out, old.path());
-    fs::rename(temp.path(), out);
-  } else {
-    fs::rename(temp.path(), out);
-  }
-  temp.release();
+  writeFileAtomically((fs::path(temp.tempPath()) / kManifestFileName).string(), manifestToJson(manifest));
+  temp.commit();
   return SplitSummary{std::move(result.stages.manifest), std::move(result.partition.balance)};
 }
 

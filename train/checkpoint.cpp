@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/atomic_file.h"
 #include "stage/file_digest.h"
 
 namespace pipeforge::train {
@@ -104,33 +105,6 @@ std::string checkpointDir(const std::string& root, std::int64_t step) {
 
 std::string partialCheckpointDir(const std::string& root, std::int64_t step) {
   return checkpointDir(root, step) + ".partial";
-}
-
-void writeFileAtomically(const std::string& path, const std::string& bytes) {
-  // Unique per process and host: several writers may share the folder.
-  const std::string temp = fmt::format("{}.tmp-{}-{}", path, ::getpid(), std::random_device{}());
-  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw CheckpointError(fmt::format("cannot create '{}': {}", temp, std::strerror(errno)), ErrorCode::kIo);
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int err = errno;
-      ::close(fd);
-      ::unlink(temp.c_str());
-      throw CheckpointError(fmt::format("cannot write '{}': {}", temp, std::strerror(err)), ErrorCode::kIo);
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  ::fsync(fd);
-  ::close(fd);
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(temp.c_str());
-    throw CheckpointError(fmt::format("cannot rename '{}' to '{}': {}", temp, path, std::strerror(err)),
-                          ErrorCode::kIo);
-  }
 }
 
 void clearCheckpointStep(const std::string& root, std::int64_t step) {

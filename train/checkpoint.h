@@ -110,8 +110,4 @@ CheckpointMeta readCheckpointMeta(const std::string& step_dir);
 StageCheckpoint readStageCheckpoint(const std::string& step_dir, int stage);
 void loadOptimizerState(const std::string& step_dir, int stage, torch::optim::Optimizer& optimizer);
 
-// Writes `bytes` to `path` through a temporary sibling, fsync and rename;
-// throws CheckpointError (kIo) when the file system refuses.
-void writeFileAtomically(const std::string& path, const std::string& bytes);
-
 }  // namespace pipeforge::train

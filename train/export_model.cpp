@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "common/atomic_file.h"
 #include "frontend/load_model.h"
 #include "frontend/pipe_split_op.h"
 #include "frontend/pt2_import.h"
@@ -148,19 +149,14 @@ ExportSummary exportTrainedModel(const ExportRequest& request) {
     frontend::writePt2WithWeights(*archive, request.out_path, trained);
     return summary;
   }
-  const std::string temp = fmt::format("{}.tmp-{}", request.out_path, ::getpid());
+  AtomicFile file(request.out_path);  // Note [Atomic writes]
   try {
-    model.save(temp);
+    model.save(file.tempPath());
   } catch (const c10::Error& e) {
-    fs::remove(temp, ec);
     throw CheckpointError(fmt::format("cannot write '{}': {}", request.out_path, e.what_without_backtrace()),
                           ErrorCode::kIo);
   }
-  fs::rename(temp, request.out_path, ec);
-  if (ec) {
-    fs::remove(temp, ec);
-    throw CheckpointError(fmt::format("cannot write '{}': {}", request.out_path, ec.message()), ErrorCode::kIo);
-  }
+  file.commit();
   return summary;
 }
 

@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/svg_text.h"
+
 namespace pipeforge::train {
 namespace {
 
@@ -121,25 +123,6 @@ MetricsSeries readMetricsLog(const std::string& path) {
 
 namespace {
 
-std::string num(double v) {
-  std::string s = fmt::format("{:.2f}", v);
-  return s == "-0.00" ? "0.00" : s;
-}
-
-std::string escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
 // Ticks at 1, 2 or 5 times a power of ten, about `target` of them in [lo, hi].
 std::vector<double> niceTicks(double lo, double hi, int target) {
   const double raw = (hi - lo) / std::max(1, target - 1);
@@ -213,11 +196,11 @@ class SvgBuilder {
   void panel(const Panel& p, double top) {
     const double x0 = kLeft, x1 = options_.panel_width - kRight;
     const double y0 = top + kTitleRow, y1 = top + options_.panel_height - kBottom;
-    out_ += fmt::format("<g class=\"panel\" data-title=\"{}\">\n", escape(p.title));
+    out_ += fmt::format("<g class=\"panel\" data-title=\"{}\">\n", svgEscape(p.title));
     out_ += fmt::format("<text class=\"panel-title\" x=\"{}\" y=\"{}\" font-size=\"14\" font-weight=\"bold\">{}</text>\n",
-                        num(x0), num(top + 18), escape(p.title));
+                        svgNumber(x0), svgNumber(top + 18), svgEscape(p.title));
     out_ += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#ffffff\" stroke=\"#888888\"/>\n",
-                        num(x0), num(y0), num(x1 - x0), num(y1 - y0));
+                        svgNumber(x0), svgNumber(y0), svgNumber(x1 - x0), svgNumber(y1 - y0));
     std::vector<const std::vector<MetricPoint>*> all;
     for (const Series& s : p.series) {
       if (!s.points->empty()) all.push_back(s.points);
@@ -225,7 +208,7 @@ class SvgBuilder {
     if (all.empty()) {
       out_ += fmt::format("<text class=\"no-data\" x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"13\" "
                           "fill=\"#666666\">no data: {}</text>\n</g>\n",
-                          num((x0 + x1) / 2), num((y0 + y1) / 2), escape(p.empty_reason));
+                          svgNumber((x0 + x1) / 2), svgNumber((y0 + y1) / 2), svgEscape(p.empty_reason));
       return;
     }
     const Range values = spanOf(all, false);
@@ -237,21 +220,21 @@ class SvgBuilder {
       out_ += fmt::format("<line class=\"x-tick\" x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#eeeeee\"/>"
                           "<line x1=\"{0}\" y1=\"{2}\" x2=\"{0}\" y2=\"{3}\" stroke=\"#888888\"/>"
                           "<text x=\"{0}\" y=\"{4}\" text-anchor=\"middle\" font-size=\"11\">{5}</text>\n",
-                          num(x), num(y0), num(y1), num(y1 + 5), num(y1 + 17), tickLabel(t));
+                          svgNumber(x), svgNumber(y0), svgNumber(y1), svgNumber(y1 + 5), svgNumber(y1 + 17), tickLabel(t));
     }
     for (double t : niceTicks(values.lo, values.hi, 6)) {
       const double y = sy(t);
       out_ += fmt::format("<line class=\"y-tick\" x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"#eeeeee\"/>"
                           "<line x1=\"{3}\" y1=\"{1}\" x2=\"{0}\" y2=\"{1}\" stroke=\"#888888\"/>"
                           "<text x=\"{4}\" y=\"{5}\" text-anchor=\"end\" font-size=\"11\">{6}</text>\n",
-                          num(x0), num(y), num(x1), num(x0 - 5), num(x0 - 8), num(y + 4), tickLabel(t));
+                          svgNumber(x0), svgNumber(y), svgNumber(x1), svgNumber(x0 - 5), svgNumber(x0 - 8), svgNumber(y + 4), tickLabel(t));
     }
     out_ += fmt::format("<text class=\"x-label\" x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"12\">step</text>\n",
-                        num((x0 + x1) / 2), num(y1 + 34));
+                        svgNumber((x0 + x1) / 2), svgNumber(y1 + 34));
     const double ly = (y0 + y1) / 2;
     out_ += fmt::format("<text class=\"y-label\" x=\"{0}\" y=\"{1}\" text-anchor=\"middle\" font-size=\"12\" "
                         "transform=\"rotate(-90 {0} {1})\">{2}</text>\n",
-                        num(16), num(ly), escape(p.y_label));
+                        svgNumber(16), svgNumber(ly), svgEscape(p.y_label));
 
     double legend_x = x1;
     for (auto it = p.series.rbegin(); it != p.series.rend(); ++it) {  // right-aligned, in order
@@ -259,23 +242,23 @@ class SvgBuilder {
       legend_x -= 14.0 + 7.0 * static_cast<double>(std::strlen(s.name)) + 24.0;
       out_ += fmt::format("<g class=\"legend\"><line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" "
                           "stroke-width=\"2.5\"/><text x=\"{4}\" y=\"{5}\" font-size=\"12\">{6}</text></g>\n",
-                          num(legend_x), num(top + 14), num(legend_x + 18), s.colour, num(legend_x + 22),
-                          num(top + 18), escape(s.name));
+                          svgNumber(legend_x), svgNumber(top + 14), svgNumber(legend_x + 18), s.colour, svgNumber(legend_x + 22),
+                          svgNumber(top + 18), svgEscape(s.name));
     }
 
     for (const Series& s : p.series) {
       if (s.points->empty()) continue;
       std::string points;
       for (const MetricPoint& pt : *s.points) {
-        points += fmt::format("{}{},{}", points.empty() ? "" : " ", num(sx(pt.step)), num(sy(pt.value)));
+        points += fmt::format("{}{},{}", points.empty() ? "" : " ", svgNumber(sx(pt.step)), svgNumber(sy(pt.value)));
       }
       out_ += fmt::format("<polyline class=\"series\" data-series=\"{}\" fill=\"none\" stroke=\"{}\" "
                           "stroke-width=\"1.5\" points=\"{}\"/>\n",
-                          escape(s.name), s.colour, points);
+                          svgEscape(s.name), s.colour, points);
       if (s.markers || s.points->size() < 2) {
         for (const MetricPoint& pt : *s.points) {
-          out_ += fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"3\" fill=\"{}\"/>\n", num(sx(pt.step)),
-                              num(sy(pt.value)), s.colour);
+          out_ += fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"3\" fill=\"{}\"/>\n", svgNumber(sx(pt.step)),
+                              svgNumber(sy(pt.value)), s.colour);
         }
       }
     }
@@ -312,11 +295,11 @@ std::string metricsSvg(const MetricsSeries& m, const PlotOptions& options) {
   std::string& out = svg.text();
   out += fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
                      "font-family=\"sans-serif\">\n",
-                     num(options.panel_width), num(height));
-  out += fmt::format("<rect width=\"{}\" height=\"{}\" fill=\"#fafafa\"/>\n", num(options.panel_width), num(height));
+                     svgNumber(options.panel_width), svgNumber(height));
+  out += fmt::format("<rect width=\"{}\" height=\"{}\" fill=\"#fafafa\"/>\n", svgNumber(options.panel_width), svgNumber(height));
   if (!options.title.empty()) {
     out += fmt::format("<text class=\"title\" x=\"{}\" y=\"20\" text-anchor=\"middle\" font-size=\"16\">{}</text>\n",
-                       num(options.panel_width / 2), escape(options.title));
+                       svgNumber(options.panel_width / 2), svgEscape(options.title));
   }
   for (std::size_t i = 0; i < panels.size(); ++i) {
     svg.panel(panels[i], header + options.panel_height * static_cast<double>(i));

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/atomic_file.h"
 #include "common/error.h"
 #include "runtime/pipeline_runner.h"
 #include "schedules/auto_schedule.h"
