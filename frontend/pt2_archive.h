@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "frontend/load_model.h"
+#include "frontend/errors.h"
 
 namespace at {
 class Tensor;
@@ -22,11 +22,6 @@ class Tensor;
 
 namespace pipeforge::frontend {
 
-// A problem with a `.pt2` file. A ModelError, so the CLI reports it the same way.
-class Pt2Error : public ModelError {
- public:
-  using ModelError::ModelError;
-};
 
 // What a zip holds, decided by its content (the file name only breaks ties
 // for files too broken to open).

@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
-#include "schedules/program.h"
+#include "schedules/errors.h"
 
 namespace pipeforge::schedules {
 namespace {

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "schedules/program.h"
-
 namespace pipeforge::schedules {
 namespace {
 
@@ -55,10 +53,6 @@ std::string formatGrid(const ActionGrid& grid, std::optional<int> error_step) {
     out += '\n';
   }
   return out;
-}
-
-std::string formatGrid(const Program& program, std::optional<int> error_step) {
-  return formatGrid(program.actions, error_step);
 }
 
 }  // namespace pipeforge::schedules

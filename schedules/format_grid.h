@@ -11,8 +11,6 @@
 
 namespace pipeforge::schedules {
 
-struct Program;
-
 using ActionGrid = std::vector<std::vector<std::optional<Action>>>;  // [rank][step]
 
 // Layout, as in PyTorch:
@@ -26,6 +24,5 @@ using ActionGrid = std::vector<std::vector<std::optional<Action>>>;  // [rank][s
 //  * every line ends in '\n'.
 // PyTorch fails on a grid with no steps; this prints just the header.
 std::string formatGrid(const ActionGrid& grid, std::optional<int> error_step = std::nullopt);
-std::string formatGrid(const Program& program, std::optional<int> error_step = std::nullopt);
 
 }  // namespace pipeforge::schedules

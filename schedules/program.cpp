@@ -149,4 +149,8 @@ void checkProgramShape(const Program& program, std::string_view context) {
   }
 }
 
+std::string formatGrid(const Program& program, std::optional<int> error_step) {
+  return formatGrid(program.actions, error_step);
+}
+
 }  // namespace pipeforge::schedules

@@ -9,17 +9,12 @@
 #include <string_view>
 #include <vector>
 
-#include "common/error.h"
 #include "schedules/action.h"
+#include "schedules/errors.h"
+#include "schedules/format_grid.h"
 
 namespace pipeforge::schedules {
 
-// Every user-caused schedule problem (bad text, bad CSV, invalid or
-// deadlocking schedule, rejected configuration) is reported with this type.
-class ScheduleError : public pipeforge::Error {
- public:
-  explicit ScheduleError(const std::string& message, ErrorCode code = ErrorCode::kUserInput) : Error(code, message) {}
-};
 
 enum class StageLayout {
   kLoop,  // stage s on rank s % ranks
@@ -54,6 +49,9 @@ void checkProgramShape(const Program& program, std::string_view context);
 // Whether the program already carries its communication (any SEND_F, RECV_F,
 // SEND_B or RECV_B): addSendRecv ran, so cross-rank data travels by message.
 bool hasSendRecv(const Program& program);
+
+// formatGrid (schedules/format_grid.h) of the program's actions.
+std::string formatGrid(const Program& program, std::optional<int> error_step = std::nullopt);
 
 // Whether every action runs stage code (F, I, W, B, OVERLAP_F_B): nothing a
 // lowering pass adds (SEND/RECV, UNSHARD/RESHARD, REDUCE_GRAD) is present.

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "common/error.h"
+#include "stage/errors.h"
 #include "stage/manifest.h"
 
 namespace torch::jit {
@@ -31,10 +31,6 @@ struct Partition;
 
 namespace pipeforge::stage {
 
-class StageBuildError : public pipeforge::Error {
- public:
-  explicit StageBuildError(const std::string& message, ErrorCode code = ErrorCode::kUserInput) : Error(code, message) {}
-};
 
 struct SplitPlan;
 

@@ -7,7 +7,7 @@
 #include <map>
 #include <optional>
 
-#include "stage/build_stages.h"
+#include "stage/errors.h"
 #include "stage/points_to.h"
 
 namespace pipeforge::stage {

@@ -19,7 +19,7 @@
 #include "frontend/module_paths.h"
 #include "frontend/opened_model.h"
 #include "partitioner/partition.h"
-#include "stage/build_stages.h"
+#include "stage/errors.h"
 #include "stage/points_to.h"
 
 // Note [Mutable state across stages]
