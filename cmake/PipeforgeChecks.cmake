@@ -1,9 +1,8 @@
 # Build-time checks on the target graph.
 
-# pipeforge_assert_not_linked(TARGET FORBIDDEN)
-# Fails configuration when FORBIDDEN appears anywhere in TARGET's transitive
-# link libraries. Used to keep schedules/ free of LibTorch (Note [Torch-free schedules]).
-function(pipeforge_assert_not_linked target forbidden)
+# pipeforge_link_closure(TARGET OUT): TARGET and every target or library it
+# links, directly or through its dependencies' link libraries.
+function(pipeforge_link_closure target out)
   set(seen "")
   set(queue ${target})
   while(queue)
@@ -12,10 +11,6 @@ function(pipeforge_assert_not_linked target forbidden)
       continue()
     endif()
     list(APPEND seen ${current})
-    if(current MATCHES "${forbidden}")
-      message(FATAL_ERROR "${target} links ${current} (through its link libraries); "
-                          "${target} must not depend on ${forbidden}. Remove that dependency.")
-    endif()
     if(TARGET ${current})
       get_target_property(libs ${current} LINK_LIBRARIES)
       get_target_property(ilibs ${current} INTERFACE_LINK_LIBRARIES)
@@ -26,4 +21,18 @@ function(pipeforge_assert_not_linked target forbidden)
       endforeach()
     endif()
   endwhile()
+  set(${out} ${seen} PARENT_SCOPE)
+endfunction()
+
+# pipeforge_assert_not_linked(TARGET FORBIDDEN)
+# Fails configuration when FORBIDDEN appears anywhere in TARGET's transitive
+# link libraries. Used to keep schedules/ free of LibTorch (Note [Torch-free schedules]).
+function(pipeforge_assert_not_linked target forbidden)
+  pipeforge_link_closure(${target} closure)
+  foreach(current IN LISTS closure)
+    if(current MATCHES "${forbidden}")
+      message(FATAL_ERROR "${target} links ${current} (through its link libraries); "
+                          "${target} must not depend on ${forbidden}. Remove that dependency.")
+    endif()
+  endforeach()
 endfunction()

@@ -1,0 +1,149 @@
+# Note [Precompiled LibTorch headers]: parsing LibTorch's headers costs 6-10 s
+# of every translation unit that includes them, and most of our library, test
+# and bench sources do. One target, pipeforge_torch_pch, compiles them once
+# into a precompiled header; every other static library and executable that
+# links torch reuses it (REUSE_FROM), so torch is parsed once per build rather
+# than once per file.
+#
+# Why it stays correct:
+#   - GCC checks a .gch against the compile flags and macros it was made with;
+#     a target whose flags differ in a way that matters gets "-Winvalid-pch"
+#     and parses the headers as text, which is slower but the same program.
+#   - The header only adds includes a file may not have asked for; it never
+#     changes what a file's own includes mean. Every source still includes what
+#     it uses, so each compiles on its own with PCH off (-DPIPEFORGE_PCH=OFF).
+#   - Shared and module libraries (-fPIC) are left out: GCC refuses a .gch made
+#     without -fPIC there.
+#   - ccache caches compiles that use a .gch only when told to be sloppy about
+#     __DATE__/__TIME__ and the .gch's macro list; the launcher sets that.
+option(PIPEFORGE_PCH "Precompile LibTorch's headers once and reuse them in every torch target" ON)
+
+set(PIPEFORGE_TORCH_PCH_HEADERS
+  <torch/script.h>
+  <ATen/ATen.h>
+  <torch/csrc/jit/ir/ir.h>)
+
+# pipeforge_torch_pch_setup(): the target that owns the precompiled header.
+function(pipeforge_torch_pch_setup)
+  if(NOT PIPEFORGE_PCH)
+    return()
+  endif()
+  set(src "${CMAKE_BINARY_DIR}/pipeforge_torch_pch.cpp")
+  if(NOT EXISTS "${src}")
+    file(WRITE "${src}" "// Compiles the precompiled LibTorch header (Note [Precompiled LibTorch headers]).\n")
+  endif()
+  add_library(pipeforge_torch_pch STATIC "${src}")
+  # The flags most torch targets have (compat brings FMT_HEADER_ONLY), so the
+  # .gch is valid for them.
+  target_link_libraries(pipeforge_torch_pch PRIVATE torch pipeforge_torch_compat fmt::fmt nlohmann_json::nlohmann_json)
+  target_precompile_headers(pipeforge_torch_pch PRIVATE ${PIPEFORGE_TORCH_PCH_HEADERS})
+endfunction()
+
+# Every target defined in `dir` and below it.
+function(_pipeforge_targets_below dir out)
+  get_property(targets DIRECTORY "${dir}" PROPERTY BUILDSYSTEM_TARGETS)
+  get_property(subdirs DIRECTORY "${dir}" PROPERTY SUBDIRECTORIES)
+  foreach(sub IN LISTS subdirs)
+    _pipeforge_targets_below("${sub}" more)
+    list(APPEND targets ${more})
+  endforeach()
+  set(${out} ${targets} PARENT_SCOPE)
+endfunction()
+
+# Whether `file` includes a LibTorch header, itself or through the project's
+# own headers (quoted includes, found beside the file or under the root).
+# Results are cached per file for the whole configure run.
+function(_pipeforge_includes_torch file out)
+  get_property(known GLOBAL PROPERTY "_pf_torch_inc:${file}" SET)
+  if(known)
+    get_property(result GLOBAL PROPERTY "_pf_torch_inc:${file}")
+    set(${out} ${result} PARENT_SCOPE)
+    return()
+  endif()
+  # Assume no while recursing, so an include loop ends.
+  set_property(GLOBAL PROPERTY "_pf_torch_inc:${file}" FALSE)
+  set(result FALSE)
+  file(STRINGS "${file}" lines REGEX "^[ \t]*#[ \t]*include")
+  get_filename_component(dir "${file}" DIRECTORY)
+  foreach(line IN LISTS lines)
+    if(line MATCHES "<(torch|ATen|c10|caffe2)/")
+      set(result TRUE)
+      break()
+    endif()
+    if(line MATCHES "\"([^\"]+)\"")
+      set(inc "${CMAKE_MATCH_1}")
+      foreach(base "${dir}" "${PROJECT_SOURCE_DIR}")
+        if(EXISTS "${base}/${inc}")
+          _pipeforge_includes_torch("${base}/${inc}" sub)
+          if(sub)
+            set(result TRUE)
+          endif()
+          break()
+        endif()
+      endforeach()
+      if(result)
+        break()
+      endif()
+    endif()
+  endforeach()
+  set_property(GLOBAL PROPERTY "_pf_torch_inc:${file}" ${result})
+  set(${out} ${result} PARENT_SCOPE)
+endfunction()
+
+# pipeforge_torch_pch_apply(): after every target is defined, each static
+# library and executable with C++ sources that links torch reuses the header,
+# in the sources that include LibTorch. A torch-free source skips it: loading
+# the 0.5 GB header costs such a file more (about 6 s) than it compiles in.
+function(pipeforge_torch_pch_apply)
+  if(NOT PIPEFORGE_PCH OR NOT TARGET pipeforge_torch_pch)
+    return()
+  endif()
+  _pipeforge_targets_below("${PROJECT_SOURCE_DIR}" targets)
+  set(applied 0)
+  set(applied_sources 0)
+  foreach(t IN LISTS targets)
+    if(t STREQUAL "pipeforge_torch_pch")
+      continue()
+    endif()
+    get_target_property(type ${t} TYPE)
+    if(NOT type STREQUAL "STATIC_LIBRARY" AND NOT type STREQUAL "EXECUTABLE")
+      continue()
+    endif()
+    get_target_property(pic ${t} POSITION_INDEPENDENT_CODE)
+    if(pic)
+      continue()
+    endif()
+    pipeforge_link_closure(${t} closure)
+    if(NOT "torch" IN_LIST closure)
+      continue()
+    endif()
+    get_target_property(sources ${t} SOURCES)
+    get_target_property(source_dir ${t} SOURCE_DIR)
+    set(torch_sources 0)
+    foreach(src IN LISTS sources)
+      if(NOT src MATCHES "\\.(cpp|cc|cxx)$")
+        continue()
+      endif()
+      if(IS_ABSOLUTE "${src}")
+        set(path "${src}")
+      else()
+        set(path "${source_dir}/${src}")
+      endif()
+      set(uses FALSE)
+      if(EXISTS "${path}")
+        _pipeforge_includes_torch("${path}" uses)
+      endif()
+      if(uses)
+        math(EXPR torch_sources "${torch_sources} + 1")
+      else()
+        set_source_files_properties("${path}" TARGET_DIRECTORY ${t} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+      endif()
+    endforeach()
+    if(torch_sources GREATER 0)
+      target_precompile_headers(${t} REUSE_FROM pipeforge_torch_pch)
+      math(EXPR applied "${applied} + 1")
+      math(EXPR applied_sources "${applied_sources} + ${torch_sources}")
+    endif()
+  endforeach()
+  message(STATUS "Pipeforge: ${applied_sources} sources in ${applied} targets reuse the precompiled LibTorch header")
+endfunction()
