@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tests/support/build_paths.h"
 #include "tests/support/run_command.h"
 #include "tests/support/zoo.h"
 

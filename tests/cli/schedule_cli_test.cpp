@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "tests/support/build_paths.h"
 #include "tests/support/run_command.h"
 #include "tests/support/zoo.h"
 

@@ -19,6 +19,7 @@
 #include "stage/split_in_memory.h"
 #include "stage/split_model.h"
 #include "tests/frontend/pt2_zoo.h"
+#include "tests/support/build_paths.h"
 #include "tests/support/run_command.h"
 #include "tests/support/zoo.h"
 

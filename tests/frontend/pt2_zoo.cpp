@@ -1,4 +1,5 @@
 #include "tests/frontend/pt2_zoo.h"
+#include "tests/support/build_paths.h"
 
 #include <limits>
 

@@ -18,6 +18,7 @@
 #include "runtime/loss.h"
 #include "runtime/pipeline_stage.h"
 #include "tests/runtime/grad_check.h"
+#include "tests/support/build_paths.h"
 #include "tests/support/zoo.h"
 
 namespace pipeforge::runtime {

@@ -8,6 +8,7 @@
 
 #include "runtime/loss.h"
 #include "runtime/pipeline_runner.h"
+#include "tests/support/build_paths.h"
 #include "tests/support/zoo.h"
 
 namespace pipeforge::testing {

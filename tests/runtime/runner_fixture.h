@@ -13,6 +13,7 @@
 #include "runtime/fake_comm.h"
 #include "runtime/pipeline_runner.h"
 #include "tests/runtime/grad_check.h"
+#include "tests/support/build_paths.h"
 
 namespace pipeforge::runtime {
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/local_launcher.h"
+#include "tests/support/build_paths.h"
 
 namespace pipeforge::runtime {
 namespace {

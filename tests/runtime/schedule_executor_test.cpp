@@ -15,6 +15,7 @@
 #include "schedules/generate.h"
 #include "tests/runtime/grad_check.h"
 #include "tests/runtime/runner_fixture.h"
+#include "tests/support/build_paths.h"
 
 namespace pipeforge::runtime {
 namespace {

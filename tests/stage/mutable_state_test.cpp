@@ -16,6 +16,7 @@
 #include "stage/run_chained.h"
 #include "stage/split_in_memory.h"
 #include "stage/split_model.h"
+#include "tests/support/build_paths.h"
 #include "tests/support/run_command.h"
 #include "tests/support/zoo.h"
 

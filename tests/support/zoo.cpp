@@ -1,4 +1,5 @@
 #include "tests/support/zoo.h"
+#include "tests/support/build_paths.h"
 
 #include <cstdlib>
 #include <stdexcept>

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "tests/support/build_paths.h"
 #include "tests/support/zoo.h"
 #include "tests/train/train_fixture.h"
 

@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "tests/support/build_paths.h"
 #include "tests/support/zoo.h"
 #include "tests/train/train_fixture.h"
 

@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "compat/torch_compat.h"
+#include "tests/support/build_paths.h"
 #include "tests/train/train_fixture.h"
 #include "train/checkpoint.h"
 

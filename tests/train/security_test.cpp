@@ -22,6 +22,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "compat/c10d_store.h"
+#include "tests/support/build_paths.h"
 #include "tests/train/train_fixture.h"
 
 extern char** environ;

@@ -1,6 +1,7 @@
 // The training config: every key of the examples parses, and each mistake
 // is refused with a message naming the key (the CLI table in
 // train_cli_test.cpp covers the same through the binary).
+#include "tests/support/build_paths.h"
 #include "train/train_config.h"
 
 #include <gtest/gtest.h>

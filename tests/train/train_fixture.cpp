@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "frontend/load_model.h"
+#include "tests/support/build_paths.h"
 #include "tests/support/zoo.h"
 #include "train/dataset.h"
 #include "train/lr_schedule.h"

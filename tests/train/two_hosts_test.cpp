@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "tests/support/build_paths.h"
 #include "tests/support/zoo.h"
 #include "tests/train/train_fixture.h"
 #include "train/train_config.h"
