@@ -5,7 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/run_guarded.h"
-#include "train/evaluate_checkpoint.h"
+#include "tools/evaluate_checkpoint.h"
 
 namespace pipeforge::cli {
 

@@ -8,7 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/run_guarded.h"
-#include "train/export_model.h"
+#include "tools/export_model.h"
 
 namespace pipeforge::cli {
 

@@ -6,7 +6,7 @@
 
 #include "cli/commands.h"
 #include "cli/run_guarded.h"
-#include "train/generate.h"
+#include "tools/generate.h"
 
 namespace pipeforge::cli {
 

@@ -5,11 +5,11 @@
 #include <iostream>
 #include <memory>
 
-#include "common/atomic_file.h"
+#include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
 #include "cli/run_guarded.h"
-#include "train/checkpoint.h"
-#include "train/plot.h"
+#include "common/atomic_file.h"
+#include "tools/plot.h"
 
 namespace pipeforge::cli {
 

@@ -1,4 +1,4 @@
-// Fuzzes the training-config YAML reader (train/train_config.h): any text
+// Fuzzes the training-config YAML reader (config/train_config.h): any text
 // either parses or throws ConfigError (split-spec and schedule problems are
 // wrapped into ConfigError too); yaml-cpp's exceptions must not escape. A
 // config that parses then goes through checkLayout for a few world sizes.
@@ -21,8 +21,8 @@
 #include <system_error>
 #include <vector>
 
+#include "config/train_config.h"
 #include "fuzz/fuzz_support.h"
-#include "train/train_config.h"
 
 namespace {
 

@@ -24,7 +24,7 @@
 
 #include <cstdint>
 
-#include "train/train_config.h"
+#include "config/train_config.h"
 
 namespace pipeforge::train {
 

@@ -8,7 +8,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "train/train_config.h"
+#include "config/train_config.h"
 
 namespace torch::optim {
 class Optimizer;

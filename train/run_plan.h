@@ -3,10 +3,10 @@
 
 #include <string>
 
+#include "config/train_config.h"
 #include "runtime/dist_env.h"
 #include "schedules/program.h"
 #include "stage/manifest.h"
-#include "train/train_config.h"
 
 namespace pipeforge::train {
 

@@ -54,7 +54,7 @@ runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const RunPlan
   ro.schedule = config.pipeline.schedule;
   ro.program = plan.program;
   ro.num_microbatches = config.pipeline.microbatches;
-  // Note [Input chunks] in train/dataset.h: the same entries place the data's rows.
+  // Note [Input chunks] in data/dataset.h: the same entries place the data's rows.
   if (!config.pipeline.input_chunks.empty()) {
     ro.input_chunks = chunkSpecsOf(inputChunksFor(config, plan.manifest.inputs));
   }

@@ -4,10 +4,10 @@
 
 #include <string>
 
+#include "config/train_config.h"
+#include "data/dataset.h"
 #include "runtime/pipeline_runner.h"
-#include "train/dataset.h"
 #include "train/run_plan.h"
-#include "train/train_config.h"
 
 namespace pipeforge::train {
 

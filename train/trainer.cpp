@@ -16,14 +16,15 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "checkpoint/checkpoint.h"
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "data/dataset.h"
+#include "data/open_dataset.h"
 #include "runtime/pipeline_runner.h"
 #include "schedules/auto_schedule.h"
 #include "schedules/csv.h"
 #include "stage/manifest.h"
-#include "train/checkpoint.h"
-#include "train/dataset.h"
 #include "train/loss_scaler.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_log.h"
@@ -51,10 +52,9 @@ void setCpuRngState(const at::Tensor& state) {
 
 class RankTrainer {
  public:
-  RankTrainer(const TrainConfig& config, const TrainerOptions& options)
+  RankTrainer(const TrainConfig& config, const RunPlan& plan, const TrainerOptions& options)
       : config_(config), options_(options), out_(options.out != nullptr ? *options.out : std::cout) {
     // Note [One plan per run] in train/run_plan.h.
-    const RunPlan plan = options.plan ? *options.plan : planRun(config, runtime::resolveDistEnv({}), options.split_dir);
     env_ = plan.env;
     manifest_ = plan.manifest;
     timeout_ = std::chrono::milliseconds(static_cast<std::int64_t>(config.timeout_s * 1000));
@@ -493,7 +493,7 @@ class RankTrainer {
     pending_.push_back(PendingReport{true, done, 0.0, 0.0, 0.0, 0.0, std::nullopt});
   }
 
-  // Note [Checkpoint commit] in train/checkpoint.h.
+  // Note [Checkpoint commit] in checkpoint/checkpoint.h.
   std::string saveCheckpoint(std::int64_t done, TrainSummary& summary) {
     const std::string& root = config_.checkpoint.dir;
     const bool host_leader = env_.local_rank == 0;
@@ -758,7 +758,7 @@ class RankTrainer {
   std::chrono::milliseconds timeout_{0};
   std::unique_ptr<runtime::PipelineRunner> runner_;
   std::unique_ptr<RankChannel> channel_;  // after runner_: destroyed first (Note [Orderly exit])
-  DataLayout layout_;  // Note [Input chunks] in train/dataset.h
+  DataLayout layout_;  // Note [Input chunks] in data/dataset.h
   std::unique_ptr<Dataset> dataset_;
   std::map<int, std::unique_ptr<torch::optim::Optimizer>> optimizers_;
   std::optional<LossScaler> scaler_;  // training.precision fp16 only
@@ -783,8 +783,8 @@ class RankTrainer {
 
 }  // namespace
 
-TrainSummary trainRank(const TrainConfig& config, const TrainerOptions& options) {
-  RankTrainer trainer(config, options);
+TrainSummary trainRank(const TrainConfig& config, const RunPlan& plan, const TrainerOptions& options) {
+  RankTrainer trainer(config, plan, options);
   return trainer.run();
 }
 

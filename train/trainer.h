@@ -2,7 +2,7 @@
 // with evaluation, checkpoints, metrics and the trace around it.
 //
 // Every rank runs the same loop over the same global batches (Note
-// [Stateless sampling] in train/sampling.h) and takes the same decisions
+// [Stateless sampling] in data/sampling.h) and takes the same decisions
 // from the same config, so ranks never negotiate what to do next.
 #pragma once
 
@@ -11,15 +11,12 @@
 #include <ostream>
 #include <string>
 
+#include "config/train_config.h"
 #include "train/run_plan.h"
-#include "train/train_config.h"
 
 namespace pipeforge::train {
 
 struct TrainerOptions {
-  std::string split_dir;  // the split to train (pipe.json + stage_<i>.pt)
-  // The run planned by the caller for split_dir; planned here when unset.
-  std::optional<RunPlan> plan;
   // Stop after this many steps (with a checkpoint there), as if interrupted;
   // the LR schedule still follows training.steps.
   std::optional<std::int64_t> stop_after;
@@ -38,10 +35,11 @@ struct TrainSummary {
   double seconds = 0.0;
 };
 
-// Runs this process's rank (from the environment: runtime::resolveDistEnv).
+// Runs this process's rank of `plan` (Note [One plan per run]: the caller
+// planned it, with planRun, for the split it trains; nothing here plans again).
 // Throws pipeforge::Error on failure: runtime::RuntimeError, ConfigError,
 // CheckpointError, ... with their codes (Note [Error codes]); an error inside
 // a step has "training step K of N" as its context.
-TrainSummary trainRank(const TrainConfig& config, const TrainerOptions& options);
+TrainSummary trainRank(const TrainConfig& config, const RunPlan& plan, const TrainerOptions& options = {});
 
 }  // namespace pipeforge::train

@@ -96,10 +96,10 @@ def temp_dir(prefix: str) -> tempfile.TemporaryDirectory:
     return tempfile.TemporaryDirectory(prefix=prefix)
 
 
-# --- the batches of `data.format: tensors` (train/tensor_dataset.cpp) ---------
+# --- the batches of `data.format: tensors` (data/tensor_dataset.cpp) ---------
 #
 # Each epoch visits every training row once, in a Fisher-Yates order drawn from
-# (seed, stream 0 + 2, epoch, i) with train/sampling.h's SplitMix64 draws; the
+# (seed, stream 0 + 2, epoch, i) with data/sampling.h's SplitMix64 draws; the
 # rows of step s are positions s*B .. s*B+B-1 of that endless sequence. The
 # training rows are the first rows - int(rows * val_fraction).
 

@@ -24,7 +24,7 @@
 #include "compat/torch_compat.h"
 #include "tests/support/build_paths.h"
 #include "tests/train/train_fixture.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace pipeforge::testing {
 namespace {

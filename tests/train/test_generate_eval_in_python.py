@@ -13,12 +13,12 @@ export` and loaded with torch.jit.load. Then:
     crop happens); the same from --prompt-tokens (ids in, ids out);
   * generate, seeded top-k: the same seed prints the same bytes twice, another
     seed other bytes, and all of them are the tokens a Python mirror of Note
-    [Seeded sampling] (train/generate.h) draws from the exported model's
+    [Seeded sampling] (tools/generate.h) draws from the exported model's
     logits;
   * eval: the held-out loss `pipeforge eval` prints (default checkpoint,
     config's 2 ranks; and an explicit step folder) equals the mean
     cross-entropy that Python computes on the exported model over the same
-    held-out rows (train/token_dataset.cpp's sampler mirrored with
+    held-out rows (data/token_dataset.cpp's sampler mirrored with
     interop_common's draws), each batch cut into the same microbatches,
     relative tolerance 1e-5 (float32 along different but equivalent paths);
     with eval_batches it equals the run's own "eval" event, and with 2
@@ -44,12 +44,12 @@ RTOL = 1e-5
 SEED = 11
 BLOCK = 32        # data.block_size of training and eval (the model takes up to 64)
 # generate's default context is the length the run trained on (BLOCK), not
-# gpt_demo's 64-row position embedding (Note [Block size] in train/generate.cpp).
+# gpt_demo's 64-row position embedding (Note [Block size] in tools/generate.cpp).
 BATCH, MICROBATCHES = 8, 2
 VAL_FRACTION = 0.2
 TOKENS = 24
 STEPS = 120
-GENERATE_STREAM = 0x67656E  # train/generate.cpp kGenerateStream
+GENERATE_STREAM = 0x67656E  # tools/generate.cpp kGenerateStream
 
 TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog; pipelines split models into stages.\n"
                for i in range(60)).encode()
@@ -85,7 +85,7 @@ def python_greedy(torch, model, prompt: bytes, n: int) -> bytes:
 
 
 def python_sampled(torch, model, prompt: bytes, n: int, temperature: float, top_k: int, seed: int) -> bytes:
-    """Note [Seeded sampling] in train/generate.h, step by step."""
+    """Note [Seeded sampling] in tools/generate.h, step by step."""
     ids = list(prompt)
     for index in range(n):
         logits = logits_of(torch, model, ids)
@@ -107,7 +107,7 @@ def python_sampled(torch, model, prompt: bytes, n: int, temperature: float, top_
 
 
 def held_out_rows(tokens: bytes, k: int, batch: int):
-    """Held-out batch k of train/token_dataset.cpp: random windows of the last val_fraction of the bytes."""
+    """Held-out batch k of data/token_dataset.cpp: random windows of the last val_fraction of the bytes."""
     held = int(len(tokens) * VAL_FRACTION)
     span = tokens[len(tokens) - held:]
     windows = len(span) - BLOCK

@@ -9,10 +9,11 @@
 
 #include <fmt/format.h>
 
+#include "data/dataset.h"
+#include "data/open_dataset.h"
 #include "frontend/load_model.h"
 #include "tests/support/build_paths.h"
 #include "tests/support/zoo.h"
-#include "train/dataset.h"
 #include "train/lr_schedule.h"
 #include "train/optimizer_factory.h"
 

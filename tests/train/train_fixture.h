@@ -8,8 +8,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "config/train_config.h"
 #include "tests/support/run_command.h"
-#include "train/train_config.h"
 
 namespace pipeforge::testing {
 

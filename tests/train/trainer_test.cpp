@@ -13,11 +13,11 @@
 
 #include <sstream>
 
+#include "launch/launch.h"
 #include "schedules/csv.h"
 #include "schedules/generate.h"
 #include "tests/support/zoo.h"
 #include "tests/train/train_fixture.h"
-#include "train/launch.h"
 #include "train/run_plan.h"
 #include "train/schedule_profile.h"
 
@@ -74,10 +74,8 @@ TEST(Trainer, OneRankInProcessEqualsSingleProcessTraining) {
 
   std::ostringstream quiet;
   train::TrainerOptions options;
-  options.split_dir = split;
   options.out = &quiet;
-  options.plan = train::planRun(config, world(1), split);
-  const train::TrainSummary summary = train::trainRank(config, options);
+  const train::TrainSummary summary = train::trainRank(config, train::planRun(config, world(1), split), options);
   EXPECT_EQ(summary.first_step, 0);
   EXPECT_EQ(summary.last_step, 3);
   ASSERT_TRUE(summary.last_loss.has_value());

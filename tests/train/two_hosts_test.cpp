@@ -17,10 +17,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "config/train_config.h"
 #include "tests/support/build_paths.h"
 #include "tests/support/zoo.h"
 #include "tests/train/train_fixture.h"
-#include "train/train_config.h"
 
 namespace pipeforge::testing {
 namespace {

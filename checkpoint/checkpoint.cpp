@@ -1,0 +1,361 @@
+#include "checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/optim.h>
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/atomic_file.h"
+#include "stage/file_digest.h"
+
+namespace pipeforge::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string stageFile(int stage) { return fmt::format("stage_{}.pt", stage); }
+std::string optimizerFile(int stage) { return fmt::format("stage_{}.optim.pt", stage); }
+
+std::string readFile(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CheckpointError(fmt::format("checkpoint {} '{}' cannot be read", what, path));
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+c10::Dict<std::string, at::Tensor> toDict(const NamedTensors& tensors) {
+  c10::Dict<std::string, at::Tensor> dict;
+  // A copy on the CPU holding only its own elements (not a view's whole storage).
+  for (const auto& [name, t] : tensors) dict.insert(name, t.detach().to(at::kCPU).clone());
+  return dict;
+}
+
+NamedTensors fromDict(const c10::IValue& value, const std::string& what) {
+  if (!value.isGenericDict()) throw CheckpointError(fmt::format("{} is not a dict of tensors", what));
+  NamedTensors out;
+  for (const auto& kv : value.toGenericDict()) out.emplace_back(kv.key().toStringRef(), kv.value().toTensor());
+  return out;
+}
+
+// The step of a folder named step_<digits>, or -1.
+std::int64_t stepOfFolder(const std::string& name) {
+  if (name.rfind("step_", 0) != 0 || name.size() <= 5) return -1;
+  if (name.find_first_not_of("0123456789", 5) != std::string::npos) return -1;
+  return std::stoll(name.substr(5));
+}
+
+void pruneCheckpoints(const fs::path& root, int keep) {
+  if (keep <= 0) return;
+  std::vector<std::pair<std::int64_t, fs::path>> steps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    std::int64_t step = stepOfFolder(entry.path().filename().string());
+    if (step >= 0 && entry.is_directory()) steps.emplace_back(step, entry.path());
+  }
+  std::sort(steps.begin(), steps.end());
+  for (std::size_t k = 0; k + keep < steps.size(); ++k) fs::remove_all(steps[k].second, ec);
+}
+
+// Note [Checkpoints for torch.load]: since torch 2.6, torch.load defaults to
+// weights_only=True, which refuses the type tags torch::pickle_save writes
+// for typed containers (torch.jit._pickle.restore_type_tag). Checkpoints are
+// pickled without them: plain dicts of strings, ints and tensors, in the
+// torch.save zip layout (data.pkl + data/<i>), which torch.load of any version
+// reads by default, and torch::pickle_load too.
+std::vector<char> pickleForTorchLoad(const c10::IValue& value) {
+  std::vector<char> pickled;
+  torch::jit::Pickler pickler([&](const char* bytes, size_t n) { pickled.insert(pickled.end(), bytes, bytes + n); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::vector<char> archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) -> size_t {
+    const char* bytes = static_cast<const char*>(data);
+    archive.insert(archive.end(), bytes, bytes + n);
+    return n;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
+  return archive;
+}
+
+}  // namespace
+
+std::string checkpointDir(const std::string& root, std::int64_t step) {
+  return (fs::path(root) / fmt::format("step_{:08d}", step)).string();
+}
+
+std::string partialCheckpointDir(const std::string& root, std::int64_t step) {
+  return checkpointDir(root, step) + ".partial";
+}
+
+void clearCheckpointStep(const std::string& root, std::int64_t step) {
+  std::error_code ec;
+  fs::remove_all(partialCheckpointDir(root, step), ec);
+  fs::remove_all(checkpointDir(root, step), ec);
+}
+
+void writeStageCheckpoint(const std::string& root, const StageCheckpoint& state, torch::optim::Optimizer& optimizer) {
+  const fs::path dir = partialCheckpointDir(root, state.step);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    throw CheckpointError(fmt::format("cannot create checkpoint folder '{}': {}", dir.string(), ec.message()),
+                          ErrorCode::kIo);
+  }
+
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  dict.insert("format", std::string(kCheckpointFormat));
+  dict.insert("stage", static_cast<std::int64_t>(state.stage));
+  dict.insert("step", state.step);
+  dict.insert("data_position", state.data_position);
+  dict.insert("parameters", toDict(state.parameters));
+  dict.insert("buffers", toDict(state.buffers));
+  dict.insert("rng_state", state.rng_state.defined() ? state.rng_state.clone() : at::empty({0}, at::kByte));
+  std::vector<char> bytes = pickleForTorchLoad(dict);
+  writeFileAtomically((dir / stageFile(state.stage)).string(), std::string(bytes.begin(), bytes.end()));
+
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  writeFileAtomically((dir / optimizerFile(state.stage)).string(), out.str());
+}
+
+void commitCheckpoint(const std::string& root, const CheckpointMeta& meta, int keep) {
+  const std::string partial = partialCheckpointDir(root, meta.step);
+  const std::string final_dir = checkpointDir(root, meta.step);
+  nlohmann::json j;
+  j["format"] = kCheckpointFormat;
+  j["step"] = meta.step;
+  j["num_stages"] = meta.num_stages;
+  j["source"] = meta.source;
+  j["schedule"] = meta.schedule;
+  j["world_size"] = meta.world_size;
+  j["seed"] = meta.seed;
+  j["tied"] = meta.tied;
+  j["unused"] = meta.unused;
+  if (meta.block_size) j["block_size"] = *meta.block_size;
+  if (meta.loss_scale) {
+    j["loss_scale"] = {{"scale", meta.loss_scale->scale}, {"growth_tracker", meta.loss_scale->growth_tracker}};
+  }
+  j["stages"] = nlohmann::json::array();
+  for (int s = 0; s < meta.num_stages; ++s) {
+    j["stages"].push_back({{"index", s}, {"file", stageFile(s)}, {"optimizer", optimizerFile(s)}});
+  }
+  // Several hosts sharing this folder may commit at once: whoever renames
+  // first wins, and the others find the final folder in place. A host that
+  // loses the race midway (the folder renamed while it read a digest or
+  // wrote meta.json) finds the winner's complete folder, which the checks
+  // below confirm; anything else is a real failure.
+  std::error_code ec;
+  if (fs::exists(partial, ec)) {
+    try {
+      // Note [File digests]: what each file held when it was written.
+      j["files"] = nlohmann::json::object();
+      for (int s = 0; s < meta.num_stages; ++s) {
+        for (const std::string& name : {stageFile(s), optimizerFile(s)}) {
+          const fs::path file = fs::path(partial) / name;
+          if (fs::exists(file, ec)) j["files"][name] = stage::sha256OfFile(file.string());
+        }
+      }
+      writeFileAtomically((fs::path(partial) / "meta.json").string(), j.dump(2) + "\n");
+      if (::rename(partial.c_str(), final_dir.c_str()) != 0 && !fs::exists(final_dir, ec)) {
+        throw CheckpointError(fmt::format("cannot rename '{}' to '{}': {}", partial, final_dir, std::strerror(errno)),
+                              ErrorCode::kIo);
+      }
+    } catch (const std::exception&) {
+      if (fs::exists(partial, ec) || !fs::exists(fs::path(final_dir) / "meta.json", ec)) throw;
+    }
+  }
+  if (!fs::exists(fs::path(final_dir) / "meta.json", ec)) {
+    throw CheckpointError(fmt::format("checkpoint step {}: '{}' was never written", meta.step, final_dir));
+  }
+  for (int s = 0; s < meta.num_stages; ++s) {
+    if (!fs::exists(fs::path(final_dir) / stageFile(s), ec)) {
+      throw CheckpointError(fmt::format("checkpoint step {}: stage {} is missing from '{}' (a host without a shared "
+                                        "folder holds it?)",
+                                        meta.step, s, final_dir));
+    }
+  }
+  writeFileAtomically((fs::path(root) / "latest").string(), fs::path(final_dir).filename().string() + "\n");
+  pruneCheckpoints(root, keep);
+}
+
+std::optional<std::string> latestCheckpoint(const std::string& root) {
+  const fs::path pointer = fs::path(root) / "latest";
+  std::error_code ec;
+  if (!fs::exists(pointer, ec)) return std::nullopt;
+  std::string name = readFile(pointer.string(), "pointer");
+  while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+  const fs::path dir = fs::path(root) / name;
+  if (stepOfFolder(name) < 0 || !fs::exists(dir / "meta.json", ec)) {
+    throw CheckpointError(fmt::format("'{}' names '{}', which is not a complete checkpoint folder; remove the "
+                                      "pointer or point it at a step_<N> folder",
+                                      pointer.string(), name));
+  }
+  return dir.string();
+}
+
+void verifyCheckpoint(const std::string& step_dir) {
+  const std::string meta_path = (fs::path(step_dir) / "meta.json").string();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(readFile(meta_path, "checkpoint meta"));
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(fmt::format("'{}' is malformed: {}", meta_path, e.what()));
+  }
+  if (!j.contains("files")) return;  // written before digests
+  if (!j["files"].is_object()) throw CheckpointError(fmt::format("'{}': \"files\" is not an object", meta_path));
+  for (const auto& [name, digest] : j["files"].items()) {
+    if (!digest.is_string() || !stage::isSha256(digest.get<std::string>()) || name.find('/') != std::string::npos) {
+      throw CheckpointError(fmt::format("'{}': the digest entry for '{}' is malformed", meta_path, name));
+    }
+    try {
+      stage::verifyFileDigest((fs::path(step_dir) / name).string(), digest.get<std::string>(), "checkpoint file",
+                              "resume from another checkpoint (CKPT/step_<N>) or restore the file");
+    } catch (const stage::DigestError& e) {
+      throw CheckpointError(e.what());
+    }
+  }
+}
+
+std::optional<std::string> newestIntactCheckpoint(const std::string& root, std::string* warning) {
+  std::optional<std::string> latest = latestCheckpoint(root);
+  if (!latest) return std::nullopt;
+  std::vector<std::pair<std::int64_t, fs::path>> older;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::int64_t step = stepOfFolder(entry.path().filename().string());
+    if (step >= 0 && entry.path() != fs::path(*latest) && fs::exists(entry.path() / "meta.json", ec)) {
+      older.emplace_back(step, entry.path());
+    }
+  }
+  std::sort(older.rbegin(), older.rend());
+  std::string problems;
+  std::vector<std::string> candidates{*latest};
+  for (const auto& [step, dir] : older) {
+    if (step < stepOfFolder(fs::path(*latest).filename().string())) candidates.push_back(dir.string());
+  }
+  for (const std::string& dir : candidates) {
+    try {
+      verifyCheckpoint(dir);
+      if (!problems.empty() && warning != nullptr) {
+        *warning = fmt::format("{}; resuming from '{}' instead", problems, dir);
+      }
+      return dir;
+    } catch (const CheckpointError& e) {
+      problems += (problems.empty() ? "" : "; ") + std::string(e.what());
+    }
+  }
+  throw CheckpointError(fmt::format("no intact checkpoint under '{}': {}; set checkpoint.resume: false to start over",
+                                    root, problems));
+}
+
+std::string resolveCheckpoint(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw CheckpointError(fmt::format("checkpoint '{}' does not exist", path));
+  if (fs::exists(fs::path(path) / "meta.json", ec)) return path;
+  if (auto latest = latestCheckpoint(path)) return *latest;
+  throw CheckpointError(fmt::format("'{}' is neither a checkpoint folder (step_<N>/ with meta.json) nor a checkpoint "
+                                    "root with a `latest` pointer",
+                                    path));
+}
+
+CheckpointMeta readCheckpointMeta(const std::string& step_dir) {
+  const std::string path = (fs::path(step_dir) / "meta.json").string();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(readFile(path, "metadata"));
+    if (j.at("format").get<std::string>() != kCheckpointFormat) {
+      throw CheckpointError(fmt::format("'{}' has format '{}'; expected {}", path, j.at("format").get<std::string>(),
+                                        kCheckpointFormat));
+    }
+    CheckpointMeta meta;
+    meta.step = j.at("step").get<std::int64_t>();
+    meta.num_stages = j.at("num_stages").get<int>();
+    meta.source = j.at("source").get<std::string>();
+    meta.schedule = j.at("schedule").get<std::string>();
+    meta.world_size = j.at("world_size").get<int>();
+    meta.seed = j.at("seed").get<std::uint64_t>();
+    meta.tied = j.at("tied").get<std::vector<std::vector<std::string>>>();
+    meta.unused = j.value("unused", std::vector<std::string>{});
+    if (j.contains("block_size")) {
+      meta.block_size = j.at("block_size").get<std::int64_t>();
+      if (*meta.block_size < 1) throw CheckpointError(fmt::format("'{}': block_size {} is not >= 1", path, *meta.block_size));
+    }
+    if (j.contains("loss_scale")) {
+      const auto& ls = j.at("loss_scale");
+      LossScaleState state{ls.at("scale").get<double>(), ls.at("growth_tracker").get<std::int64_t>()};
+      if (!(state.scale > 0.0) || !std::isfinite(state.scale) || state.growth_tracker < 0) {
+        throw CheckpointError(fmt::format("'{}': loss_scale {{scale {}, growth_tracker {}}} is out of range", path,
+                                          state.scale, state.growth_tracker));
+      }
+      meta.loss_scale = state;
+    }
+    return meta;
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(fmt::format("'{}' is malformed: {}", path, e.what()));
+  }
+}
+
+StageCheckpoint readStageCheckpoint(const std::string& step_dir, int stage) {
+  const std::string path = (fs::path(step_dir) / stageFile(stage)).string();
+  const std::string bytes = readFile(path, "stage file");
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  } catch (const c10::Error& e) {
+    throw CheckpointError(fmt::format("checkpoint stage file '{}' is corrupt: {}", path, e.what_without_backtrace()));
+  }
+  if (!value.isGenericDict()) throw CheckpointError(fmt::format("'{}' is not a checkpoint stage file", path));
+  auto dict = value.toGenericDict();
+  for (const char* key : {"format", "stage", "step", "data_position", "parameters", "buffers", "rng_state"}) {
+    if (!dict.contains(key)) throw CheckpointError(fmt::format("'{}' lacks '{}'; not a checkpoint stage file", path, key));
+  }
+  StageCheckpoint state;
+  state.stage = static_cast<int>(dict.at("stage").toInt());
+  state.step = dict.at("step").toInt();
+  state.data_position = dict.at("data_position").toInt();
+  state.parameters = fromDict(dict.at("parameters"), path + " parameters");
+  state.buffers = fromDict(dict.at("buffers"), path + " buffers");
+  state.rng_state = dict.at("rng_state").toTensor();
+  if (state.stage != stage) {
+    throw CheckpointError(fmt::format("'{}' holds stage {}, expected {}", path, state.stage, stage));
+  }
+  return state;
+}
+
+void loadOptimizerState(const std::string& step_dir, int stage, torch::optim::Optimizer& optimizer) {
+  const std::string path = (fs::path(step_dir) / optimizerFile(stage)).string();
+  std::istringstream in(readFile(path, "optimizer file"));
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    optimizer.load(archive);
+  } catch (const c10::Error& e) {
+    throw CheckpointError(fmt::format("optimizer state '{}' does not fit this optimizer (another optimizer.name, or "
+                                      "another split?): {}",
+                                      path, e.what_without_backtrace()));
+  }
+}
+
+}  // namespace pipeforge::train
