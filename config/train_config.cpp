@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/yaml_keys.h"
 #include "partitioner/split_spec.h"
 #include "schedules/auto_schedule.h"
 #include "schedules/csv.h"
@@ -620,6 +621,8 @@ TrainConfig parseTrainConfig(const std::string& yaml_text, const std::string& or
   } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format("{}:{}: malformed YAML: {}", origin, e.mark.line + 1, e.msg));
   }
+  // yaml-cpp keeps both of a repeated key and the later one would win silently.
+  if (auto duplicate = findDuplicateKey(root, origin)) throw ConfigError(*duplicate);
   TrainConfig c;
   c.origin = origin;
   Section top(origin, "");

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/dtype_names.h"
+#include "common/yaml_keys.h"
 
 namespace pipeforge::partitioner {
 namespace {
@@ -144,6 +145,7 @@ SplitSpec parseSplitSpec(const std::string& yaml_text, const std::string& origin
   } catch (const YAML::Exception& e) {
     throw SpecError(origin + ":" + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
   }
+  if (auto duplicate = findDuplicateKey(root, origin)) throw SpecError(*duplicate);
   return parseSplitSpecNode(root, origin);
 }
 

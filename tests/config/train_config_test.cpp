@@ -166,6 +166,8 @@ struct BadCase {
 TEST_F(TrainConfigTest, MistakesNameTheKey) {
   const std::vector<BadCase> cases = {
       {"unknown top key", "", "optimiser: {lr: 1}\n", {"unknown key 'optimiser'", "optimizer"}},
+      // yaml-cpp keeps both and the later one would win silently.
+      {"repeated key", "steps: 4", "steps: 4\n  steps: 2", {"'training.steps' appears twice (first at line", "keep one"}},
       {"unknown nested key", "", "optimizer: {betaz: [0.9, 0.9]}\n", {"t.yaml:", "'optimizer.betaz'", "betas"}},
       {"wrong type", "steps: 4", "steps: many", {"training.steps must be an integer >= 1", "'many'"}},
       {"zero steps", "steps: 4", "steps: 0", {"training.steps"}},

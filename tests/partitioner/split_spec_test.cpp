@@ -23,6 +23,17 @@ TEST(SplitSpec, ParsesEveryKey) {
   EXPECT_EQ(spec.example_inputs[0].high, 10);
 }
 
+TEST(SplitSpec, ExampleInputDtypesTakePyTorchNames) {
+  auto spec = parseSplitSpec(
+      "example_inputs:\n  - {shape: [2], dtype: long}\n  - {shape: [2], dtype: torch.float32}\n"
+      "  - {shape: [2], dtype: half}\n",
+      "t.yaml");
+  ASSERT_EQ(spec.example_inputs.size(), 3u);
+  EXPECT_EQ(spec.example_inputs[0].dtype, "int64");
+  EXPECT_EQ(spec.example_inputs[1].dtype, "float32");
+  EXPECT_EQ(spec.example_inputs[2].dtype, "float16");
+}
+
 TEST(SplitSpec, ConstantInputsKeepTheirTextUntilTheModelGivesTypes) {
   auto spec = parseSplitSpec(
       "constant_inputs:\n  scale: 2.0\n  mode: mean\n  sizes: [2, 3]\n  eps: null\n  empty: []\n", "t.yaml");
@@ -66,7 +77,9 @@ TEST(SplitSpec, ErrorsNameTheKeyAndLine) {
       {"constant_inputs:\n  scale: {a: 1}\n", "t.yaml:2: constant_inputs.scale must be an int, float, bool, string"},
       {"constant_inputs: {sizes: [[1], 2]}", "constant_inputs.sizes must be a list of numbers, e.g. [2, 3]"},
       {"constant_inputs: {1x: 2}", "constant_inputs.1x: '1x' is not an argument name"},
-      {"constant_inputs: {scale: 1, scale: 2}", "constant_inputs.scale is given twice"},
+      {"constant_inputs: {scale: 1, scale: 2}", "t.yaml:1: 'constant_inputs.scale' appears twice (first at line 1); keep one"},
+      // yaml-cpp keeps a repeated key and a reader would take the last one.
+      {"num_stages: 2\npolicy: parameters\nnum_stages: 3\n", "t.yaml:3: 'num_stages' appears twice (first at line 1); keep one"},
       {"constant_input: {scale: 1}", "unknown key 'constant_input'; a split spec takes split_points, num_stages, "
                                      "policy, example_inputs and constant_inputs"},
   };
