@@ -65,6 +65,8 @@ if ! fuzzer_works; then
 fi
 
 # --- build ------------------------------------------------------------------------
+# Cache hits across clones, as scripts/build.sh (CI builds a fresh clone on the same machine).
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 if [ ! -f "$BUILD/build.ninja" ]; then
   launcher=()
   command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
