@@ -5,7 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/run_guarded.h"
-#include "train/launch.h"
+#include "launch/launch.h"
 
 namespace pipeforge::cli {
 
@@ -21,7 +21,8 @@ void addTrainCommand(CLI::App& app, int& exit_code) {
       "alone. Resumes from the checkpoint folder's `latest` when there is one.");
   sub->add_option("--config", request->config_path, "training config YAML")->required();
   sub->add_option("--nproc", request->nproc, "start this many local ranks (world = pipeline ranks x data_parallel)");
-  sub->add_option("--stop-after", *stop_after, "stop after this many steps, with a checkpoint, as if interrupted");
+  sub->add_option("--stop-after", *stop_after, "stop after step N of the run (an absolute step, also after a resume), with a checkpoint there, as an "
+                  "interrupt would");
   sub->add_option("--master-addr", request->master_addr, "with --nproc: the address ranks meet at (default 127.0.0.1)");
   sub->add_option("--master-port", *port, "with --nproc: the rendezvous port (default: a free one)");
   sub->add_option("--split-dir", request->split_dir, "(set by the launcher) the split to train")->group("");

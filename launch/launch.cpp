@@ -12,6 +12,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "common/error.h"
+#include "common/interrupt.h"
 #include "config/train_config.h"
 #include "data/dataset.h"
 #include "data/open_dataset.h"
@@ -266,8 +267,15 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
   // committed atomically, so a kill never leaves a torn one.
   options.grace = std::chrono::seconds(3);
   options.timeout = std::chrono::hours(24 * 365);
+  if (const int signal = interruptSignal(); signal != 0) {
+    std::cout << fmt::format("interrupted by {} before training started; nothing to resume\n",
+                             interruptSignalName(signal));
+    return interruptedExitStatus(signal);
+  }
   runtime::LaunchResult result = runtime::launchLocal(options);
   if (result.ok()) return 0;
+  // Note [Graceful interrupts]: rank 0 said where the run stopped.
+  if (const int status = result.interruptedStatus(); status != 0) return status;
   std::cerr << "pipeforge train: the run failed:\n" << result.summary();
   return result.exitStatus();  // Note [Run exit status]
 }
@@ -275,6 +283,9 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
 }  // namespace
 
 int runTrainRequest(const TrainRequest& request) {
+  // Note [Graceful interrupts]: the launcher and every rank (each is this
+  // command again) finish the step in progress and checkpoint it.
+  installInterruptHandlers();
   if (request.nproc < 0) throw ConfigError(fmt::format("--nproc {}: give a number of ranks >= 1", request.nproc));
   const TrainConfig config = loadTrainConfig(request.config_path);
   if (request.stop_after && *request.stop_after < 1) {
@@ -301,15 +312,25 @@ int runTrainRequest(const TrainRequest& request) {
   // every rank before any process group forms.
   if (request.split_dir.empty() && !private_split) checkSplitFolder(split_dir, plan.manifest);
   if (request.split_dir.empty()) checkAgainstSplit(config, plan.manifest);
+  TrainSummary summary;
   try {
-    trainRank(config, plan, options);
+    summary = trainRank(config, plan, options);
   } catch (...) {
     // Name the rank: with several ranks on one terminal, the first line that
     // says which one failed is the one to read. The error keeps its code.
     if (env.world_size > 1) rethrowWithContext(fmt::format("rank {}", env.rank));
     throw;
   }
-  return 0;
+  if (summary.interrupted_by == 0) return 0;
+  if (env.rank == 0) {
+    const std::string saved = summary.checkpoint.empty()
+                                  ? std::string("no checkpoint (checkpoint.dir is not set)")
+                                  : fmt::format("checkpoint {}", fs::path(summary.checkpoint).filename().string());
+    std::cout << fmt::format("interrupted by {} at step {}; {}; resume with the same command\n",
+                             interruptSignalName(summary.interrupted_by), summary.last_step, saved)
+              << std::flush;
+  }
+  return interruptedExitStatus(summary.interrupted_by);
 }
 
 }  // namespace pipeforge::train

@@ -21,6 +21,8 @@
 
 #include <fmt/format.h>
 
+#include "common/interrupt.h"
+
 extern char** environ;
 
 namespace pipeforge::runtime {
@@ -135,6 +137,14 @@ int LaunchResult::exitStatus() const {
          }))->exit_code;
 }
 
+int LaunchResult::interruptedStatus() const {
+  if (ranks.empty()) return 0;
+  for (const RankExit& r : ranks) {
+    if (r.signal != 0 || r.exit_code != ranks.front().exit_code) return 0;
+  }
+  return isInterruptedExitStatus(ranks.front().exit_code) ? ranks.front().exit_code : 0;
+}
+
 std::string LaunchResult::summary() const {
   std::string out;
   for (const RankExit& r : ranks) {
@@ -209,6 +219,7 @@ LaunchResult launchLocal(const LaunchOptions& o) {
   }
 
   int running = o.num_ranks;
+  bool relayed = false;  // Note [Graceful interrupts]
   std::optional<Clock::time_point> kill_at;
   auto deadline = start + o.timeout;
   while (running > 0) {
@@ -225,10 +236,16 @@ LaunchResult launchLocal(const LaunchOptions& o) {
       if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
       pids[rank] = -1;
       --running;
-      if (!r.ok() && !result.first_failed) {
+      if (!r.ok() && !isInterruptedExitStatus(r.exit_code) && !result.first_failed) {
         result.first_failed = rank;
         kill_at = Clock::now() + o.grace;
       }
+    }
+    if (const int signal = interruptSignal(); signal != 0 && !relayed) {
+      for (int rank = 0; rank < o.num_ranks; ++rank) {
+        if (pids[rank] > 0) ::kill(pids[rank], signal);
+      }
+      relayed = true;
     }
     auto now = Clock::now();
     if ((kill_at && now >= *kill_at) || now >= deadline) {

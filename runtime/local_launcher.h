@@ -16,7 +16,10 @@
 //
 // When a rank fails, the others get `grace` to stop by themselves (the
 // runtime makes them, Note [Failure broadcast]); whoever is still running
-// then is killed. Torch-free.
+// then is killed. A SIGINT or SIGTERM the launcher records (when it installed
+// installInterruptHandlers) is passed on once to every rank (Note [Graceful
+// interrupts]); a rank that exits with 130 or 143 stopped as asked and does
+// not start the grace. Torch-free.
 #pragma once
 
 #include <chrono>
@@ -67,6 +70,9 @@ struct LaunchResult {
   std::optional<int> first_failed;  // the rank that failed first
 
   bool ok() const { return !first_failed.has_value(); }
+  // 130 or 143 when every rank stopped because of SIGINT or SIGTERM (each
+  // exited with that status, Note [Graceful interrupts]); else 0.
+  int interruptedStatus() const;
   // The status a launcher exits with: 0, or that of the rank whose failure
   // stopped the run (Note [Run exit status]).
   int exitStatus() const;

@@ -5,6 +5,7 @@
 #include <torch/optim.h>
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <deque>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "checkpoint/checkpoint.h"
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "common/interrupt.h"
 #include "data/dataset.h"
 #include "data/open_dataset.h"
 #include "runtime/pipeline_runner.h"
@@ -98,6 +100,7 @@ class RankTrainer {
       }
     }
     summary.last_step = step;
+    summary.interrupted_by = interrupted_by_;
     if (config_.trace) publishTrace();
     runner_->barrier();  // every rank published its last loss and its trace
     drainReports(pending_.size(), summary);
@@ -128,6 +131,12 @@ class RankTrainer {
     runtime::StepResult result = runner_->trainStep(batch.inputs, batch.targets, scaling);
     if (scaler_) unscaleGradients();
     const GradientCheck check = checkGradients(result);
+    if (check.interrupted_by != 0 && interrupted_by_ == 0) {
+      // Note [Graceful interrupts]: every rank learned it from the same
+      // collective, so all make this step the run's last, with its checkpoint.
+      interrupted_by_ = check.interrupted_by;
+      end_ = step + 1;
+    }
     const NonFinite& bad = check.bad;
     if (scaler_) {
       scaler_->update(bad.found());
@@ -320,12 +329,16 @@ class RankTrainer {
   struct GradientCheck {
     NonFinite bad;
     double norm = 0.0;  // the global gradient norm before clipping
+    int interrupted_by = 0;  // SIGINT or SIGTERM when any rank was interrupted (Note [Graceful interrupts])
   };
 
   GradientCheck checkGradients(const runtime::StepResult& result) {
     const SpanTimer timer = phase(runtime::SpanKind::kCheck, "gradient check");
     const int n = manifest_.num_stages;
-    at::Tensor flags = at::zeros({n + 2}, at::kDouble);
+    // [0, n): squared gradient norm per stage; n: the loss is not finite;
+    // n + 1: squared global norm; n + 2, n + 3: ranks interrupted by SIGINT,
+    // by SIGTERM (Note [Graceful interrupts]: one collective for all checks).
+    at::Tensor flags = at::zeros({n + 4}, at::kDouble);
     {
       auto f = flags.accessor<double, 1>();
       std::set<const void*> counted;
@@ -340,6 +353,9 @@ class RankTrainer {
         }
       }
       if (result.has_loss && !std::isfinite(result.loss)) f[n] = 1.0;
+      const int signal = interruptSignal();
+      if (signal == SIGINT) f[n + 2] = 1.0;
+      if (signal == SIGTERM) f[n + 3] = 1.0;
     }
     runner_->allreduceSumAll(flags);
     GradientCheck out;
@@ -349,6 +365,8 @@ class RankTrainer {
     }
     out.bad.loss = f[n] > 0;
     out.norm = std::sqrt(f[n + 1]);
+    // SIGTERM (a scheduler's) outranks SIGINT when ranks got different ones.
+    out.interrupted_by = f[n + 3] > 0 ? SIGTERM : f[n + 2] > 0 ? SIGINT : 0;
     return out;
   }
 
@@ -620,9 +638,13 @@ class RankTrainer {
     }
     if (!resumed_from_.empty()) out_ << fmt::format("  resumed from {} at step {}\n", resumed_from_, first_step);
     if (first_step >= end_) {
-      out_ << fmt::format("  nothing to train: the checkpoint is at step {} and the run stops at {} (raise "
-                          "training.steps, or set checkpoint.resume: false to start over)\n",
-                          first_step, end_);
+      // Name what set the end: --stop-after is an absolute step, not a count from the resume.
+      const bool by_option = options_.stop_after && *options_.stop_after < config_.steps;
+      out_ << fmt::format("  nothing to train: the checkpoint is at step {} and the run stops at {} ({})\n", first_step,
+                          end_,
+                          by_option ? fmt::format("--stop-after {} is an absolute step; give one above {}",
+                                                  *options_.stop_after, first_step)
+                                    : std::string("raise training.steps, or set checkpoint.resume: false to start over"));
     }
     out_ << std::flush;
     nlohmann::json start = {{"event", "start"},
@@ -772,6 +794,7 @@ class RankTrainer {
   std::string trace_path_;
   std::string resumed_from_;
   std::int64_t end_ = 0;  // this run stops after this many steps
+  int interrupted_by_ = 0;  // Note [Graceful interrupts]
   Clock::time_point loop_start_;
   double window_s_ = 0.0;  // step time since the last log line
   std::int64_t window_steps_ = 0;

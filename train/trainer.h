@@ -32,6 +32,9 @@ struct TrainSummary {
   std::string checkpoint;  // the newest checkpoint folder, if any
   std::int64_t skipped_steps = 0;  // updates dropped by training.on_nonfinite: skip_step
   std::int64_t overflow_steps = 0;  // fp16: updates dropped because gradients overflowed the loss scale
+  // SIGINT or SIGTERM when some rank was interrupted and the run stopped
+  // after last_step, with its checkpoint (Note [Graceful interrupts]); else 0.
+  int interrupted_by = 0;
   double seconds = 0.0;
 };
 

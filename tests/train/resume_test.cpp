@@ -21,10 +21,10 @@
 
 #include <fmt/format.h>
 
+#include "checkpoint/checkpoint.h"
 #include "compat/torch_compat.h"
 #include "tests/support/build_paths.h"
 #include "tests/train/train_fixture.h"
-#include "checkpoint/checkpoint.h"
 
 namespace pipeforge::testing {
 namespace {
@@ -110,6 +110,14 @@ TEST(Resume, StopAndResumeMatchesAStraightRun) {
     expectSameCheckpoint(train::checkpointDir(ws.checkpointDir("straight"), step),
                          train::checkpointDir(ws.checkpointDir("resumed"), step), 2);
   }
+
+  // --stop-after is an absolute step: below the checkpoint, the message names the option.
+  auto c = runPipeforge(fmt::format("train --config '{}' --nproc 2 --stop-after 2", resumed));
+  EXPECT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_NE(c.output.find("nothing to train: the checkpoint is at step 4 and the run stops at 2 (--stop-after 2 is an "
+                          "absolute step; give one above 4)"),
+            std::string::npos)
+      << c.output;
 }
 
 // The rank processes the launcher `launcher` started, by RANK.
@@ -200,6 +208,111 @@ TEST_P(KillOneRank, OthersStopWithinTheTimeoutAndTheCheckpointResumes) {
 
 INSTANTIATE_TEST_SUITE_P(Train, KillOneRank, ::testing::Values(1, 0),
                          [](const ::testing::TestParamInfo<int>& info) { return fmt::format("rank{}", info.param); });
+
+// Note [Graceful interrupts]: SIGINT or SIGTERM sent to the launcher, to one
+// rank, or to the whole process group (a terminal's Ctrl-C) stops every rank
+// after the same step, with that step's checkpoint, and exit status 128 +
+// signal. The checkpoint is the one an uninterrupted run writes at that step,
+// bit for bit, and resuming from it continues as that run does.
+struct InterruptCase {
+  const char* target;  // "launcher", "rank1" or "group"
+  int signal;
+};
+
+class Interrupt : public ::testing::TestWithParam<InterruptCase> {};
+
+TEST_P(Interrupt, CheckpointsTheStepItStoppedAtAndResumesBitForBit) {
+  const InterruptCase c = GetParam();
+  TrainWorkspace ws;
+  RunSpec s = gptTwoStages();
+  s.steps = 1000;  // far more than the test runs: the interrupt ends it
+  s.checkpoint_every = 1000;
+  s.output = ", log_every: 1";
+  const std::string config = ws.writeConfig("interrupted", s);
+  RunSpec every_step = s;
+  every_step.checkpoint_every = 1;
+  const std::string straight = ws.writeConfig("straight", every_step);
+  const std::string log = ws.dir() + "/launcher.log";
+  const std::string ckpt = ws.checkpointDir("interrupted");
+  const std::string metrics = ws.outDir("interrupted") + "/metrics.jsonl";
+
+  pid_t launcher = ::fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    ::setpgid(0, 0);  // a group of its own, as a terminal's foreground job
+    // As a script's background job: SIGINT inherited as ignored (the handler must still get it).
+    ::signal(SIGINT, SIG_IGN);
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execl(PIPEFORGE_BINARY, PIPEFORGE_BINARY, "train", "--config", config.c_str(), "--nproc", "2", nullptr);
+    ::_exit(127);
+  }
+  auto stop = [&] {
+    ::kill(-launcher, SIGKILL);
+    ::waitpid(launcher, nullptr, 0);
+  };
+  // Mid-run: after step 3 is logged.
+  const auto deadline = Clock::now() + std::chrono::seconds(120);
+  while (Clock::now() < deadline && readBytes(metrics).find("\"step\":3") == std::string::npos) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (readBytes(metrics).find("\"step\":3") == std::string::npos) {
+    stop();
+    FAIL() << "step 3 was never logged:\n" << readBytes(log);
+  }
+  const std::string target = c.target;
+  pid_t to = target == "launcher" ? launcher : target == "group" ? -launcher : findRank(launcher, 1);
+  if (to == -1 || to == 0) {
+    stop();
+    FAIL() << "no rank 1 process:\n" << readBytes(log);
+  }
+  ASSERT_EQ(::kill(to, c.signal), 0);
+
+  int status = 0;
+  const auto sent = Clock::now();
+  while (::waitpid(launcher, &status, WNOHANG) == 0) {
+    if (Clock::now() - sent > std::chrono::seconds(60)) {
+      stop();
+      FAIL() << "the run did not stop within 60 s of the signal:\n" << readBytes(log);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const std::string output = readBytes(log);
+  ASSERT_TRUE(WIFEXITED(status)) << "the launcher was killed by signal " << WTERMSIG(status) << ":\n" << output;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + c.signal) << output;
+  EXPECT_EQ(output.find("the run failed"), std::string::npos) << output;
+
+  auto latest = train::latestCheckpoint(ckpt);
+  ASSERT_TRUE(latest) << output;
+  const std::int64_t k = train::readCheckpointMeta(*latest).step;
+  EXPECT_GE(k, 3);
+  EXPECT_LT(k, 1000);
+  const std::string name = c.signal == SIGINT ? "SIGINT" : "SIGTERM";
+  EXPECT_NE(output.find(fmt::format("interrupted by {} at step {}; checkpoint step_{:08d}; resume with the same command",
+                                    name, k, k)),
+            std::string::npos)
+      << output;
+
+  // An uninterrupted run writes the same checkpoint at step k ...
+  auto a = runPipeforge(fmt::format("train --config '{}' --nproc 2 --stop-after {}", straight, k + 2));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  expectSameCheckpoint(train::checkpointDir(ws.checkpointDir("straight"), k), *latest, 2);
+  // ... and resuming the interrupted one continues as it does.
+  auto b = runPipeforge(fmt::format("train --config '{}' --nproc 2 --stop-after {}", config, k + 2));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find(fmt::format("at step {}", k)), std::string::npos) << b.output;
+  expectSameCheckpoint(train::checkpointDir(ws.checkpointDir("straight"), k + 2), train::checkpointDir(ckpt, k + 2), 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Train, Interrupt,
+                         ::testing::Values(InterruptCase{"launcher", SIGINT}, InterruptCase{"launcher", SIGTERM},
+                                           InterruptCase{"rank1", SIGINT}, InterruptCase{"rank1", SIGTERM},
+                                           InterruptCase{"group", SIGINT}),
+                         [](const ::testing::TestParamInfo<InterruptCase>& info) {
+                           return fmt::format("{}_{}", info.param.target,
+                                              info.param.signal == SIGINT ? "SIGINT" : "SIGTERM");
+                         });
 
 }  // namespace
 }  // namespace pipeforge::testing
