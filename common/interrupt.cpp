@@ -42,8 +42,6 @@ void installInterruptHandlers() {
 
 int interruptSignal() { return g_signal.load(); }
 
-void clearInterruptForTesting() { g_signal.store(0); }
-
 const char* interruptSignalName(int signal) {
   switch (signal) {
     case SIGINT:

@@ -39,9 +39,6 @@ void installInterruptHandlers();
 // The first SIGINT or SIGTERM received since installInterruptHandlers, or 0.
 int interruptSignal();
 
-// Forgets a recorded signal (tests that interrupt themselves more than once).
-void clearInterruptForTesting();
-
 // "SIGINT", "SIGTERM", or "signal N".
 const char* interruptSignalName(int signal);
 
