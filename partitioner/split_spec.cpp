@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/dtype_names.h"
+#include "common/yaml_errors.h"
 #include "common/yaml_keys.h"
 
 namespace pipeforge::partitioner {
@@ -143,7 +144,7 @@ SplitSpec parseSplitSpec(const std::string& yaml_text, const std::string& origin
   try {
     root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& e) {
-    throw SpecError(origin + ":" + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
+    throw SpecError(describeYamlError(yaml_text, origin, e.mark.line, e.mark.column, e.msg));
   }
   if (auto duplicate = findDuplicateKey(root, origin)) throw SpecError(*duplicate);
   return parseSplitSpecNode(root, origin);
