@@ -32,5 +32,6 @@ static_assert(kExitFailure == exitStatusFor(ErrorCode::kUserInput));
 static_assert(kExitIo == exitStatusFor(ErrorCode::kIo));
 static_assert(kExitPeerFailure == exitStatusFor(ErrorCode::kPeerFailure));
 static_assert(kExitInternal == exitStatusFor(ErrorCode::kInternal));
+static_assert(kExitUsage == exitStatusFor(ErrorCode::kUsage));
 
 }  // namespace pipeforge::cli

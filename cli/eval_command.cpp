@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/override_options.h"
 #include "cli/run_guarded.h"
 #include "tools/evaluate_checkpoint.h"
 
@@ -27,8 +28,10 @@ void addEvalCommand(CLI::App& app, int& exit_code) {
   sub->add_option("--master-addr", request->master_addr, "the address ranks meet at (default 127.0.0.1)");
   sub->add_option("--master-port", *port, "the rendezvous port (default: a free one)");
   sub->add_option("--split-dir", request->split_dir, "(set by the launcher) the split to load")->group("");
+  auto overrides = std::make_shared<OverrideOptions>(sub);
   sub->callback([=, &exit_code] {
     exit_code = runGuarded("eval", [&] {
+      request->overrides = overrides->collect();
       if (sub->count("--batches") > 0) request->batches = *batches;
       if (*port != 0) request->master_port = *port;
       train::runEvalRequest(*request);

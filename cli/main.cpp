@@ -4,6 +4,11 @@
 #include <torch/version.h>
 
 #include <iostream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cli/commands.h"
 
@@ -59,9 +64,21 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    // Unknown subcommands and flags, missing values: always exit 2, as the help promises.
-    std::cerr << "pipeforge: error: " << e.what() << "\n"
-              << "Run `pipeforge --help` (or `pipeforge <command> --help`) for usage.\n";
+    // Unknown subcommands and flags, missing values: always exit 2, as the help
+    // promises, with the `pipeforge CMD: error:` prefix of every other error.
+    CLI::App* command = nullptr;
+    for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+      if (argc > 1 && sub->get_name() == argv[1]) command = sub;
+    }
+    std::string message = e.what();
+    if (command != nullptr && dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+      // CLI11 lists the words it did not expect last first; say them as typed.
+      const std::vector<std::string> extras = command->remaining();
+      message = fmt::format("unexpected argument{} '{}'", extras.size() == 1 ? "" : "s", fmt::join(extras, " "));
+    }
+    const std::string name = command != nullptr ? "pipeforge " + command->get_name() : std::string("pipeforge");
+    std::cerr << name << ": error: " << message << "\n"
+              << "Run `" << name << " --help` for usage.\n";
     return kExitUsage;
   }
   return exit_code;

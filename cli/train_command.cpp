@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/override_options.h"
 #include "cli/run_guarded.h"
 #include "launch/launch.h"
 
@@ -26,8 +27,10 @@ void addTrainCommand(CLI::App& app, int& exit_code) {
   sub->add_option("--master-addr", request->master_addr, "with --nproc: the address ranks meet at (default 127.0.0.1)");
   sub->add_option("--master-port", *port, "with --nproc: the rendezvous port (default: a free one)");
   sub->add_option("--split-dir", request->split_dir, "(set by the launcher) the split to train")->group("");
-  sub->callback([request, stop_after, port, &exit_code] {
+  auto overrides = std::make_shared<OverrideOptions>(sub);
+  sub->callback([request, stop_after, port, overrides, &exit_code] {
     exit_code = runGuarded("train", [&] {
+      request->overrides = overrides->collect();
       if (*stop_after != 0) request->stop_after = *stop_after;
       if (*port != 0) request->master_port = *port;
       return train::runTrainRequest(*request);  // a failed rank's status (Note [Run exit status])

@@ -17,12 +17,14 @@ const char* errorCodeName(ErrorCode code) {
       return "peer failure";
     case ErrorCode::kInternal:
       return "internal";
+    case ErrorCode::kUsage:
+      return "command line";
   }
   return "internal";
 }
 
 ErrorCode errorCodeForExitStatus(int status) {
-  for (ErrorCode code : {ErrorCode::kUserInput, ErrorCode::kIo, ErrorCode::kPeerFailure, ErrorCode::kInternal}) {
+  for (ErrorCode code : {ErrorCode::kUserInput, ErrorCode::kIo, ErrorCode::kPeerFailure, ErrorCode::kInternal, ErrorCode::kUsage}) {
     if (exitStatusFor(code) == status) return code;
   }
   return ErrorCode::kInternal;

@@ -32,9 +32,12 @@ enum class ErrorCode {
   // A broken invariant: a bug in Pipeforge (PIPEFORGE_CHECK). Exit 70
   // (EX_SOFTWARE of sysexits.h).
   kInternal,
+  // A bad command line that CLI11 could not see as one: a config override
+  // naming no key (`--steps 5`), or `--set` without '='. Exit 2, as CLI11's own.
+  kUsage,
 };
 
-// "user input", "I/O", "peer failure", "internal".
+// "user input", "I/O", "peer failure", "internal", "command line".
 const char* errorCodeName(ErrorCode code);
 
 // The process exit status for an error of `code`.
@@ -48,6 +51,8 @@ constexpr int exitStatusFor(ErrorCode code) {
       return 4;
     case ErrorCode::kInternal:
       return 70;
+    case ErrorCode::kUsage:
+      return 2;
   }
   return 70;
 }

@@ -16,7 +16,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/yaml_errors.h"
 #include "common/yaml_keys.h"
+#include "config/config_overrides.h"
 #include "partitioner/split_spec.h"
 #include "schedules/auto_schedule.h"
 #include "schedules/csv.h"
@@ -34,9 +36,25 @@ namespace fs = std::filesystem;
 // handler is an error that lists the keys the section takes.
 class Section {
  public:
-  Section(const std::string& origin, std::string prefix) : origin_(origin), prefix_(std::move(prefix)) {}
+  // `labels`: the nodes command-line overrides wrote (Note [Config overrides]), which
+  // messages place on the command line instead of in the file.
+  Section(const std::string& origin, std::string prefix, const OverrideLabels* labels = nullptr)
+      : origin_(origin), prefix_(std::move(prefix)), labels_(labels) {}
+  // A section inside `parent`'s document.
+  Section(const Section& parent, std::string prefix)
+      : origin_(parent.origin_), prefix_(std::move(prefix)), labels_(parent.labels_) {}
+
+  // The override that wrote `node`, or nullptr when the file did.
+  const std::string* overrideOf(const YAML::Node& node) const {
+    if (labels_ == nullptr) return nullptr;
+    for (const auto& [labelled, label] : *labels_) {
+      if (labelled.is(node)) return &label;
+    }
+    return nullptr;
+  }
 
   std::string where(const YAML::Node& node) const {
+    if (const std::string* label = overrideOf(node)) return *label;
     const auto mark = node.Mark();
     if (mark.line < 0) return origin_;
     return fmt::format("{}:{}", origin_, mark.line + 1);
@@ -134,6 +152,7 @@ class Section {
  private:
   std::string origin_;
   std::string prefix_;
+  const OverrideLabels* labels_;
 };
 
 void requireFile(const std::string& origin, const std::string& key, const std::string& path) {
@@ -152,14 +171,37 @@ std::string underModel(const std::string& what, const std::string& origin) {
   return what.substr(0, colon + 2) + "model: " + what.substr(colon + 2);
 }
 
+// A copy of `node` whose nodes carry no position.
+YAML::Node withoutMarks(const YAML::Node& node) {
+  if (node.IsScalar()) return YAML::Node(node.Scalar());
+  if (node.IsSequence()) {
+    YAML::Node out(YAML::NodeType::Sequence);
+    for (const auto& item : node) out.push_back(withoutMarks(item));
+    return out;
+  }
+  if (node.IsMap()) {
+    YAML::Node out(YAML::NodeType::Map);
+    for (const auto& kv : node) out[withoutMarks(kv.first)] = withoutMarks(kv.second);
+    return out;
+  }
+  return YAML::Node();
+}
+
 void parseModel(const Section& top, const YAML::Node& node, TrainConfig& c) {
-  Section s(top.origin(), "model");
+  Section s(top, "model");
   // The inline split keys, re-emitted as a split spec for the splitter.
   YAML::Node inline_spec(YAML::NodeType::Map);
   bool has_inline = false;
+  std::vector<std::string> overridden;  // the inline keys' overrides, for messages
   auto keep = [&](const std::string& name) {
     return [&, name](const YAML::Node& v) {
-      inline_spec[name] = v;
+      if (const std::string* label = s.overrideOf(v)) {
+        // The split spec's reader places errors by line: an override has none in the file.
+        inline_spec[name] = withoutMarks(v);
+        overridden.push_back(*label);
+      } else {
+        inline_spec[name] = v;
+      }
       has_inline = true;
     };
   };
@@ -208,7 +250,9 @@ void parseModel(const Section& top, const YAML::Node& node, TrainConfig& c) {
     try {
       c.model.spec = partitioner::parseSplitSpecNode(inline_spec, o);
     } catch (const partitioner::SpecError& e) {
-      throw ConfigError(underModel(e.what(), o));
+      std::string message = underModel(e.what(), o);
+      if (!overridden.empty()) message += fmt::format(" (set on the command line: {})", fmt::join(overridden, ", "));
+      throw ConfigError(message);
     }
   }
 }
@@ -218,7 +262,7 @@ void parseCheckpointing(const Section& s, const YAML::Node& node, PipelineConfig
   const std::string name = "activation_checkpointing";
   const std::string expected = "none, full or a map {every_n: k}";
   if (node.IsMap()) {
-    Section sub(s.origin(), s.key(name));
+    Section sub(s, s.key(name));
     bool given = false;
     sub.read(node, s.key(name), {{"every_n", [&](const YAML::Node& v) {
                                    p.checkpoint_every_n = sub.smallInteger(v, "every_n", 1);
@@ -305,7 +349,7 @@ std::vector<ChunkEntry> parseChunks(const Section& s, const YAML::Node& node, co
 }
 
 void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
-  Section s(top.origin(), "pipeline");
+  Section s(top, "pipeline");
   std::string csv_where;
   bool has_schedule = false;
   s.read(node, "pipeline",
@@ -368,7 +412,7 @@ void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
 }
 
 void parseOptimizer(const Section& top, const YAML::Node& node, TrainConfig& c) {
-  Section s(top.origin(), "optimizer");
+  Section s(top, "optimizer");
   auto& o = c.optimizer;
   s.read(node, "optimizer",
          {{"name",
@@ -408,7 +452,7 @@ void parseOptimizer(const Section& top, const YAML::Node& node, TrainConfig& c) 
 }
 
 void parseLrSchedule(const Section& top, const YAML::Node& node, TrainConfig& c) {
-  Section s(top.origin(), "lr_schedule");
+  Section s(top, "lr_schedule");
   auto& l = c.lr_schedule;
   s.read(node, "lr_schedule",
          {{"decay",
@@ -421,7 +465,7 @@ void parseLrSchedule(const Section& top, const YAML::Node& node, TrainConfig& c)
 }
 
 void parseData(const Section& top, const YAML::Node& node, TrainConfig& c) {
-  Section s(top.origin(), "data");
+  Section s(top, "data");
   auto& d = c.data;
   bool has_dtype = false;
   bool has_format = false;
@@ -470,7 +514,7 @@ void parseData(const Section& top, const YAML::Node& node, TrainConfig& c) {
 }
 
 void parseTraining(const Section& top, const YAML::Node& node, TrainConfig& c) {
-  Section s(top.origin(), "training");
+  Section s(top, "training");
   bool has_steps = false, has_batch = false;
   std::optional<YAML::Node> loss_scale;
   s.read(node, "training",
@@ -504,7 +548,7 @@ void parseTraining(const Section& top, const YAML::Node& node, TrainConfig& c) {
                                     "{}); remove it, or set precision: fp16",
                                     s.where(*loss_scale), precisionName(c.precision)));
     }
-    Section ls(top.origin(), "training.loss_scale");
+    Section ls(top, "training.loss_scale");
     ls.read(*loss_scale, "training.loss_scale",
             {{"initial",
               [&](const YAML::Node& v) {
@@ -521,7 +565,7 @@ void parseTraining(const Section& top, const YAML::Node& node, TrainConfig& c) {
 }
 
 void parseCheckpoint(const Section& top, const YAML::Node& node, TrainConfig& c) {
-  Section s(top.origin(), "checkpoint");
+  Section s(top, "checkpoint");
   s.read(node, "checkpoint",
          {{"dir", [&](const YAML::Node& v) { c.checkpoint.dir = s.string(v, "dir"); }},
           {"every", [&](const YAML::Node& v) { c.checkpoint.every = s.integer(v, "every", 0); }},
@@ -530,7 +574,7 @@ void parseCheckpoint(const Section& top, const YAML::Node& node, TrainConfig& c)
 }
 
 void parseDistributed(const Section& top, const YAML::Node& node, TrainConfig& c) {
-  Section s(top.origin(), "distributed");
+  Section s(top, "distributed");
   s.read(node, "distributed",
          {{"device",
            [&](const YAML::Node& v) {
@@ -553,7 +597,7 @@ void parseDistributed(const Section& top, const YAML::Node& node, TrainConfig& c
 }
 
 void parseOutput(const Section& top, const YAML::Node& node, TrainConfig& c) {
-  Section s(top.origin(), "output");
+  Section s(top, "output");
   s.read(node, "output",
          {{"dir", [&](const YAML::Node& v) { c.output_dir = s.string(v, "dir"); }},
           {"log_every", [&](const YAML::Node& v) { c.log_every = s.integer(v, "log_every", 1); }},
@@ -614,18 +658,20 @@ void checkCrossKeys(const TrainConfig& c) {
 
 }  // namespace
 
-TrainConfig parseTrainConfig(const std::string& yaml_text, const std::string& origin) {
+TrainConfig parseTrainConfig(const std::string& yaml_text, const std::string& origin,
+                             const std::vector<ConfigOverride>& overrides) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& e) {
-    throw ConfigError(fmt::format("{}:{}: malformed YAML: {}", origin, e.mark.line + 1, e.msg));
+    throw ConfigError(describeYamlError(yaml_text, origin, e.mark.line, e.mark.column, e.msg));
   }
   // yaml-cpp keeps both of a repeated key and the later one would win silently.
   if (auto duplicate = findDuplicateKey(root, origin)) throw ConfigError(*duplicate);
+  const OverrideLabels labels = applyOverrides(root, overrides, origin);
   TrainConfig c;
   c.origin = origin;
-  Section top(origin, "");
+  Section top(origin, "", &labels);
   bool seen_model = false, seen_data = false, seen_training = false, seen_output = false;
   top.read(root, "a training config",
            {{"model",
@@ -637,7 +683,7 @@ TrainConfig parseTrainConfig(const std::string& yaml_text, const std::string& or
             {"loss",
              [&](const YAML::Node& v) {
                if (v.IsMap()) {
-                 Section s(origin, "loss");
+                 Section s(top, "loss");
                  s.read(v, "loss", {{"module", [&](const YAML::Node& m) { c.loss_module = s.string(m, "module"); }}});
                  if (c.loss_module.empty()) {
                    throw ConfigError(fmt::format("{}: loss: {{module: ...}} needs the path of a scripted (.pt) or "
@@ -685,20 +731,39 @@ TrainConfig parseTrainConfig(const std::string& yaml_text, const std::string& or
   return c;
 }
 
-TrainConfig loadTrainConfig(const std::string& path) {
+TrainConfig loadTrainConfig(const std::string& path, const std::vector<ConfigOverride>& overrides) {
   std::ifstream in(path);
   if (!in) throw ConfigError(fmt::format("training config '{}' cannot be read; check the path", path));
   std::stringstream buffer;
   buffer << in.rdbuf();
-  return parseTrainConfig(buffer.str(), path);
+  return parseTrainConfig(buffer.str(), path, overrides);
 }
+
+namespace {
+
+// "1 rank", "2 ranks".
+std::string counted(std::int64_t n, const std::string& noun) {
+  return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s");
+}
+
+// "a", "a or b", "a, b or c".
+std::string joinChoices(const std::vector<std::string>& items) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    out += i == 0 ? "" : i + 1 == items.size() ? " or " : ", ";
+    out += items[i];
+  }
+  return out;
+}
+
+}  // namespace
 
 std::optional<schedules::Program> checkLayout(const TrainConfig& c, int world_size, int num_stages) {
   const auto& p = c.pipeline;
   if (world_size < 1 || world_size % p.data_parallel != 0) {
-    throw ConfigError(fmt::format("{}: {} ranks cannot hold pipeline.data_parallel {} replicas; the world size must be "
+    throw ConfigError(fmt::format("{}: {} cannot hold pipeline.data_parallel {} replicas; the world size must be "
                                   "a multiple of it",
-                                  c.origin, world_size, p.data_parallel));
+                                  c.origin, counted(world_size, "rank"), p.data_parallel));
   }
   const int pp = world_size / p.data_parallel;
   if (p.csv_program) {
@@ -720,11 +785,25 @@ std::optional<schedules::Program> checkLayout(const TrainConfig& c, int world_si
   }
   const std::int64_t stages_needed = static_cast<std::int64_t>(pp) * p.stages_per_rank;  // int would overflow
   if (num_stages != stages_needed) {
-    throw ConfigError(fmt::format("{}: the split has {} stages but {} ranks / pipeline.data_parallel {} = {} pipeline "
-                                  "ranks x pipeline.stages_per_rank {} = {}; split into {} stages (model.num_stages) "
-                                  "or change the ranks",
-                                  c.origin, num_stages, world_size, p.data_parallel, pp, p.stages_per_rank,
-                                  stages_needed, stages_needed));
+    // Every way out that fits: another split, another rank count, or the
+    // extra ranks as data-parallel replicas.
+    std::vector<std::string> fixes{
+        fmt::format("split into {} (model.num_stages: {})", counted(stages_needed, "stage"), stages_needed)};
+    if (num_stages % p.stages_per_rank == 0) {
+      const std::int64_t ranks = static_cast<std::int64_t>(num_stages / p.stages_per_rank) * p.data_parallel;
+      fixes.push_back(fmt::format("run {} (--nproc {})", counted(ranks, "rank"), ranks));
+      const int stage_ranks = num_stages / p.stages_per_rank;
+      if (world_size % stage_ranks == 0 && world_size / stage_ranks != p.data_parallel) {
+        fixes.push_back(fmt::format("train {} replicas of the {} (pipeline.data_parallel: {})",
+                                    world_size / stage_ranks, counted(num_stages, "stage"), world_size / stage_ranks));
+      }
+    }
+    throw ConfigError(fmt::format("{}: {} {} {} ({} / pipeline.data_parallel {}, x pipeline.stages_per_rank {}) "
+                                  "and need {}, but the split has {}; {}",
+                                  c.origin, counted(world_size, "rank"), world_size == 1 ? "makes" : "make",
+                                  counted(pp, "pipeline rank"),
+                                  world_size, p.data_parallel, p.stages_per_rank, counted(stages_needed, "stage"),
+                                  num_stages, joinChoices(fixes)));
   }
   // A CSV was checked above; `auto` finds a schedule for any layout.
   if (p.csv_program) return p.csv_program;

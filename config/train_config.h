@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "config/config_overrides.h"
 #include "partitioner/split_spec.h"
 #include "schedules/program.h"
 
@@ -182,9 +183,12 @@ struct TrainConfig {
 };
 
 // Parses YAML text; `origin` names it in messages. Checks what the text alone
-// decides (types, ranges, divisibility, files that must exist).
-TrainConfig parseTrainConfig(const std::string& yaml_text, const std::string& origin);
-TrainConfig loadTrainConfig(const std::string& path);
+// decides (types, ranges, divisibility, files that must exist). `overrides`
+// (from the command line, Note [Config overrides]) replace keys of the text
+// first, and are checked as the text's keys are.
+TrainConfig parseTrainConfig(const std::string& yaml_text, const std::string& origin,
+                             const std::vector<ConfigOverride>& overrides = {});
+TrainConfig loadTrainConfig(const std::string& path, const std::vector<ConfigOverride>& overrides = {});
 
 // Checks the layout against the job: `world_size` ranks, and a split with
 // `num_stages` stages (and pipeline.schedule_csv's rows and stages against

@@ -11,13 +11,16 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "config/config_overrides.h"
 #include "stage/manifest.h"
 
 namespace pipeforge::train {
 
 struct TrainRequest {
   std::string config_path;
+  std::vector<ConfigOverride> overrides;  // --set KEY=VALUE (Note [Config overrides])
   int nproc = 0;  // 0: this process is a rank
   std::optional<std::int64_t> stop_after;
   std::optional<int> master_port;      // launcher: default a free port

@@ -15,6 +15,7 @@
 #include "launch/device_check.h"
 #include "launch/launch.h"
 #include "launch/local_ranks.h"
+#include "partitioner/split_spec.h"
 #include "runtime/dist_env.h"
 #include "runtime/pipeline_runner.h"
 #include "stage/manifest.h"
@@ -26,7 +27,7 @@ namespace {
 namespace fs = std::filesystem;
 
 void runRank(const EvalRequest& r, std::int64_t batches) {
-  const TrainConfig config = loadTrainConfig(r.config_path);
+  const TrainConfig config = loadTrainConfig(r.config_path, r.overrides);
   // Note [One plan per run] in train/run_plan.h.
   const RunPlan plan = planRun(config, runtime::resolveDistEnv({}), r.split_dir);
   runtime::RunnerOptions ro = runnerOptionsFor(config, plan);
@@ -83,8 +84,52 @@ std::string checkpointToEvaluate(const EvalRequest& r, const TrainConfig& config
   return *dir;
 }
 
+// Note [Evaluating on other ranks]: the checkpoint's weights load by name
+// (loadRunnerWeights), so `eval --nproc P` need not match the split the run
+// trained: when the config's split cannot run on P ranks, the model is split
+// again, into (P / pipeline.data_parallel) x pipeline.stages_per_rank stages
+// by parameter count, as `generate` does. The loss is the same up to float
+// rounding: only the cut points move. Returns the stage count P ranks run,
+// or nullopt without --nproc.
+std::optional<int> stagesForRanks(const EvalRequest& r, const TrainConfig& config) {
+  if (r.nproc <= 0) return std::nullopt;
+  const auto& p = config.pipeline;
+  if (r.nproc % p.data_parallel != 0) {
+    throw ConfigError(fmt::format("--nproc {} cannot hold pipeline.data_parallel {} replicas; give a multiple of {}",
+                                  r.nproc, p.data_parallel, p.data_parallel));
+  }
+  return r.nproc / p.data_parallel * p.stages_per_rank;
+}
+
+// `config` with its model split into `stages` stages by parameter count.
+TrainConfig resplit(const TrainConfig& config, int stages) {
+  TrainConfig c = config;
+  if (c.model.path.empty()) {
+    // A config that names only a split folder: the model it was cut from.
+    const stage::PipeManifest manifest = stage::readManifest(c.model.split_dir);
+    if (manifest.source.empty() || !fs::exists(manifest.source)) {
+      throw ConfigError(fmt::format("--nproc needs {} stages, but model.split_dir '{}' has {} and its model '{}' is "
+                                    "not at hand to split again; give model.path, or run {} ranks",
+                                    stages, c.model.split_dir, manifest.num_stages, manifest.source,
+                                    manifest.num_stages / c.pipeline.stages_per_rank * c.pipeline.data_parallel));
+    }
+    c.model.path = manifest.source;
+    c.model.split_dir.clear();
+  }
+  partitioner::SplitSpec spec;
+  if (c.model.spec) {
+    spec.example_inputs = c.model.spec->example_inputs;  // for TorchScript shape propagation
+    spec.constant_inputs = c.model.spec->constant_inputs;
+  }
+  spec.num_stages = stages;
+  spec.policy = partitioner::Policy::kParameters;
+  c.model.spec = spec;
+  c.model.split_spec.clear();
+  return c;
+}
+
 void launch(const EvalRequest& r, std::int64_t batches) {
-  const TrainConfig config = loadTrainConfig(r.config_path);
+  const TrainConfig config = loadTrainConfig(r.config_path, r.overrides);
   const std::string step_dir = fs::absolute(checkpointToEvaluate(r, config)).string();
   // Held-out data first: a config without it fails here, before any split
   // (tensor data after it: its inputs may be named after the model's).
@@ -93,15 +138,32 @@ void launch(const EvalRequest& r, std::int64_t batches) {
   };
   if (config.data.format != DataFormat::kTensors) checkHeldOut({});
 
-  std::optional<ScratchDir> scratch;
+  // A private split: output.dir/stages may belong to a run in progress.
+  ScratchDir scratch("pipeforge-eval-");
+  const std::optional<int> stages = stagesForRanks(r, config);
+  // The config's own split, unless its stage count is known not to fit --nproc.
+  const std::optional<int> fixed = config.model.spec ? config.model.spec->num_stages : std::nullopt;
   std::string split_dir = config.model.split_dir;
-  if (split_dir.empty()) {
-    // A private split: output.dir/stages may belong to a run in progress.
-    scratch.emplace("pipeforge-eval-");
-    split_dir = splitFor(config, scratch->path() + "/stages");
+  if (split_dir.empty() && !(stages && fixed && *fixed != *stages)) {
+    split_dir = splitFor(config, scratch.path() + "/stages");
   }
-  const stage::PipeManifest manifest = stage::readManifest(split_dir);
-  if (!config.model.split_dir.empty()) checkSplitFolder(split_dir, manifest);
+  stage::PipeManifest manifest;
+  if (!split_dir.empty()) {
+    manifest = stage::readManifest(split_dir);
+    if (!config.model.split_dir.empty()) checkSplitFolder(split_dir, manifest);
+  }
+  if (stages && (split_dir.empty() || manifest.num_stages != *stages)) {
+    // Note [Evaluating on other ranks].
+    split_dir = splitFor(resplit(config, *stages), scratch.path() + "/resplit");
+    manifest = stage::readManifest(split_dir);
+    if (manifest.num_stages != *stages) {
+      throw ConfigError(fmt::format("--nproc {}: the model split into {} stages, not {} (its pipe_split() markers "
+                                    "add cuts); give --nproc {}",
+                                    r.nproc, manifest.num_stages, *stages,
+                                    manifest.num_stages / config.pipeline.stages_per_rank *
+                                        config.pipeline.data_parallel));
+    }
+  }
   const int nproc = r.nproc > 0 ? r.nproc
                                 : manifest.num_stages / config.pipeline.stages_per_rank * config.pipeline.data_parallel;
   checkDevice(config, nproc);
@@ -112,6 +174,7 @@ void launch(const EvalRequest& r, std::int64_t batches) {
   LocalRanksOptions options;
   options.args = {"eval",          "--config",   r.config_path, "--checkpoint", step_dir,
                   "--batches",     std::to_string(batches), "--split-dir", split_dir};
+  for (std::string& arg : asSetArguments(r.overrides)) options.args.push_back(std::move(arg));
   options.num_ranks = nproc;
   options.master_addr = r.master_addr;
   options.master_port = r.master_port;
@@ -126,7 +189,7 @@ void runEvalRequest(const EvalRequest& request) {
     throw ConfigError(fmt::format("--batches {}: give a number of held-out batches >= 1", *request.batches));
   }
   if (request.split_dir.empty()) {
-    const std::int64_t batches = request.batches.value_or(loadTrainConfig(request.config_path).eval_batches);
+    const std::int64_t batches = request.batches.value_or(loadTrainConfig(request.config_path, request.overrides).eval_batches);
     return launch(request, batches);
   }
   try {

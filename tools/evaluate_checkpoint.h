@@ -11,11 +11,15 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include "config/config_overrides.h"
 
 namespace pipeforge::train {
 
 struct EvalRequest {
   std::string config_path;
+  std::vector<ConfigOverride> overrides;  // --set KEY=VALUE (Note [Config overrides])
   std::string checkpoint;                // empty: the newest intact one under checkpoint.dir
   std::optional<std::int64_t> batches;   // default: training.eval_batches
   int nproc = 0;                         // 0: the ranks the config's layout needs

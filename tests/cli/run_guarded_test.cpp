@@ -41,7 +41,8 @@ TEST(CliExitStatus, EachErrorCodeHasItsStatus) {
     int status;
   };
   for (const Case& c : {Case{ErrorCode::kUserInput, kExitFailure}, Case{ErrorCode::kIo, kExitIo},
-                        Case{ErrorCode::kPeerFailure, kExitPeerFailure}, Case{ErrorCode::kInternal, kExitInternal}}) {
+                        Case{ErrorCode::kPeerFailure, kExitPeerFailure}, Case{ErrorCode::kInternal, kExitInternal},
+                        Case{ErrorCode::kUsage, kExitUsage}}) {
     Guarded g = guarded([&] { throw Error(c.code, "the message").addContext("the context"); });
     EXPECT_EQ(g.status, c.status) << errorCodeName(c.code);
     EXPECT_EQ(g.printed, "pipeforge test: error: the context: the message\n");

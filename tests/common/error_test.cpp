@@ -48,7 +48,8 @@ TEST(ErrorTest, ExitStatusPerCode) {
     const char* name;
   };
   for (const Case& c : {Case{ErrorCode::kUserInput, 1, "user input"}, Case{ErrorCode::kIo, 3, "I/O"},
-                        Case{ErrorCode::kPeerFailure, 4, "peer failure"}, Case{ErrorCode::kInternal, 70, "internal"}}) {
+                        Case{ErrorCode::kPeerFailure, 4, "peer failure"}, Case{ErrorCode::kInternal, 70, "internal"},
+                        Case{ErrorCode::kUsage, 2, "command line"}}) {
     EXPECT_EQ(exitStatusFor(c.code), c.status) << c.name;
     EXPECT_EQ(errorCodeForExitStatus(c.status), c.code) << c.name;
     EXPECT_STREQ(errorCodeName(c.code), c.name);

@@ -31,7 +31,9 @@ TEST(TrainCliErrors, EveryMistakeIsNamed) {
 
   const std::vector<BadRun> cases = {
       {"missing config", "", "", 2, {"training config", "cannot be read"}},
-      {"malformed yaml", "", "optimizer: [\n", 2, {"malformed YAML"}},
+      {"malformed yaml", "", "optimizer: [\n", 2, {"'[' is never closed; close it with ']'"}},
+      {"tab in the indentation", "", "checkpoint:\n\tevery: 2\n", 2,
+       {"a tab in the indentation; YAML indents with spaces"}},
       {"unknown top key", "", "optimiser: {lr: 1}\n", 2, {"unknown key 'optimiser'"}},
       {"unknown nested key", "weight_decay: 0.01}", "weight_decay: 0.01, betaz: [0.9, 0.9]}", 2,
        {"unknown key 'optimizer.betaz'", "betas"}},
@@ -44,7 +46,9 @@ TEST(TrainCliErrors, EveryMistakeIsNamed) {
       {"batch vs microbatches", "microbatches: 4", "microbatches: 3", 2,
        {"training.global_batch_size 8", "pipeline.microbatches 3"}},
       {"batch vs data parallel", "data_parallel: 1", "data_parallel: 3", 3, {"pipeline.data_parallel 3"}},
-      {"more ranks than stages", "", "", 4, {"the split has 2 stages", "model.num_stages"}},
+      {"more ranks than stages", "", "", 4,
+       {"4 ranks make 4 pipeline ranks", "need 4 stages, but the split has 2", "model.num_stages: 4",
+        "run 2 ranks (--nproc 2)", "pipeline.data_parallel: 2"}},
       {"world vs data parallel", "data_parallel: 1", "data_parallel: 2", 3,
        {"3 ranks cannot hold pipeline.data_parallel 2"}},
       {"schedule needs two stages per rank", "schedule: 1F1B", "schedule: ZBVZeroBubble", 2,
@@ -102,6 +106,9 @@ TEST(TrainCliErrors, EveryMistakeIsNamed) {
     }
     // Refused before any rank started: one error, no rank output.
     EXPECT_EQ(r.output.find("rank 0"), std::string::npos) << r.output;
+    // The spec fixes 2 stages, so the layout is refused before the split
+    // (which prints "split MODEL into DIR").
+    if (std::string(c.name) == "more ranks than stages") EXPECT_EQ(r.output.find(".pt into "), std::string::npos);
   }
 }
 

@@ -244,6 +244,15 @@ output: {{dir: {d}/out}}
         if rel(got2, run_eval) > RTOL or rel(got2, ref2) > RTOL:
             failures.append(f"eval 2 batches {got2} vs run {run_eval} vs Python {ref2}")
 
+        # Note [Evaluating on other ranks]: the 2-stage run evaluated on 1 rank
+        # (the model split again, the weights loaded by name): the same loss.
+        out = run(binary, "eval", "--config", config, "--batches", "3", "--nproc", "1")
+        got = printed_loss(out)
+        print(f"eval (the 2-stage run on 1 rank, 3 batches): {got:.9g} vs Python {ref_mean:.9g}, rel diff "
+              f"{rel(got, ref_mean):.2e}")
+        if rel(got, ref_mean) > RTOL or "1 rank)" not in out:
+            failures.append(f"eval --nproc 1: {got} vs Python {ref_mean}:\n{out}")
+
         # Two data-parallel replicas of the 2-stage pipeline (4 ranks): each
         # evaluates half the rows; the mean over replicas is the same loss.
         dp_config = os.path.join(d, "train_dp.yaml")
@@ -281,7 +290,10 @@ output: {{dir: {d}/out}}
             (["generate", os.path.join(d, "nope"), "--model", model_path, "--prompt", "a", "--tokens", "1"], 1,
              ["checkpoint", "does not exist"]),
             (["eval", "--config", config, "--batches", "0"], 1, ["--batches 0: give a number of held-out batches >= 1"]),
-            (["eval", "--config", config, "--nproc", "3"], 1, ["the split has 2 stages but 3 ranks"]),
+            (["eval", "--config", config, "--nproc", "3"], 1,
+             ["pipeline.schedule 1F1B with 3 pipeline ranks", "at least as many microbatches as stages"]),
+            (["eval", "--config", dp_config, "--nproc", "3"], 1,
+             ["--nproc 3 cannot hold pipeline.data_parallel 2 replicas; give a multiple of 2"]),
             (["plot", os.path.join(d, "none.jsonl"), "--svg", svg], 1, ["cannot open metrics log", "none.jsonl"]),
             (["plot", config, "--svg", os.path.join(d, "bad.svg")], 1, ["train.yaml:1: not JSON"]),
         ]
