@@ -217,12 +217,20 @@ INSTANTIATE_TEST_SUITE_P(Train, KillOneRank, ::testing::Values(1, 0),
 struct InterruptCase {
   const char* target;  // "launcher", "rank1" or "group"
   int signal;
+  // Started by torchrun (its agent is then the "launcher"): the agent sends
+  // its workers the signal it got, and exits with a status of its own.
+  bool torchrun = false;
 };
 
 class Interrupt : public ::testing::TestWithParam<InterruptCase> {};
 
 TEST_P(Interrupt, CheckpointsTheStepItStoppedAtAndResumesBitForBit) {
   const InterruptCase c = GetParam();
+  if (c.torchrun) {
+    if (std::string why = torchrunUnusable(); !why.empty()) {
+      GTEST_SKIP() << PIPEFORGE_PYTHON << " -m torch.distributed.run cannot start even /bin/true: " << why;
+    }
+  }
   TrainWorkspace ws;
   RunSpec s = gptTwoStages();
   s.steps = 1000;  // far more than the test runs: the interrupt ends it
@@ -245,7 +253,12 @@ TEST_P(Interrupt, CheckpointsTheStepItStoppedAtAndResumesBitForBit) {
     int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
-    ::execl(PIPEFORGE_BINARY, PIPEFORGE_BINARY, "train", "--config", config.c_str(), "--nproc", "2", nullptr);
+    if (c.torchrun) {
+      ::execl(PIPEFORGE_PYTHON, PIPEFORGE_PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+              "2", "--no_python", PIPEFORGE_BINARY, "train", "--config", config.c_str(), nullptr);
+    } else {
+      ::execl(PIPEFORGE_BINARY, PIPEFORGE_BINARY, "train", "--config", config.c_str(), "--nproc", "2", nullptr);
+    }
     ::_exit(127);
   }
   auto stop = [&] {
@@ -280,8 +293,14 @@ TEST_P(Interrupt, CheckpointsTheStepItStoppedAtAndResumesBitForBit) {
   }
   const std::string output = readBytes(log);
   ASSERT_TRUE(WIFEXITED(status)) << "the launcher was killed by signal " << WTERMSIG(status) << ":\n" << output;
-  EXPECT_EQ(WEXITSTATUS(status), 128 + c.signal) << output;
-  EXPECT_EQ(output.find("the run failed"), std::string::npos) << output;
+  if (c.torchrun) {
+    // torchrun reports its workers' 130/143, or the signal it got, with a
+    // status of its own; what matters is the checkpoint below.
+    EXPECT_NE(WEXITSTATUS(status), 0) << output;
+  } else {
+    EXPECT_EQ(WEXITSTATUS(status), 128 + c.signal) << output;
+    EXPECT_EQ(output.find("the run failed"), std::string::npos) << output;
+  }
 
   auto latest = train::latestCheckpoint(ckpt);
   ASSERT_TRUE(latest) << output;
@@ -308,9 +327,12 @@ TEST_P(Interrupt, CheckpointsTheStepItStoppedAtAndResumesBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Train, Interrupt,
                          ::testing::Values(InterruptCase{"launcher", SIGINT}, InterruptCase{"launcher", SIGTERM},
                                            InterruptCase{"rank1", SIGINT}, InterruptCase{"rank1", SIGTERM},
-                                           InterruptCase{"group", SIGINT}),
+                                           InterruptCase{"group", SIGINT},
+                                           InterruptCase{"launcher", SIGINT, true},
+                                           InterruptCase{"launcher", SIGTERM, true},
+                                           InterruptCase{"rank1", SIGTERM, true}),
                          [](const ::testing::TestParamInfo<InterruptCase>& info) {
-                           return fmt::format("{}_{}", info.param.target,
+                           return fmt::format("{}{}_{}", info.param.torchrun ? "torchrun_" : "", info.param.target,
                                               info.param.signal == SIGINT ? "SIGINT" : "SIGTERM");
                          });
 

@@ -14,18 +14,6 @@
 namespace pipeforge::testing {
 namespace {
 
-// Empty when this Python's torchrun can start a worker at all; else why not.
-// (Debian 12's torch 1.13 torchrun fails under Python 3.11 before it starts
-// any worker: `AttributeError: 'NoneType' object has no attribute 'get'`.)
-std::string torchrunUnusable() {
-  auto r = runCommand(
-      fmt::format("'{}' -m torch.distributed.run --standalone --nproc_per_node 1 --no_python /bin/true 2>&1",
-                  PIPEFORGE_PYTHON));
-  if (r.exit_code == 0) return "";
-  std::string last = r.output.substr(0, r.output.find_last_not_of('\n') + 1);
-  return last.substr(last.rfind('\n') + 1);
-}
-
 TEST(Torchrun, TrainsAsTheReadmeSays) {
   if (std::string why = torchrunUnusable(); !why.empty()) {
     GTEST_SKIP() << PIPEFORGE_PYTHON << " -m torch.distributed.run cannot start even /bin/true: " << why;

@@ -13,6 +13,7 @@
 #include "data/open_dataset.h"
 #include "frontend/load_model.h"
 #include "tests/support/build_paths.h"
+#include "tests/support/build_paths.h"
 #include "tests/support/zoo.h"
 #include "train/lr_schedule.h"
 #include "train/optimizer_factory.h"
@@ -65,6 +66,15 @@ std::string TrainWorkspace::writeConfig(const std::string& name, const RunSpec& 
   const std::string path = dir_ + "/" + name + ".yaml";
   std::ofstream(path) << text;
   return path;
+}
+
+std::string torchrunUnusable() {
+  auto r = runCommand(
+      fmt::format("'{}' -m torch.distributed.run --standalone --nproc_per_node 1 --no_python /bin/true 2>&1",
+                  PIPEFORGE_PYTHON));
+  if (r.exit_code == 0) return "";
+  std::string last = r.output.substr(0, r.output.find_last_not_of('\n') + 1);
+  return last.substr(last.rfind('\n') + 1);
 }
 
 CommandResult runPipeforge(const std::string& args) {

@@ -46,6 +46,11 @@ class TrainWorkspace {
   std::string dir_;
 };
 
+// Empty when the build's Python's torchrun can start a worker at all; else
+// why not. (Debian 12's torch 1.13 torchrun fails under Python 3.11 before it
+// starts any worker: `AttributeError: 'NoneType' object has no attribute 'get'`.)
+std::string torchrunUnusable();
+
 // `pipeforge <args>`, output captured.
 CommandResult runPipeforge(const std::string& args);
 
