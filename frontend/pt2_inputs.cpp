@@ -24,6 +24,21 @@ std::int64_t integerOr(const json& v, std::int64_t fallback) {
   return fallback;
 }
 
+// torch/_export/serde/schema.py's ScalarType codes, for the dtypes
+// common/dtype_names.h names.
+std::string dtypeNameOfCode(const json& code) {
+  switch (integerOr(code, 0)) {
+    case 4: return "int32";
+    case 5: return "int64";
+    case 6: return "float16";
+    case 7: return "float32";
+    case 8: return "float64";
+    case 12: return "bool";
+    case 13: return "bfloat16";
+    default: return "";
+  }
+}
+
 }  // namespace
 
 std::vector<Pt2UserInput> pt2UserInputs(const Pt2Archive& archive) {
@@ -38,8 +53,11 @@ std::vector<Pt2UserInput> pt2UserInputs(const Pt2Archive& archive) {
   std::vector<Pt2UserInput> out;
   for (const Pt2InputSpec& in : archive.signature().inputs) {
     if (in.kind != Pt2InputKind::kUserInput) continue;
-    Pt2UserInput user{in.value, {}};
+    Pt2UserInput user{in.value, {}, ""};
     auto meta = tensor_values.find(in.value);
+    if (meta != tensor_values.end() && meta->is_object() && meta->contains("dtype")) {
+      user.dtype = dtypeNameOfCode(meta->at("dtype"));
+    }
     if (meta != tensor_values.end() && meta->is_object() && meta->contains("sizes") && meta->at("sizes").is_array()) {
       for (const json& size : meta->at("sizes")) {
         Pt2DimRange dim{0, -1};

@@ -23,6 +23,9 @@ struct Pt2DimRange {
 struct Pt2UserInput {
   std::string name;
   std::vector<Pt2DimRange> dims;
+  // Its dtype as common/dtype_names.h names it ("float32"); "" for one it
+  // does not name (uint8, ...) or an input without tensor metadata.
+  std::string dtype;
 };
 
 // Throws Pt2Error when the program's metadata for an input is malformed.

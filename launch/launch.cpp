@@ -11,6 +11,7 @@
 #include <torch/script.h>
 
 #include "checkpoint/checkpoint.h"
+#include "compat/scalar_type_name.h"
 #include "common/error.h"
 #include "common/interrupt.h"
 #include "config/train_config.h"
@@ -147,12 +148,35 @@ void checkInputSizes(const TrainConfig& config, const stage::PipeManifest& manif
 // bounded (pipe.json "input_dims"), not only the batch: a program exported
 // for 16 tokens fails inside a stage's first reshape on 24, with a message
 // about expanded sizes that names neither the data nor the export.
+// Note [Input dtypes]: data whose kind differs from what an input takes
+// (float64 for float32, floats for token ids) would fail inside a stage's
+// forward on every rank; pipe.json's input_dtypes let the launcher refuse it
+// first. Integer widths may differ (an embedding takes int32 or int64 ids);
+// floating dtypes must match, since the forward does not convert them.
+void checkDataDtypes(const TrainConfig& config, const stage::PipeManifest& manifest, const Batch& one) {
+  for (size_t i = 0; i < manifest.input_dtypes.size() && i < one.inputs.size(); ++i) {
+    const std::string& takes = manifest.input_dtypes[i];
+    if (takes.empty()) continue;
+    const at::ScalarType given = one.inputs[i].scalar_type();
+    const std::string given_name = compat::scalarTypeName(given);
+    const bool both_integers = c10::isIntegralType(given, false) && (takes == "int64" || takes == "int32");
+    if (given_name == takes || both_integers) continue;
+    const std::string where = config.data.format == DataFormat::kTensors
+                                  ? fmt::format("data: inputs[{}] ({})", i, config.data.path)
+                                  : fmt::format("data ({})", config.data.path);
+    throw ConfigError(fmt::format("{} is {}; the model's input '{}' takes {}; convert the data (torch.save the "
+                                  "tensor .to(torch.{})), or split a model that takes {}",
+                                  where, given_name, manifest.inputs.at(i), takes, takes, given_name));
+  }
+}
+
 void checkDataFitsInputs(const TrainConfig& config, const stage::PipeManifest& manifest, Dataset& dataset) {
-  if (manifest.input_dims.empty()) return;
+  if (manifest.input_dims.empty() && manifest.input_dtypes.empty()) return;
   const std::int64_t rows = replicaBatchSize(config) / config.pipeline.microbatches;
   if (rows < 1) return;  // refused with its own message by checkInputSizes
   const DataLayout layout = dataLayoutFor(config, manifest.inputs);
   const Batch one = sliceBatch(dataset.batch(DataSplit::kTrain, 0, rows), 0, rows, layout);
+  checkDataDtypes(config, manifest, one);
   const std::vector<ChunkEntry> chunks = inputChunksFor(config, manifest.inputs);
   for (size_t i = 0; i < manifest.input_dims.size() && i < one.inputs.size(); ++i) {
     const auto& dims = manifest.input_dims[i];
@@ -233,6 +257,11 @@ namespace {
 int launch(const TrainRequest& request, const TrainConfig& config) {
   checkDevice(config, request.nproc);
   std::string split_dir = config.model.split_dir;
+  // A stage count the spec fixes is checked against the ranks before the
+  // split, which can take minutes on a large model.
+  if (split_dir.empty() && config.model.spec && config.model.spec->num_stages) {
+    checkLayout(config, request.nproc, *config.model.spec->num_stages);
+  }
   if (split_dir.empty()) {
     split_dir = fs::absolute(fs::path(config.output_dir) / "stages").string();
     splitFor(config, split_dir);
@@ -251,6 +280,7 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
   runtime::LaunchOptions options;
   options.executable = fs::read_symlink("/proc/self/exe").string();
   options.args = {"train", "--config", request.config_path, "--split-dir", split_dir};
+  for (std::string& arg : asSetArguments(request.overrides)) options.args.push_back(std::move(arg));
   if (request.stop_after) {
     options.args.push_back("--stop-after");
     options.args.push_back(std::to_string(*request.stop_after));
@@ -287,7 +317,7 @@ int runTrainRequest(const TrainRequest& request) {
   // command again) finish the step in progress and checkpoint it.
   installInterruptHandlers();
   if (request.nproc < 0) throw ConfigError(fmt::format("--nproc {}: give a number of ranks >= 1", request.nproc));
-  const TrainConfig config = loadTrainConfig(request.config_path);
+  const TrainConfig config = loadTrainConfig(request.config_path, request.overrides);
   if (request.stop_after && *request.stop_after < 1) {
     throw ConfigError(fmt::format("--stop-after {}: give a step >= 1", *request.stop_after));
   }

@@ -59,7 +59,7 @@ std::string runLocalRanks(const LocalRanksOptions& options) {
   launch.timeout = options.timeout;
   const runtime::LaunchResult result = runtime::launchLocal(launch);
   if (result.ok()) return result.ranks.at(0).output;
-  const runtime::RankExit& failed = result.ranks.at(*result.first_failed);
+  const runtime::RankExit& failed = result.ranks.at(*result.causeRank());
   const std::string error = errorIn(failed.output);
   const ErrorCode code = errorCodeForExitStatus(result.exitStatus());  // Note [Run exit status]
   if (!error.empty()) throw Error(code, error);

@@ -124,17 +124,24 @@ int findFreePort(const std::string& addr) {
 // order, that exited by itself with any other non-zero status: the cause
 // (1 for a bad config, 3 for a failed write, ...). A rank ended by a signal,
 // or by the launcher, and a run where every rank says "peer failure", give 4.
-int LaunchResult::exitStatus() const {
-  if (ok()) return 0;
+std::optional<int> LaunchResult::causeRank() const {
+  if (ok()) return std::nullopt;
   const int peer = exitStatusFor(ErrorCode::kPeerFailure);
   std::vector<const RankExit*> exited;
   for (const RankExit& r : ranks) {
     if (!r.ok() && r.signal == 0 && !r.killed_by_launcher && r.exit_code != peer) exited.push_back(&r);
   }
-  if (exited.empty()) return peer;
+  if (exited.empty()) return first_failed;
   return (*std::min_element(exited.begin(), exited.end(), [](const RankExit* a, const RankExit* b) {
            return a->seconds < b->seconds;
-         }))->exit_code;
+         }))->rank;
+}
+
+int LaunchResult::exitStatus() const {
+  if (ok()) return 0;
+  const RankExit& cause = ranks[*causeRank()];
+  const int peer = exitStatusFor(ErrorCode::kPeerFailure);
+  return cause.signal == 0 && !cause.killed_by_launcher && cause.exit_code != peer ? cause.exit_code : peer;
 }
 
 int LaunchResult::interruptedStatus() const {
@@ -152,9 +159,12 @@ std::string LaunchResult::summary() const {
     out += fmt::format("rank {}: {} after {:.1f} s{}\n", r.rank, how, r.seconds,
                        r.killed_by_launcher ? " (stopped by the launcher)" : "");
   }
-  if (first_failed) {
-    const RankExit& r = ranks[*first_failed];
-    out += fmt::format("rank {} failed first", r.rank);
+  if (const std::optional<int> cause = causeRank()) {
+    const RankExit& r = ranks[*cause];
+    out += r.rank == *first_failed ? fmt::format("rank {} failed first", r.rank)
+                                   : fmt::format("rank {} failed first (rank {}, which only saw it fail, exited "
+                                                 "sooner)",
+                                                 r.rank, *first_failed);
     if (!r.output.empty()) out += "; its last output:\n" + lastLines(r.output, 30);
     if (!out.empty() && out.back() != '\n') out += "\n";
   }

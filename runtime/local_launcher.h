@@ -73,11 +73,14 @@ struct LaunchResult {
   // 130 or 143 when every rank stopped because of SIGINT or SIGTERM (each
   // exited with that status, Note [Graceful interrupts]); else 0.
   int interruptedStatus() const;
-  // The status a launcher exits with: 0, or that of the rank whose failure
-  // stopped the run (Note [Run exit status]).
+  // The rank whose failure stopped the run (Note [Run exit status]): not
+  // always the first to exit, since a rank that only saw it may exit sooner.
+  // nullopt when the run succeeded.
+  std::optional<int> causeRank() const;
+  // The status a launcher exits with: 0, or that of causeRank().
   int exitStatus() const;
   // One line per rank ("rank 2: exit 1 after 3.1 s"), then the last lines
-  // of the first failed rank's output.
+  // of the cause's output.
   std::string summary() const;
 };
 

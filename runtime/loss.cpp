@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "compat/scalar_type_name.h"
 #include "frontend/load_model.h"
 #include "frontend/pt2_import.h"
 
@@ -82,6 +83,15 @@ at::Tensor LossFunction::operator()(const std::vector<at::Tensor>& outputs, cons
     at::Tensor term;
     switch (impl_->kind) {
       case LossKind::kCrossEntropy: {
+        // Class indices only: a float target would be truncated to an index
+        // (or, of the logits' shape, read by PyTorch as probabilities).
+        if (!c10::isIntegralType(tgt.scalar_type(), /*includeBool=*/false)) {
+          throw RuntimeError(fmt::format(
+              "cross-entropy: target {} is {} (shape [{}]); cross_entropy takes integer class indices, one per "
+              "row of logits [..., V] (output {} has shape [{}]): store the targets as int64 (or int32), or use "
+              "loss: mse for float targets, or loss: {{module: ...}} for probabilities",
+              k, compat::scalarTypeName(tgt.scalar_type()), fmt::join(tgt.sizes(), ","), k, fmt::join(out.sizes(), ",")));
+        }
         if (out.dim() < 1 || out.numel() / out.size(-1) != tgt.numel()) {
           throw RuntimeError(fmt::format("cross-entropy: output {} has shape [{}] but target {} has shape [{}]; "
                                          "logits [..., V] need integer targets [...]",

@@ -83,11 +83,21 @@ class PipelineStage::Impl {
       // at once, so I would pay for W's products and W again. Unoptimized,
       // every op records its own backward node and split backward works.
       torch::jit::GraphOptimizerEnabledGuard plain_graph(false);
+      // A forward that fails on its inputs is the user's data or model (a
+      // dtype, a shape, an index out of range), not our bug: kUserInput. The
+      // TorchScript interpreter rethrows some op errors as std::runtime_error.
       try {
         result = module.forward(std::move(args));
       } catch (const c10::Error& e) {
         throw RuntimeError(fmt::format("stage {} forward of microbatch {}{} failed: {}", sig_.index, mb, segment,
                                        e.what_without_backtrace()));
+      } catch (const pipeforge::Error&) {
+        throw;
+      } catch (const std::bad_alloc&) {
+        throw;
+      } catch (const std::exception& e) {
+        throw RuntimeError(fmt::format("stage {} forward of microbatch {}{} failed: {}", sig_.index, mb, segment,
+                                       e.what()));
       }
     }
     std::vector<at::Tensor> outputs;

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/dtype_names.h"
 #include "stage/file_digest.h"
 
 namespace pipeforge::stage {
@@ -131,6 +132,7 @@ std::string manifestToJson(const PipeManifest& m) {
     }
     j["input_dims"] = std::move(inputs);
   }
+  if (!m.input_dtypes.empty()) j["input_dtypes"] = m.input_dtypes;
   if (!m.constant_inputs.empty()) {
     json constants = json::object();
     for (const auto& [name, value] : m.constant_inputs) constants[name] = json::parse(value);
@@ -192,6 +194,20 @@ PipeManifest manifestFromJson(const std::string& text, const std::string& origin
       if (m.input_dims.size() != m.inputs.size()) {
         throw ManifestError("input_dims lists " + std::to_string(m.input_dims.size()) + " inputs but the model has " +
                             std::to_string(m.inputs.size()) + "; re-run `pipeforge split`");
+      }
+    }
+    if (j.contains("input_dtypes")) {
+      m.input_dtypes = j.at("input_dtypes").get<std::vector<std::string>>();
+      if (m.input_dtypes.size() != m.inputs.size()) {
+        throw ManifestError("input_dtypes lists " + std::to_string(m.input_dtypes.size()) +
+                            " inputs but the model has " + std::to_string(m.inputs.size()) +
+                            "; re-run `pipeforge split`");
+      }
+      for (const std::string& name : m.input_dtypes) {
+        if (!name.empty() && !parseDtype(name)) {
+          throw ManifestError("input_dtypes has \"" + name + "\", which is not a dtype (" + dtypeChoices() +
+                              "); re-run `pipeforge split`");
+        }
       }
     }
     if (j.contains("constant_inputs")) {

@@ -11,6 +11,7 @@
 //    "tied": [["wte.weight", "lm_head.weight"]],
 //    "unused": ["aux_head.weight"],
 //    "input_dims": [[[4, 4], [2, null]]],   (.pt2 only: [min, max] per dimension)
+//    "input_dtypes": ["int64"],             (where known; "" for an unknown one)
 //    "constant_inputs": {"scale": 2.0}}     (only when forward took non-tensor arguments)
 #pragma once
 
@@ -81,6 +82,11 @@ struct PipeManifest {
   // Per model input, the sizes it accepts per dimension, when the model says
   // (a .pt2); empty for TorchScript models, which take any size.
   std::vector<std::vector<InputDim>> input_dims;
+  // Per model input, the dtype it takes ("float32", "int64": common/dtype_names.h),
+  // "" where unknown: a .pt2 records every one, a TorchScript split those its
+  // example_inputs give. Empty when none is known (and in older manifests).
+  // The launcher refuses data of another kind before any rank starts.
+  std::vector<std::string> input_dtypes;
   // The non-tensor forward arguments baked into the stages as constants, not
   // in `inputs` (Note [Constant inputs]): name -> value as JSON text ("2.0",
   // "true", "[2, 3]", "null", "\"mean\""). Empty in older manifests.
@@ -89,7 +95,7 @@ struct PipeManifest {
   friend bool operator==(const PipeManifest& a, const PipeManifest& b) {
     return a.num_stages == b.num_stages && a.source == b.source && a.inputs == b.inputs &&
            a.outputs == b.outputs && a.stages == b.stages && a.tied == b.tied && a.unused == b.unused &&
-           a.input_dims == b.input_dims && a.constant_inputs == b.constant_inputs;
+           a.input_dims == b.input_dims && a.input_dtypes == b.input_dtypes && a.constant_inputs == b.constant_inputs;
   }
 };
 

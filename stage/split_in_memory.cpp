@@ -2,11 +2,13 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/csrc/jit/passes/inliner.h>
 #include <torch/script.h>
 
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
 
 #include "common/dtype_names.h"
 #include "common/error.h"
@@ -33,6 +35,59 @@ std::string errorSummary(const std::string& what) {
   }
   if (!best.empty()) return best;
   return what.substr(0, what.find('\n'));
+}
+
+// Note [Index ranges of example inputs]: "index out of range in self" from a
+// forward on example inputs almost always means an integer input's `high`
+// exceeds the rows of the embedding it indexes. The forward graph (inlined)
+// says which embedding each argument indexes directly; the hint names the
+// input, its range and that embedding's rows. nullopt when no integer input
+// indexes an embedding too small for it.
+std::string attributePath(torch::jit::Value* value, const torch::jit::Value* self) {
+  std::vector<std::string> parts;
+  while (value->node()->kind() == c10::prim::GetAttr) {
+    parts.insert(parts.begin(), value->node()->s(c10::attr::name));
+    value = value->node()->input(0);
+  }
+  return value == self ? fmt::format("{}", fmt::join(parts, ".")) : std::string();
+}
+
+std::optional<std::string> embeddingRangeHint(const torch::jit::Module& model, const partitioner::SplitSpec& spec) {
+  std::shared_ptr<torch::jit::Graph> graph = model.get_method("forward").graph()->copy();
+  torch::jit::Inline(*graph);
+  const torch::jit::Value* self = graph->inputs().at(0);
+  for (torch::jit::Node* node : graph->nodes()) {
+    if (node->kind() != c10::aten::embedding) continue;
+    const auto& args = graph->inputs();
+    const auto it = std::find(args.begin(), args.end(), node->input(1));
+    if (it == args.end() || it == args.begin()) continue;
+    const std::size_t i = static_cast<std::size_t>(it - args.begin()) - 1;
+    if (i >= spec.example_inputs.size()) continue;
+    const partitioner::ExampleInput& in = spec.example_inputs[i];
+    const auto dtype = parseDtype(in.dtype);
+    if (!dtype || (*dtype != Dtype::kInt64 && *dtype != Dtype::kInt32)) continue;
+    const std::string path = attributePath(node->input(0), self);
+    if (path.empty()) continue;
+    c10::IValue weight = model._ivalue();
+    std::size_t start = 0;
+    while (weight.isObject()) {
+      const std::size_t dot = path.find('.', start);
+      weight = weight.toObjectRef().getAttr(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    if (!weight.isTensor() || weight.toTensor().dim() != 2) continue;
+    const std::int64_t rows = weight.toTensor().size(0);
+    const double high = in.high > in.low ? in.high : in.low + 2;
+    if (high <= static_cast<double>(rows)) continue;
+    const std::string module = path.size() > 7 && path.compare(path.size() - 7, 7, ".weight") == 0
+                                   ? path.substr(0, path.size() - 7)
+                                   : path;
+    return fmt::format("example_inputs[{}] draws integers in [{}, {}), but it indexes embedding '{}', which has {} "
+                       "rows (indices 0..{}); set example_inputs[{}].high to at most {}",
+                       i, in.low, high, module, rows, rows - 1, i, rows);
+  }
+  return std::nullopt;
 }
 
 // The split spec checked the name (parseDtype); an unknown one is a bug.
@@ -137,7 +192,13 @@ SplitResult splitInMemory(const torch::jit::Module& given_model, const partition
       copy.eval();
       copy.forward(makeExampleInputs(spec));
     } catch (const std::exception& e) {
-      throw SpecError("example_inputs do not fit the model: forward failed with: " + errorSummary(e.what()) +
+      const std::string summary = errorSummary(e.what());
+      if (summary.find("index out of range") != std::string::npos) {
+        if (auto hint = embeddingRangeHint(model, spec)) {
+          throw SpecError("example_inputs do not fit the model: forward failed with: " + summary + "; " + *hint);
+        }
+      }
+      throw SpecError("example_inputs do not fit the model: forward failed with: " + summary +
                       "; fix their shape or dtype");
     }
   }

@@ -2,10 +2,12 @@
 
 #include <torch/script.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 
 #include "common/atomic_file.h"
+#include "common/dtype_names.h"
 #include "common/error.h"
 #include "frontend/load_model.h"
 #include "frontend/pipe_split_op.h"
@@ -60,14 +62,29 @@ SplitSummary splitModelToDirectory(const SplitRequest& request) {
     // The sizes the export accepts travel in pipe.json, so that training can
     // refuse a microbatch a static export cannot take before any rank starts.
     std::vector<std::vector<InputDim>> input_dims;
+    std::vector<std::string> input_dtypes;
     for (const auto& input : frontend::pt2UserInputs(*archive)) {
       std::vector<InputDim> dims;
       for (const auto& d : input.dims) dims.push_back({d.min, d.max});
       input_dims.push_back(std::move(dims));
+      input_dtypes.push_back(input.dtype);
     }
-    if (input_dims.size() == result.stages.manifest.inputs.size()) result.stages.manifest.input_dims = input_dims;
+    if (input_dims.size() == result.stages.manifest.inputs.size()) {
+      result.stages.manifest.input_dims = input_dims;
+      result.stages.manifest.input_dtypes = input_dtypes;
+    }
+  } else if (spec.example_inputs.size() == result.stages.manifest.inputs.size()) {
+    // A TorchScript forward declares no dtypes; its example inputs say which it ran with.
+    for (const auto& in : spec.example_inputs) {
+      const auto dtype = parseDtype(in.dtype);
+      result.stages.manifest.input_dtypes.push_back(dtype ? dtypeName(*dtype) : "");
+    }
   }
   PipeManifest& manifest = result.stages.manifest;
+  if (std::all_of(manifest.input_dtypes.begin(), manifest.input_dtypes.end(),
+                  [](const std::string& d) { return d.empty(); })) {
+    manifest.input_dtypes.clear();
+  }
   manifest.source = request.model_path;
 
   AtomicDirectory temp(out.string());  // Note [Atomic writes]

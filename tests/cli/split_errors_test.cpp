@@ -85,7 +85,18 @@ TEST_F(SplitErrors, MoreStagesThanCutPoints) {
 
 TEST_F(SplitErrors, MalformedYaml) {
   expectFailure(testing::zooModelPath("seed_example"), "split_points: {layers.1: BEGINNING\n  - [",
-                {"malformed YAML"});
+                {":1: '{' is never closed; close it with '}'"});
+}
+
+// Note [Index ranges of example inputs]: a `high` past the vocabulary is
+// named as such, with the embedding the input indexes (wte, 64 rows; not wpe,
+// the smaller one it does not index).
+TEST_F(SplitErrors, ExampleInputsBeyondTheVocabulary) {
+  expectFailure(testing::zooModelPath("gpt"),
+                "num_stages: 2\nexample_inputs:\n  - {shape: [2, 8], dtype: int64, high: 100000}",
+                {"index out of range",
+                 "example_inputs[0] draws integers in [0, 100000), but it indexes embedding 'wte', which has 64 rows "
+                 "(indices 0..63); set example_inputs[0].high to at most 64"});
 }
 
 TEST_F(SplitErrors, UnknownPolicyAndSplitPointAndKey) {

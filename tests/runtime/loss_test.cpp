@@ -70,6 +70,15 @@ TEST(Loss, RefusalsNameTheShapesAndCounts) {
   std::string e = refusal(ce, {torch::zeros({2, 5, 7})}, {torch::zeros({2, 4}, at::kLong)});
   EXPECT_NE(e.find("cross-entropy: output 0 has shape [2,5,7] but target 0 has shape [2,4]"), std::string::npos)
       << e;
+  // Float targets, even of the logits' shape, are refused by their dtype: the
+  // shapes are not the problem (issue 24.10).
+  e = refusal(ce, {torch::zeros({8, 4})}, {torch::zeros({8, 4})});
+  EXPECT_NE(e.find("cross-entropy: target 0 is float32 (shape [8,4]); cross_entropy takes integer class indices"),
+            std::string::npos)
+      << e;
+  e = refusal(ce, {torch::zeros({8, 4})}, {torch::zeros({8}, at::kDouble)});
+  EXPECT_NE(e.find("target 0 is float64 (shape [8])"), std::string::npos) << e;
+  EXPECT_NO_THROW(ce({torch::zeros({8, 4})}, {torch::zeros({8}, at::kInt)}));
   e = refusal(ce, {torch::zeros({2, 7})}, {torch::zeros({2}, at::kLong), torch::zeros({2}, at::kLong)});
   EXPECT_NE(e.find("2 targets for 1 model outputs"), std::string::npos) << e;
   LossFunction mse(LossKind::kMse, "", "cpu");

@@ -30,10 +30,10 @@ class Holder(torch.nn.Module):
         return len(self.inputs)
 
 
-def train(binary: str, zoo: str, d: str, data: str):
+def train(binary: str, zoo: str, d: str, data: str, model_keys: str = ""):
     config = os.path.join(d, "train.yaml")
     with open(config, "w") as f:
-        f.write(f"""model: {{path: {zoo}/mlp.pt, num_stages: 2, policy: parameters}}
+        f.write(f"""model: {{path: {zoo}/mlp.pt, num_stages: 2, policy: parameters{model_keys}}}
 pipeline: {{schedule: GPipe, microbatches: 2}}
 loss: mse
 optimizer: {{name: sgd, lr: 0.05}}
@@ -81,6 +81,25 @@ def main() -> None:
             assert r.returncode == 1 and message in r.stderr, f"{name}: {r.stdout}{r.stderr}"
             assert "torch.save({'inputs'" in r.stderr, r.stderr
             print(f"refuses {name}: {message}")
+
+        # Issue 24.3: float64 data for a float32 model. With example_inputs the
+        # split records the dtype and the launcher refuses the data before any
+        # rank starts; without, the stage forward fails on rank 0, which is
+        # reported as the user's input (exit 1) and as the rank that failed.
+        path = os.path.join(d, "float64.pt")
+        torch.save({"inputs": x.double(), "targets": y}, path)
+        r = train(binary, zoo, d, path, ", example_inputs: [{shape: [4, 8], dtype: float32}]")
+        text = r.stdout + r.stderr
+        assert r.returncode == 1, f"float64 with example_inputs: exit {r.returncode}:\n{text}"
+        assert f"data: inputs[0] ({path}) is float64; the model's input 'x' takes float32" in r.stderr, text
+        assert "rank 0" not in text, text
+        print(f"refuses float64 data before launch: {r.stderr.strip().splitlines()[0][:150]}")
+        r = train(binary, zoo, d, path)
+        text = r.stdout + r.stderr
+        assert r.returncode == 1, f"float64 without example_inputs: exit {r.returncode} (1: user input):\n{text}"
+        assert "rank 0 failed first" in text, text
+        assert "stage 0 forward of microbatch 0 failed" in text, text
+        print("float64 data found in stage 0's forward: exit 1, rank 0 named as the one that failed")
 
 
 if __name__ == "__main__":
