@@ -10,8 +10,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -19,7 +17,6 @@
 #include <optional>
 #include <string>
 #include <system_error>
-#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -27,9 +24,10 @@
 
 #include "cli/commands.h"
 #include "common/atomic_file.h"
-#include "common/byte_size.h"
 #include "common/error.h"
 #include "cli/run_guarded.h"
+#include "cli/schedule_memory.h"
+#include "cli/usage_error.h"
 #include "schedules/auto_schedule.h"
 #include "schedules/chrome_trace.h"
 #include "schedules/cost_model.h"
@@ -71,12 +69,6 @@ struct ScheduleOptions {
   std::string svg;
 };
 
-// A mistake on the command line: reported as such, exit code 2 (user input
-// that the command catches itself, before runGuarded maps codes).
-struct UsageError : Error {
-  explicit UsageError(const std::string& message) : Error(ErrorCode::kUserInput, message) {}
-};
-
 std::string lowercase(std::string text) {
   std::transform(text.begin(), text.end(), text.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -94,70 +86,6 @@ void writeOutput(const std::string& path, const std::string& text, const char* w
   } catch (Error& e) {
     throw e.addContext(fmt::format("cannot write the {}", what));
   }
-}
-
-// What the memory numbers count. The simulators add up each stage's
-// activation_memory, so their results are in whatever unit that was given in:
-// by default 1 stands for one microbatch's activations on one stage; --act-mem
-// with a byte unit makes every memory number a size in bytes.
-struct MemoryUnit {
-  bool bytes = false;
-  std::string name = "microbatch activations (1 = one microbatch's activations on one stage)";  // unless bytes
-
-  std::string format(double value) const { return bytes ? formatByteSize(value) : fmt::format("{:.4g}", value); }
-};
-
-// --act-mem and --mem-limit as numbers, in one unit.
-struct MemoryOptions {
-  std::optional<double> act_mem;
-  std::optional<double> mem_limit;
-  MemoryUnit unit;
-};
-
-// `text` as a plain number (bytes = false) or a size with a byte unit.
-std::optional<std::pair<double, bool>> parseMemory(const std::string& text) {
-  if (auto bytes = parseByteSize(text)) return std::make_pair(*bytes, true);
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value)) return std::nullopt;
-  return std::make_pair(value, false);
-}
-
-MemoryOptions readMemoryOptions(const ScheduleOptions& o) {
-  MemoryOptions m;
-  if (!o.cost_file.empty()) m.unit.name = "in the unit of --cost-file's activation_memory (default 1)";
-  std::optional<std::pair<double, bool>> act, limit;
-  if (!o.act_mem.empty()) {
-    act = parseMemory(o.act_mem);
-    if (!act || act->first <= 0) {
-      throw UsageError(fmt::format("--act-mem {}: expected a positive number (1 = one microbatch's activations "
-                                   "on one stage) or a size in bytes such as 512MiB",
-                                   o.act_mem));
-    }
-    m.act_mem = act->first;
-    m.unit.bytes = act->second;
-    m.unit.name = fmt::format("in the unit of --act-mem (one microbatch on one stage = {})", o.act_mem);
-  }
-  if (!o.mem_limit.empty()) {
-    limit = parseMemory(o.mem_limit);
-    if (!limit || limit->first <= 0) {
-      throw UsageError(fmt::format("--mem-limit {}: expected a positive number in the unit of --act-mem, or a "
-                                   "size in bytes such as 8GiB with --act-mem in bytes too",
-                                   o.mem_limit));
-    }
-    m.mem_limit = limit->first;
-  }
-  if (limit && limit->second && !(act && act->second)) {
-    throw UsageError(fmt::format("--mem-limit {} is a size in bytes, so the simulator needs the activation memory "
-                                 "in bytes too: add --act-mem with a byte unit, e.g. --act-mem 512MiB",
-                                 o.mem_limit));
-  }
-  if (limit && !limit->second && act && act->second) {
-    throw UsageError(fmt::format("--act-mem {} is in bytes, but --mem-limit {} has no unit: write it in bytes "
-                                 "too, e.g. --mem-limit {}GiB",
-                                 o.act_mem, o.mem_limit, o.mem_limit));
-  }
-  return m;
 }
 
 std::optional<sch::CostModel> readCosts(const ScheduleOptions& o, const MemoryOptions& memory, int num_stages) {
@@ -239,7 +167,7 @@ int runSchedule(const ScheduleOptions& o) {
     throw UsageError("give --costs or --cost-file, not both");
   }
 
-  const MemoryOptions memory = readMemoryOptions(o);
+  const MemoryOptions memory = readMemoryOptions(o.act_mem, o.mem_limit, !o.cost_file.empty());
 
   sch::Program program;
   std::string title;
