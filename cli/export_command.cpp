@@ -16,11 +16,15 @@ void addExportCommand(CLI::App& app, int& exit_code) {
   auto request = std::make_shared<train::ExportRequest>();
   auto* sub = app.add_subcommand(
       "export",
-      "Write the original TorchScript model with the trained weights of a checkpoint (loads with "
-      "torch.jit.load; tied parameters keep sharing one tensor).");
+      "Write the model a run was split from with the trained weights of a checkpoint: --out *.pt writes "
+      "TorchScript (loads with torch.jit.load; tied parameters keep sharing one tensor), from a .pt or a .pt2 "
+      "model; --out *.pt2, from a .pt2 model, writes its torch.export archive with the new weights (loads "
+      "with torch.export.load).");
   sub->add_option("checkpoint", request->checkpoint, "checkpoint folder (its `latest`) or one step_<N> folder")
       ->required();
-  sub->add_option("--model", request->model_path, "the model the run was split from")->required();
+  sub->add_option("--model", request->model_path,
+                  "the model the run was split from: TorchScript (.pt) or torch.export (.pt2)")
+      ->required();
   sub->add_option("--out", request->out_path,
                   "output file: .pt (TorchScript), or .pt2 (torch.export) when the model is a .pt2")
       ->required();

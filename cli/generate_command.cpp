@@ -24,7 +24,9 @@ void addGenerateCommand(CLI::App& app, int& exit_code) {
       "C-escaped text for --prompt, token ids for --prompt-tokens.");
   sub->add_option("checkpoint", request->checkpoint, "checkpoint folder (its `latest`) or one step_<N> folder")
       ->required();
-  sub->add_option("--model", request->model_path, "the model the run was trained from (.pt or .pt2)")->required();
+  sub->add_option("--model", request->model_path,
+                  "the model the run was trained from: TorchScript (.pt) or torch.export (.pt2)")
+      ->required();
   auto* text = sub->add_option("--prompt", *prompt, "the prompt as bytes, one token per byte (a byte-level LM, "
                                                     "data.format: text)");
   auto* ids = sub->add_option("--prompt-tokens", *prompt_tokens, "the prompt as token ids, e.g. 1,2,3");

@@ -1,4 +1,4 @@
-// `pipeforge inspect MODEL.pt | DIR [--spec S.yaml] [--format text|json|dot|svg] [--stage i] [--out FILE]`.
+// `pipeforge inspect MODEL.pt|MODEL.pt2|DIR [--spec S.yaml] [--format text|json|dot|svg] [--stage i] [--out FILE]`.
 #include <CLI/CLI.hpp>
 
 #include <cerrno>
@@ -69,7 +69,9 @@ void addInspectCommand(CLI::App& app, int& exit_code) {
       "inspect",
       "Show a model or a split: the module tree of each stage (as PyTorch's print(pipe)) and the root dataflow "
       "(text), the DAG and partition (json), or the DAG coloured by stage (dot, svg).");
-  sub->add_option("path", options->path, "a TorchScript model file or a folder written by `pipeforge split`")->required();
+  sub->add_option("path", options->path,
+                  "a model file, TorchScript (.pt) or torch.export (.pt2), or a folder written by `pipeforge split`")
+      ->required();
   sub->add_option("--spec", options->spec, "split a model file in memory with this spec before showing it");
   sub->add_option("--format", options->format, "text | json | dot | svg")
       ->check(CLI::IsMember({"text", "json", "dot", "svg"}));

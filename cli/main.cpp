@@ -15,7 +15,8 @@
 int main(int argc, char** argv) {
   using namespace pipeforge::cli;
   CLI::App app{
-      "Pipeforge: turn a TorchScript model into pipeline-parallel stages and train them.\n"
+      "Pipeforge: turn a PyTorch model, TorchScript (.pt, from torch.jit.script/trace) or torch.export "
+      "(.pt2, from torch.export.save), into pipeline-parallel stages and train them.\n"
       "Typical flow: pipeforge split model.pt --spec split.yaml --out stages/; "
       "pipeforge inspect stages/; pipeforge train --config train.yaml --nproc 2; "
       "pipeforge eval --config train.yaml; pipeforge generate CKPT --model model.pt --prompt \"...\" --tokens 64; "

@@ -26,12 +26,15 @@
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "cli/run_guarded.h"
+#include "cli/schedule_memory.h"
+#include "cli/usage_error.h"
 #include "schedules/auto_schedule.h"
 #include "schedules/chrome_trace.h"
 #include "schedules/cost_model.h"
 #include "schedules/csv.h"
 #include "schedules/format_grid.h"
 #include "schedules/generate.h"
+#include "schedules/grid_legend.h"
 #include "schedules/lower.h"
 #include "schedules/program.h"
 #include "schedules/simulate_cost.h"
@@ -54,8 +57,8 @@ struct ScheduleOptions {
   std::string format = "compute_only";
   std::string costs;
   std::string cost_file;
-  std::optional<double> mem_limit;
-  std::optional<double> act_mem;
+  std::string mem_limit;  // a number in act_mem's unit, or bytes ("8GiB")
+  std::string act_mem;    // a number (1: one microbatch's activations on one stage), or bytes ("512MiB")
   std::optional<double> w_share;
   std::string layout = "loop";
   double time_unit_us = 1000.0;
@@ -64,12 +67,6 @@ struct ScheduleOptions {
   std::string csv;
   std::string trace;
   std::string svg;
-};
-
-// A mistake on the command line: reported as such, exit code 2 (user input
-// that the command catches itself, before runGuarded maps codes).
-struct UsageError : Error {
-  explicit UsageError(const std::string& message) : Error(ErrorCode::kUserInput, message) {}
 };
 
 std::string lowercase(std::string text) {
@@ -91,7 +88,7 @@ void writeOutput(const std::string& path, const std::string& text, const char* w
   }
 }
 
-std::optional<sch::CostModel> readCosts(const ScheduleOptions& o, int num_stages) {
+std::optional<sch::CostModel> readCosts(const ScheduleOptions& o, const MemoryOptions& memory, int num_stages) {
   std::optional<sch::CostModel> costs;
   if (!o.costs.empty()) {
     try {
@@ -116,13 +113,13 @@ std::optional<sch::CostModel> readCosts(const ScheduleOptions& o, int num_stages
       throw sch::ScheduleError(fmt::format("--cost-file '{}': {}", o.cost_file, e.what()));
     }
   }
-  if (!costs && (o.act_mem || o.w_share || o.mem_limit)) {
+  if (!costs && (memory.act_mem || o.w_share || memory.mem_limit)) {
     // Memory questions need activation sizes; the default costs are unit ones.
     costs = sch::CostModel::uniform(1.0, 1.0, 1.0, 0.0);
   }
   if (costs) {
-    if (o.act_mem) {
-      for (auto& stage : costs->stages) stage.activation_memory = *o.act_mem;
+    if (memory.act_mem) {
+      for (auto& stage : costs->stages) stage.activation_memory = *memory.act_mem;
     }
     if (o.w_share) costs->weight_memory_share = *o.w_share;
     costs->check(num_stages);
@@ -131,18 +128,18 @@ std::optional<sch::CostModel> readCosts(const ScheduleOptions& o, int num_stages
 }
 
 // All values for a few ranks; min and max (with their ranks) for many.
-std::string joinNumbers(const std::vector<double>& values, const char* format) {
+template <typename Format>
+std::string joinNumbers(const std::vector<double>& values, Format format) {
   if (values.size() > 16) {
     const auto lo = std::min_element(values.begin(), values.end());
     const auto hi = std::max_element(values.begin(), values.end());
-    return fmt::format("min {} (rank {}), max {} (rank {})", fmt::format(fmt::runtime(format), *lo),
-                       lo - values.begin(), fmt::format(fmt::runtime(format), *hi),
+    return fmt::format("min {} (rank {}), max {} (rank {})", format(*lo), lo - values.begin(), format(*hi),
                        hi - values.begin());
   }
   std::string out;
   for (std::size_t r = 0; r < values.size(); ++r) {
-    if (r) out += " ";
-    out += fmt::format(fmt::runtime(format), values[r]);
+    if (r) out += ", ";
+    out += format(values[r]);
   }
   return out;
 }
@@ -170,6 +167,8 @@ int runSchedule(const ScheduleOptions& o) {
     throw UsageError("give --costs or --cost-file, not both");
   }
 
+  const MemoryOptions memory = readMemoryOptions(o.act_mem, o.mem_limit, !o.cost_file.empty());
+
   sch::Program program;
   std::string title;
   std::optional<sch::CostModel> costs;
@@ -188,7 +187,7 @@ int runSchedule(const ScheduleOptions& o) {
           o.stages, o.ranks, below, below + o.ranks));
     }
     const int per_rank = o.stages / o.ranks;
-    costs = readCosts(o, o.stages);
+    costs = readCosts(o, memory, o.stages);
     is_auto = lowercase(o.name) == sch::kAutoScheduleName;
     if (is_auto) {
       sch::AutoScheduleConfig config;
@@ -197,19 +196,22 @@ int runSchedule(const ScheduleOptions& o) {
       config.num_microbatches = o.microbatches;
       config.layout = o.layout == "v" ? sch::StageLayout::kV : sch::StageLayout::kLoop;
       config.costs = costs.value_or(sch::CostModel::uniform(1.0, 1.0, 1.0, 0.0));
-      config.memory_limit = o.mem_limit;
+      config.memory_limit = memory.mem_limit;
       const sch::AutoScheduleResult result = sch::autoSchedule(config);
       program = result.program;
       std::cout << fmt::format("auto: {} ({} layout), simulated makespan {:.4g} with {}\n",
                                result.origin, o.layout, result.simulation.makespan,
                                sch::describeCostModel(config.costs));
+      // Without --mem-limit every named schedule of this layout competes.
+      const std::string within =
+          memory.mem_limit ? fmt::format(" within --mem-limit {}", memory.unit.format(*memory.mem_limit)) : "";
       if (result.best_named) {
-        std::cout << fmt::format(
-            "      best named schedule within the memory limit: {} at {:.4g} ({:+.2f}%)\n",
-            *result.best_named, *result.best_named_makespan,
-            100.0 * (result.simulation.makespan / *result.best_named_makespan - 1.0));
+        std::cout << fmt::format("      best named schedule{}: {} at {:.4g} ({:+.2f}%)\n", within,
+                                 *result.best_named, *result.best_named_makespan,
+                                 100.0 * (result.simulation.makespan / *result.best_named_makespan - 1.0));
       } else {
-        std::cout << "      no named schedule fits this layout and memory limit\n";
+        std::cout << fmt::format("      no named schedule has this layout{}\n",
+                                 memory.mem_limit ? " and fits --mem-limit" : "");
       }
       title = fmt::format("auto ({}), {} ranks, {} per rank, {} microbatches", result.origin,
                           o.ranks, plural(per_rank, "stage"), o.microbatches);
@@ -255,7 +257,7 @@ int runSchedule(const ScheduleOptions& o) {
       throw UsageError("--lower turns a compute_only schedule into a compute_comms one; "
                        + o.load + " is loaded as compute_comms already");
     }
-    costs = readCosts(o, program.num_stages);
+    costs = readCosts(o, memory, program.num_stages);
     title = fmt::format("{} ({} ranks, {} stages, {} microbatches)", o.load, program.num_ranks,
                         program.num_stages, program.num_microbatches);
   }
@@ -266,7 +268,11 @@ int runSchedule(const ScheduleOptions& o) {
     program = sch::lowerForExecution(program);
     title += ", lowered";
   }
-  std::cout << title << "\n" << sch::formatGrid(program);
+  std::size_t grid_rows = 0;
+  for (const auto& rank : program.actions) grid_rows = std::max(grid_rows, rank.size());
+  std::cout << title << "\n"
+            << "step grid (each rank's actions in list order; a blank cell: the rank idles that step):\n"
+            << sch::formatGrid(program) << sch::formatGridLegend(program.actions);
 
   // --- simulation ----------------------------------------------------------------
   std::optional<sch::CostSimulation> timed;
@@ -274,27 +280,36 @@ int runSchedule(const ScheduleOptions& o) {
   if (o.simulate) {
     const sch::Program lowered = !sch::isComputeOnly(program) ? program : sch::lowerForExecution(program);
     const sch::UnitSimulation unit = sch::simulateUnit(lowered);
-    std::cout << fmt::format("unit-time simulation: {} steps{}\n", unit.num_steps,
-                             !sch::isComputeOnly(program) ? "" : " (after lowering to SEND/RECV)");
+    // The grid lists actions; the simulation counts time steps of the lowered
+    // program, where every SEND and RECV takes a step of its own and a rank
+    // waits while its input is on the way, so it is longer than the grid.
+    const bool compute_only = sch::isComputeOnly(program);
+    std::cout << fmt::format(
+        "unit-time simulation: {} steps, of the schedule{} (as PyTorch's _simulate_comms_compute):\n"
+        "  in each step a rank runs one action, compute or SEND/RECV, or waits for an input;\n"
+        "  the grid above has {} rows: {}\n",
+        unit.num_steps, compute_only ? " lowered to SEND/RECV" : "", grid_rows,
+        compute_only ? "compute actions only, without SEND/RECV or waits" : "the same actions, without waits");
     if (timed) {
       std::cout << fmt::format("cost simulation ({}):\n", sch::describeCostModel(*costs));
-      std::cout << fmt::format("  makespan        {:.6g}\n", timed->makespan);
-      std::cout << fmt::format("  bubble          {:.4f} overall; per rank {}\n",
+      std::cout << fmt::format("  makespan        {:.6g} (in the unit of the costs)\n", timed->makespan);
+      std::cout << fmt::format("  bubble          {:.4f} overall (idle share of ranks x makespan); per rank {}\n",
                                timed->totalBubbleFraction(),
-                               joinNumbers(timed->bubble_fraction, "{:.4f}"));
-      std::cout << fmt::format("  peak memory     per rank {}\n",
-                               joinNumbers(timed->peak_memory, "{:.4g}"));
+                               joinNumbers(timed->bubble_fraction, [](double v) { return fmt::format("{:.4f}", v); }));
+      std::cout << fmt::format("  peak memory     per rank {}{}\n",
+                               joinNumbers(timed->peak_memory, [&](double v) { return memory.unit.format(v); }),
+                               memory.unit.bytes ? "" : " " + memory.unit.name);
     } else {
       std::cout << "  (give --costs F,I,W[,C] for the makespan, bubbles and peak memory)\n";
     }
   }
-  if (timed && o.mem_limit && !is_auto) {
+  if (timed && memory.mem_limit && !is_auto) {
     for (std::size_t r = 0; r < timed->peak_memory.size(); ++r) {
-      if (timed->peak_memory[r] > *o.mem_limit + 1e-9) {
+      if (timed->peak_memory[r] > *memory.mem_limit + 1e-9) {
         throw sch::ScheduleError(fmt::format(
-            "the schedule peaks at {:.4g} activation memory on rank {}, above --mem-limit "
-            "{:.4g}; choose another schedule, more microbatch memory, or --name auto",
-            timed->peak_memory[r], r, *o.mem_limit));
+            "the schedule peaks at {} of activation memory on rank {}, above --mem-limit {}; choose "
+            "another schedule, more microbatch memory, or --name auto",
+            memory.unit.format(timed->peak_memory[r]), r, memory.unit.format(*memory.mem_limit)));
       }
     }
   }
@@ -340,8 +355,11 @@ void addScheduleCommand(CLI::App& app, int& exit_code) {
       "  pipeforge schedule --name auto --ranks 4 --stages 8 --microbatches 16 "
       "--costs 1,1.3,0.7,0.1 --mem-limit 8 --svg auto.svg\n"
       "  pipeforge schedule --load sched.csv --format compute_only --lower --csv lowered.csv\n"
-      "Times are in the unit of --costs (read as milliseconds in traces); memory is in "
-      "activations of one microbatch on one stage (--act-mem).");
+      "Times are in the unit of --costs (read as milliseconds in traces). Memory is in "
+      "microbatch activations (1 = one microbatch's activations on one stage), in --act-mem's unit, "
+      "or in bytes when --act-mem has a byte unit (--act-mem 512MiB --mem-limit 8GiB).\n"
+      "The grid shows each rank's actions in list order; the unit-time simulation counts steps "
+      "of the schedule lowered to SEND/RECV, where messages and waits take steps too.");
   sub->add_option("--name", o->name,
                   fmt::format("schedule: {}, or auto (search for the fastest under --costs and --mem-limit)",
                               fmt::join(schedules::scheduleNames(), ", ")));
@@ -358,9 +376,10 @@ void addScheduleCommand(CLI::App& app, int& exit_code) {
                   "per-stage costs as JSON ({\"stages\": [{\"forward\": 1, ...}], "
                   "\"comm_latency\": 0.1})");
   sub->add_option("--mem-limit", o->mem_limit,
-                  "peak activation memory per rank: auto stays below it, a named schedule "
-                  "above it is an error");
-  sub->add_option("--act-mem", o->act_mem, "activation memory of one microbatch on a stage (1)");
+                  "peak activation memory per rank, in --act-mem's unit (bytes: 8GiB): auto stays below "
+                  "it, a named schedule above it is an error");
+  sub->add_option("--act-mem", o->act_mem,
+                  "activation memory of one microbatch on a stage: a number (default 1) or bytes (512MiB)");
   sub->add_option("--w-share", o->w_share,
                   "share of that memory kept from I until W when the backward is split (0.5)");
   sub->add_option("--layout", o->layout, "stage layout for --name auto: loop (default) or v");

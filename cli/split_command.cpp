@@ -1,4 +1,4 @@
-// `pipeforge split MODEL.pt [--spec SPEC.yaml] --out DIR`.
+// `pipeforge split MODEL.pt|MODEL.pt2 [--spec SPEC.yaml] --out DIR [--force]`.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -17,11 +17,12 @@ void addSplitCommand(CLI::App& app, int& exit_code) {
   auto spec = std::make_shared<std::string>();
   auto* sub = app.add_subcommand(
       "split",
-      "Split a TorchScript model (.pt from torch.jit.script/trace) into pipeline stages.\n"
-      "Writes DIR/stage_<i>.pt (one module per stage, original parameter names kept) and DIR/pipe.json "
-      "(the dataflow between stages). Cut points come from --spec (split_points, num_stages + policy) "
-      "and from pipe_split() markers in forward.");
-  sub->add_option("model", request->model_path, "TorchScript model file")->required();
+      "Split a PyTorch model into pipeline stages: a TorchScript .pt (torch.jit.script/trace) or a "
+      "torch.export .pt2 (torch.export.save).\n"
+      "Writes DIR/stage_<i>.pt (stage_<i>.pt2 for a .pt2 model; one module per stage, original parameter names "
+      "kept) and DIR/pipe.json (the dataflow between stages). Cut points come from --spec (split_points, "
+      "num_stages + policy) and from pipe_split() markers in forward.");
+  sub->add_option("model", request->model_path, "model file: TorchScript (.pt) or torch.export (.pt2)")->required();
   sub->add_option("--spec", *spec, "split spec YAML (see configs/split_*.yaml); optional with pipe_split() markers");
   sub->add_option("--out", request->out_dir, "output folder (must not exist unless --force)")->required();
   sub->add_flag("--force", request->force, "replace an existing output folder");

@@ -55,6 +55,78 @@ TEST(ScheduleCli, WritesTraceAndSvgWithCosts) {
   std::filesystem::remove_all(dir);
 }
 
+// The grid counts each rank's actions; the unit-time simulation counts steps
+// of the lowered schedule. The output says which is which and explains cells.
+TEST(ScheduleCli, GridAndUnitSimulationSayWhatTheyCount) {
+  auto r = testing::runCommand(pf() + " schedule --name ZBVZeroBubble --ranks 4 --stages 8 --microbatches 8 --simulate");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const std::string expected : {
+           "step grid (each rank's actions in list order; a blank cell: the rank idles that step):\n",
+           "Step 50:                         3W7    \n",
+           "cells: <stage><action><microbatch>, e.g. 0F1 = stage 0, action F, microbatch 1\n"
+           "  F  forward\n"
+           "  I  backward, input gradient only (sent to the previous stage)\n"
+           "  W  backward, weight gradient only (may wait, to fill idle time)\n",
+           "unit-time simulation: 124 steps, of the schedule lowered to SEND/RECV",
+           "  in each step a rank runs one action, compute or SEND/RECV, or waits for an input;\n"
+           "  the grid above has 51 rows: compute actions only, without SEND/RECV or waits\n",
+       }) {
+    EXPECT_NE(r.output.find(expected), std::string::npos) << "missing:\n" << expected << "\nin:\n" << r.output;
+  }
+}
+
+TEST(ScheduleCli, LoweredGridLegendNamesMessages) {
+  auto r = testing::runCommand(pf() + " schedule --name 1F1B --ranks 2 --stages 2 --microbatches 2 --lower --simulate");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("  SEND_F  send the forward output to the next stage\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the grid above has"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rows: the same actions, without waits\n"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("lowered to SEND/RECV"), std::string::npos) << r.output;
+}
+
+TEST(ScheduleCli, AutoNamesTheMemoryLimitOnlyWhenThereIsOne) {
+  const std::string auto_cmd = pf() + " schedule --name auto --ranks 4 --stages 8 --microbatches 8 --costs 1,1.3,0.7,0.1";
+  auto unlimited = testing::runCommand(auto_cmd);
+  EXPECT_EQ(unlimited.exit_code, 0) << unlimited.output;
+  EXPECT_NE(unlimited.output.find("      best named schedule: "), std::string::npos) << unlimited.output;
+  EXPECT_EQ(unlimited.output.find("limit"), std::string::npos) << unlimited.output;
+
+  auto limited = testing::runCommand(auto_cmd + " --mem-limit 12");
+  EXPECT_EQ(limited.exit_code, 0) << limited.output;
+  EXPECT_NE(limited.output.find("      best named schedule within --mem-limit 12: "), std::string::npos)
+      << limited.output;
+}
+
+TEST(ScheduleCli, PeakMemoryHasAUnit) {
+  struct Case {
+    std::string args;
+    std::string expected;
+  };
+  const std::string zbv = " --name ZBVZeroBubble --ranks 2 --stages 4 --microbatches 4 --costs 1,1,1 --simulate";
+  const std::vector<Case> cases = {
+      {zbv, "  peak memory     per rank 4, 4 microbatch activations (1 = one microbatch's activations on one stage)\n"},
+      {zbv + " --act-mem 2.5", "  peak memory     per rank 10, 10 in the unit of --act-mem (one microbatch on one stage = 2.5)\n"},
+      {zbv + " --act-mem 512MiB", "  peak memory     per rank 2 GiB, 2 GiB\n"},
+      {zbv + " --act-mem 512MiB --mem-limit 8GiB", "  peak memory     per rank 2 GiB, 2 GiB\n"},
+  };
+  for (const auto& c : cases) {
+    auto r = testing::runCommand(pf() + " schedule" + c.args);
+    EXPECT_EQ(r.exit_code, 0) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.expected), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find("  makespan        "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(" (in the unit of the costs)\n"), std::string::npos) << r.output;
+  }
+}
+
+TEST(ScheduleCli, MemoryLimitAboveThePeakNamesBothInBytes) {
+  auto r = testing::runCommand(pf() + " schedule --name GPipe --ranks 2 --stages 2 --microbatches 8 --costs 1,1,1 "
+                                      "--act-mem 1GiB --mem-limit 4GiB");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("the schedule peaks at 8 GiB of activation memory on rank 0, above --mem-limit 4 GiB"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(ScheduleCli, BadInputIsAClearErrorWithNonZeroExit) {
   struct Case {
     std::string args;
@@ -67,6 +139,11 @@ TEST(ScheduleCli, BadInputIsAClearErrorWithNonZeroExit) {
       {"--name ZBVZeroBubble --ranks 2 --stages 6 --microbatches 4", 1, "2 stages per rank"},
       {"--load /etc/hostname --format compute_only", 1, "expected <stage><TYPE>[<microbatch>]"},
       {"--load /nonexistent.csv --format compute_only", 1, "/nonexistent.csv"},
+      {"--name auto --ranks 2 --stages 2 --microbatches 2 --mem-limit 8GiB", 2,
+       "--mem-limit 8GiB is a size in bytes, so the simulator needs the activation memory in bytes too"},
+      {"--name auto --ranks 2 --stages 2 --microbatches 2 --act-mem 1GiB --mem-limit 8", 2,
+       "--act-mem 1GiB is in bytes, but --mem-limit 8 has no unit"},
+      {"--name auto --ranks 2 --stages 2 --microbatches 2 --act-mem lots", 2, "--act-mem lots: expected a positive"},
   };
   for (const auto& c : cases) {
     auto r = testing::runCommand(pf() + " schedule " + c.args);
