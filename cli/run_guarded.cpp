@@ -21,6 +21,7 @@ int runGuarded(std::string_view command, const std::function<int()>& body) {
     // Anything that is not a pipeforge::Error (a torch error no layer
     // recognised, ...) is reported as it is, as internal (codeOf).
     std::cerr << "pipeforge " << command << ": error: " << e.what() << "\n";
+    if (codeOf(e) == ErrorCode::kUsage) std::cerr << "Run `pipeforge " << command << " --help` for usage.\n";
     return exitStatusFor(codeOf(e));
   } catch (...) {
     std::cerr << "pipeforge " << command << ": error: unknown failure\n";

@@ -392,15 +392,7 @@ void addScheduleCommand(CLI::App& app, int& exit_code) {
   sub->add_option("--trace", o->trace, "write a Chrome/Perfetto trace (JSON)");
   sub->add_option("--svg", o->svg, "write an SVG timeline");
   sub->callback([o, &exit_code] {
-    exit_code = runGuarded("schedule", [&] {
-      try {
-        return runSchedule(*o);
-      } catch (const UsageError& e) {
-        std::cerr << "pipeforge schedule: error: " << e.what() << "\n"
-                  << "Run `pipeforge schedule --help` for usage.\n";
-        return kExitUsage;
-      }
-    });
+    exit_code = runGuarded("schedule", [&] { return runSchedule(*o); });  // UsageError: exit 2
   });
 }
 

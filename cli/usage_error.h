@@ -7,10 +7,10 @@
 
 namespace pipeforge::cli {
 
-// A mistake on the command line: reported as such, exit code 2 (user input
-// that the command catches itself, before runGuarded maps codes).
+// A mistake on the command line that CLI11 could not see (a bad value, a
+// combination of options): ErrorCode::kUsage, so runGuarded exits 2.
 struct UsageError : Error {
-  explicit UsageError(const std::string& message) : Error(ErrorCode::kUserInput, message) {}
+  explicit UsageError(const std::string& message) : Error(ErrorCode::kUsage, message) {}
 };
 
 }  // namespace pipeforge::cli

@@ -45,7 +45,8 @@ TEST(CliExitStatus, EachErrorCodeHasItsStatus) {
                         Case{ErrorCode::kUsage, kExitUsage}}) {
     Guarded g = guarded([&] { throw Error(c.code, "the message").addContext("the context"); });
     EXPECT_EQ(g.status, c.status) << errorCodeName(c.code);
-    EXPECT_EQ(g.printed, "pipeforge test: error: the context: the message\n");
+    EXPECT_EQ(g.printed, std::string("pipeforge test: error: the context: the message\n") +
+                             (c.code == ErrorCode::kUsage ? "Run `pipeforge test --help` for usage.\n" : ""));
   }
   EXPECT_EQ(kExitFailure, 1);
   EXPECT_EQ(kExitIo, 3);
