@@ -131,6 +131,7 @@ std::string manifestToJson(const PipeManifest& m) {
     }
     j["input_dims"] = std::move(inputs);
   }
+  if (!m.input_meta.empty()) j["input_meta"] = m.input_meta;
   if (!m.constant_inputs.empty()) {
     json constants = json::object();
     for (const auto& [name, value] : m.constant_inputs) constants[name] = json::parse(value);
@@ -193,6 +194,11 @@ PipeManifest manifestFromJson(const std::string& text, const std::string& origin
         throw ManifestError("input_dims lists " + std::to_string(m.input_dims.size()) + " inputs but the model has " +
                             std::to_string(m.inputs.size()) + "; re-run `pipeforge split`");
       }
+    }
+    m.input_meta = j.value("input_meta", std::vector<std::string>{});
+    if (!m.input_meta.empty() && m.input_meta.size() != m.inputs.size()) {
+      throw ManifestError("input_meta lists " + std::to_string(m.input_meta.size()) + " inputs but the model has " +
+                          std::to_string(m.inputs.size()) + "; re-run `pipeforge split`");
     }
     if (j.contains("constant_inputs")) {
       const json& constants = j.at("constant_inputs");

@@ -11,6 +11,7 @@
 //    "tied": [["wte.weight", "lm_head.weight"]],
 //    "unused": ["aux_head.weight"],
 //    "input_dims": [[[4, 4], [2, null]]],   (.pt2 only: [min, max] per dimension)
+//    "input_meta": ["float32[8, 16]"],      (only when the spec gave example_inputs)
 //    "constant_inputs": {"scale": 2.0}}     (only when forward took non-tensor arguments)
 #pragma once
 
@@ -48,7 +49,8 @@ struct StageInfo {
   int num_outputs = 0;               // forward always returns a tuple of this size
   std::vector<std::string> parameters;  // original FQNs held by the stage
   std::vector<std::string> buffers;     // original FQNs held by the stage
-  // Optional, from shape propagation: "float32[8, 16]" per output.
+  // Optional, from shape propagation: "float32[8, 16]" per output
+  // (stage/value_meta.h; splits before it wrote c10's "Float[8, 16]").
   std::vector<std::string> output_meta;
   // SHA-256 of the stage file (Note [File digests]); empty in older manifests.
   std::string sha256;
@@ -81,6 +83,9 @@ struct PipeManifest {
   // Per model input, the sizes it accepts per dimension, when the model says
   // (a .pt2); empty for TorchScript models, which take any size.
   std::vector<std::vector<InputDim>> input_dims;
+  // Per model input, "int64[8, 128]": the example input the split ran when
+  // the spec gave example_inputs (stage/value_meta.h); empty otherwise.
+  std::vector<std::string> input_meta;
   // The non-tensor forward arguments baked into the stages as constants, not
   // in `inputs` (Note [Constant inputs]): name -> value as JSON text ("2.0",
   // "true", "[2, 3]", "null", "\"mean\""). Empty in older manifests.
@@ -89,7 +94,7 @@ struct PipeManifest {
   friend bool operator==(const PipeManifest& a, const PipeManifest& b) {
     return a.num_stages == b.num_stages && a.source == b.source && a.inputs == b.inputs &&
            a.outputs == b.outputs && a.stages == b.stages && a.tied == b.tied && a.unused == b.unused &&
-           a.input_dims == b.input_dims && a.constant_inputs == b.constant_inputs;
+           a.input_dims == b.input_dims && a.input_meta == b.input_meta && a.constant_inputs == b.constant_inputs;
   }
 };
 

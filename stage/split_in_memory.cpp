@@ -13,6 +13,7 @@
 #include "partitioner/policy_search.h"
 #include "stage/constant_inputs.h"
 #include "stage/run_chained.h"
+#include "stage/value_meta.h"
 
 namespace pipeforge::stage {
 namespace {
@@ -58,9 +59,9 @@ at::ScalarType dtypeOf(const std::string& name) {
   PIPEFORGE_FAIL("unhandled Dtype");
 }
 
+// "float32[6, 8]" (stage/value_meta.h).
 std::string metaOf(const at::Tensor& t) {
-  std::string dtype = c10::toString(t.scalar_type());
-  return fmt::format("{}[{}]", dtype, fmt::join(t.sizes(), ", "));
+  return formatValueMeta({canonicalDtypeName(c10::toString(t.scalar_type())), t.sizes().vec()});
 }
 
 // Stage modules share their tensors with the model. Running them on example
@@ -71,6 +72,21 @@ std::vector<torch::jit::Module> privateCopies(const std::vector<torch::jit::Modu
   copies.reserve(modules.size());
   for (const auto& m : modules) copies.push_back(m.deepcopy());
   return copies;
+}
+
+// Runs the example inputs through private copies of the stages and records
+// the dtype and shape of every model input and stage output in the manifest.
+void recordValueMeta(BuiltStages& stages, const partitioner::SplitSpec& spec) {
+  if (spec.example_inputs.empty()) return;
+  torch::NoGradGuard no_grad;
+  std::vector<c10::IValue> inputs = makeExampleInputs(spec);
+  for (const auto& in : inputs) stages.manifest.input_meta.push_back(metaOf(in.toTensor()));
+  std::vector<std::vector<at::Tensor>> outs;
+  std::vector<torch::jit::Module> copies = privateCopies(stages.modules);
+  runChained(copies, stages.manifest, inputs, nullptr, &outs);
+  for (size_t k = 0; k < outs.size(); ++k) {
+    for (const auto& t : outs[k]) stages.manifest.stages[k].output_meta.push_back(metaOf(t));
+  }
 }
 
 // Each unit as its own stage, timed on the example inputs (best of 3 after a warm-up).
@@ -149,15 +165,7 @@ SplitResult splitInMemory(const torch::jit::Module& given_model, const partition
       });
   BuiltStages stages = buildStages(best.opened, best.dag, best.partition);
   stages.manifest.constant_inputs = std::move(constants);
-  if (!spec.example_inputs.empty()) {
-    torch::NoGradGuard no_grad;
-    std::vector<std::vector<at::Tensor>> outs;
-    std::vector<torch::jit::Module> copies = privateCopies(stages.modules);
-    runChained(copies, stages.manifest, makeExampleInputs(spec), nullptr, &outs);
-    for (int k = 0; k < best.partition.num_stages; ++k) {
-      for (const auto& t : outs[k]) stages.manifest.stages[k].output_meta.push_back(metaOf(t));
-    }
-  }
+  recordValueMeta(stages, spec);
   return SplitResult{std::move(best.opened), std::move(best.dag), std::move(best.partition), std::move(stages)};
 }
 

@@ -27,7 +27,7 @@ TEST(InspectJson, HoldsEveryStageDagAndTheCrossEdgesWithShapes) {
   for (const auto& e : j["cross_stage_edges"]) {
     if (e["from_stage"] == 0 && e["to_stage"] == 2) {
       skip_edge = true;
-      EXPECT_EQ(e["meta"], "Float[6, 8]");
+      EXPECT_EQ(e["meta"], "float32[6, 8]");
     }
   }
   EXPECT_TRUE(skip_edge);
