@@ -44,6 +44,8 @@ int runInspect(const InspectOptions& o) {
       text = inspect::stageText(view, *only);
     } else {
       text = inspect::moduleTree(view) + "\n" + inspect::rootDataflow(view);
+      const std::string boundaries = inspect::stageBoundaries(view);
+      if (!boundaries.empty()) text += "\n" + boundaries;
       if (!view.balance.empty()) text += "\n" + view.balance + "\n";
     }
   } else if (o.format == "json") {

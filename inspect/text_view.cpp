@@ -7,6 +7,9 @@
 #include <map>
 #include <sstream>
 
+#include "inspect/pipe_values.h"
+#include "stage/value_meta.h"
+
 namespace pipeforge::inspect {
 namespace {
 
@@ -40,9 +43,23 @@ void printTree(const torch::jit::Module& m, int depth, std::ostringstream& out) 
 }
 
 std::string valueName(const PipeView& view, const stage::ValueSource& src) {
-  if (src.kind == stage::ValueSource::Kind::kInput) return view.manifest.inputs.at(src.index);
-  if (view.manifest.stages.at(src.stage).num_outputs == 1) return fmt::format("stage_{}", src.stage);
-  return fmt::format("stage_{}_{}", src.stage, src.index);
+  return inspect::valueName(view.manifest, src);
+}
+
+// "x" or, with recorded meta, `x: "float32[6, 8]"` (as FX prints annotated code).
+std::string annotatedInput(const PipeView& view, int index) {
+  const stage::ValueSource input{stage::ValueSource::Kind::kInput, -1, index};
+  const std::string meta = recordedMeta(view.manifest, input);
+  const std::string name = valueName(view, input);
+  if (meta.empty()) return name;
+  auto parsed = stage::parseValueMeta(meta);
+  return name + ": \"" + (parsed ? stage::formatValueMeta(*parsed) : meta) + "\"";
+}
+
+// "stage_0_1: float32[6, 8] (192 B)", or the bare name without recorded meta.
+std::string describedValue(const PipeView& view, const stage::ValueSource& src) {
+  const std::string described = describeValue(view.manifest, src);
+  return valueName(view, src) + (described.empty() ? "" : ": " + described);
 }
 
 }  // namespace
@@ -61,7 +78,9 @@ std::string moduleTree(const PipeView& view) {
 std::string rootDataflow(const PipeView& view) {
   const auto& m = view.manifest;
   std::ostringstream out;
-  out << "def forward(self, " << fmt::format("{}", fmt::join(m.inputs, ", ")) << "):\n";
+  std::vector<std::string> params;
+  for (size_t i = 0; i < m.inputs.size(); ++i) params.push_back(annotatedInput(view, static_cast<int>(i)));
+  out << "def forward(self, " << fmt::format("{}", fmt::join(params, ", ")) << "):\n";
   if (!m.constant_inputs.empty()) {
     // Note [Constant inputs]: arguments the split baked in, as pipe.json records them.
     std::vector<std::string> baked;
@@ -92,10 +111,45 @@ std::string rootDataflow(const PipeView& view) {
   return out.str();
 }
 
+std::string stageBoundaries(const PipeView& view) {
+  const auto& m = view.manifest;
+  if (m.num_stages < 2) return "";
+  bool any_meta = false;
+  for (const auto& s : m.stages) any_meta = any_meta || !s.output_meta.empty();
+  if (!any_meta) {
+    return "# values crossing each stage boundary: no shapes recorded; give the split spec example_inputs to see "
+           "them\n";
+  }
+  std::ostringstream out;
+  out << "# values crossing each stage boundary (dtype and shape from example_inputs):\n";
+  for (int after = 0; after + 1 < m.num_stages; ++after) {
+    int64_t total = 0;
+    bool total_known = true;
+    for (const CrossingValue& c : valuesCrossing(m, after)) {
+      const std::string to = c.to == m.num_stages ? "output" : fmt::format("stage {}", c.to);
+      out << fmt::format("#   {}|{}  {}  (stage {} -> {})\n", after, after + 1, describedValue(view, c.value),
+                         c.value.stage, to);
+      auto bytes = recordedBytes(m, c.value);
+      total += bytes.value_or(0);
+      total_known = total_known && bytes.has_value();
+    }
+    out << fmt::format("#   {}|{}  total {}{} B\n", after, after + 1, total_known ? "" : "at least ", total);
+  }
+  return out.str();
+}
+
 std::string stageText(const PipeView& view, int stage) {
   std::ostringstream out;
   out << "stage_" << stage << ": ";
   printTree(view.stages.at(stage), 0, out);
+  const auto& info = view.manifest.stages.at(stage);
+  std::vector<std::string> inputs, outputs;
+  for (const auto& in : info.inputs) inputs.push_back(describedValue(view, in));
+  for (int i = 0; i < info.num_outputs; ++i) {
+    outputs.push_back(describedValue(view, {stage::ValueSource::Kind::kStage, stage, i}));
+  }
+  out << "\ninputs:  " << fmt::format("{}", fmt::join(inputs, ", ")) << "\n";
+  out << "outputs: " << fmt::format("{}", fmt::join(outputs, ", ")) << "\n";
   out << "\n" << view.stages.at(stage).get_method("forward").function().getSchema() << "\n\n";
   out << view.stages.at(stage).get_method("forward").graph()->toString();
   return out.str();

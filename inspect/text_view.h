@@ -15,12 +15,20 @@ namespace pipeforge::inspect {
 //       (0): Layer( ...
 std::string moduleTree(const PipeView& view);
 
-// def forward(self, x):
+// def forward(self, x: "int64[8, 4]"):       (annotated when the split recorded shapes)
 //     stage_0 = self.stage_0(x);  x = None
 //     ...
 std::string rootDataflow(const PipeView& view);
 
-// One stage's tree and its TorchScript code.
+// What crosses each boundary between stages, with dtype, shape and bytes
+// when the split recorded them (the spec's example_inputs); "" for one stage.
+//
+// # values crossing each stage boundary (dtype and shape from example_inputs):
+// #   0|1  stage_0_0: float32[6, 8] (192 B)  (stage 0 -> stage 2)
+// #   0|1  total 192 B
+std::string stageBoundaries(const PipeView& view);
+
+// One stage's tree, its inputs and outputs (with recorded shapes) and its TorchScript code.
 std::string stageText(const PipeView& view, int stage);
 
 }  // namespace pipeforge::inspect

@@ -56,5 +56,45 @@ TEST(InspectText, SkipConnectionStaysAliveUntilItsLastReader) {
       << flow;
 }
 
+// Issue 24: the example inputs' shapes, recorded by the split, are shown.
+TEST(InspectText, ShapesOfTheInputsAndOfWhatCrossesEachBoundary) {
+  auto view = inspect::loadPipeView(
+      testing::zooModelPath("multi_io"),
+      writeSpec("split_points: {mid: BEGINNING, deep: BEGINNING, head: BEGINNING}\n"
+                "example_inputs: [{shape: [6, 8]}, {shape: [6, 8]}, {shape: [6, 8], dtype: int64, high: 2}]\n"));
+  const std::string flow = inspect::rootDataflow(view);
+  EXPECT_NE(flow.find("def forward(self, x: \"float32[6, 8]\", y: \"float32[6, 8]\", mask: \"int64[6, 8]\"):"),
+            std::string::npos)
+      << flow;
+  EXPECT_EQ(inspect::stageBoundaries(view),
+            "# values crossing each stage boundary (dtype and shape from example_inputs):\n"
+            "#   0|1  stage_0_0: float32[6, 8] (192 B)  (stage 0 -> stage 2)\n"
+            "#   0|1  stage_0_1: float32[6, 8] (192 B)  (stage 0 -> stage 1)\n"
+            "#   0|1  total 384 B\n"
+            "#   1|2  stage_0_0: float32[6, 8] (192 B)  (stage 0 -> stage 2)\n"
+            "#   1|2  stage_1: float32[6, 8] (192 B)  (stage 1 -> stage 2)\n"
+            "#   1|2  total 384 B\n"
+            "#   2|3  stage_2_0: float32[6, 8] (192 B)  (stage 2 -> stage 3)\n"
+            "#   2|3  stage_2_1: float32[6, 8] (192 B)  (stage 2 -> stage 3)\n"
+            "#   2|3  total 384 B\n");
+  const std::string stage2 = inspect::stageText(view, 2);
+  EXPECT_NE(stage2.find("inputs:  stage_0_0: float32[6, 8] (192 B), stage_1: float32[6, 8] (192 B)\n"),
+            std::string::npos)
+      << stage2;
+  EXPECT_NE(stage2.find("outputs: stage_2_0: float32[6, 8] (192 B), stage_2_1: float32[6, 8] (192 B)\n"),
+            std::string::npos)
+      << stage2;
+}
+
+TEST(InspectText, WithoutExampleInputsTheBoundariesSayHowToGetShapes) {
+  auto view = inspect::loadPipeView(testing::zooModelPath("seed_example"),
+                                    writeSpec("split_points:\n  layers.1: BEGINNING\n"));
+  EXPECT_EQ(inspect::stageBoundaries(view),
+            "# values crossing each stage boundary: no shapes recorded; give the split spec example_inputs to see "
+            "them\n");
+  auto whole = inspect::loadPipeView(testing::zooModelPath("seed_example"), std::nullopt);
+  EXPECT_EQ(inspect::stageBoundaries(whole), "") << "one stage has no boundary";
+}
+
 }  // namespace
 }  // namespace pipeforge
