@@ -1,0 +1,72 @@
+// `pipeforge inspect` as a user runs it (issue 24): the exit status, and the
+// values in what it prints or writes.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "tests/inspect/svg_labels.h"
+#include "tests/support/build_paths.h"
+#include "tests/support/run_command.h"
+#include "tests/support/zoo.h"
+
+namespace pipeforge {
+namespace {
+
+namespace fs = std::filesystem;
+
+class InspectCli : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::makeTempDir("pf-inspect-cli"); }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  testing::CommandResult pipeforge(const std::string& args) {
+    return testing::runCommand(std::string(PIPEFORGE_BINARY) + " " + args);
+  }
+  static std::string multiIo() {
+    return "inspect '" + testing::zooModelPath("multi_io") + "' --spec '" + std::string(PIPEFORGE_SOURCE_DIR) +
+           "/configs/split_multi_io.yaml'";
+  }
+  static std::string readFile(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
+  std::string dir_;
+};
+
+TEST_F(InspectCli, TextShowsTheInputShapesAndWhatCrossesEachBoundary) {
+  auto r = pipeforge(multiIo());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("def forward(self, x: \"float32[6, 8]\", y: \"float32[6, 8]\", mask: \"int64[6, 8]\"):"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("#   0|1  stage_0_0: float32[6, 8] (192 B)  (stage 0 -> stage 2)\n"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("#   2|3  total 384 B\n"), std::string::npos) << r.output;
+}
+
+TEST_F(InspectCli, SvgLabelsCarryShapesAndDoNotCrowdEachOther) {
+  const std::string out = dir_ + "/pipe.svg";
+  auto r = pipeforge(multiIo() + " --format svg --out '" + out + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "") << "--out writes the file, not standard output";
+  const auto boxes = testing::svgLabelBoxes(readFile(out));
+  std::vector<std::string> inputs;
+  for (const auto& b : boxes) {
+    if (b.title.rfind("in_", 0) == 0) inputs.push_back(b.text);
+  }
+  EXPECT_EQ(inputs, (std::vector<std::string>{"x|float32[6, 8]|192 B", "y|float32[6, 8]|192 B",
+                                              "mask|int64[6, 8]|384 B"}));
+  const auto crowded = testing::crowdedLabels(boxes, 4.0);
+  EXPECT_TRUE(crowded.empty()) << crowded.front();
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    EXPECT_EQ(entry.path().filename(), "pipe.svg") << "written atomically: no temporary left behind";
+  }
+}
+
+}  // namespace
+}  // namespace pipeforge
