@@ -5,16 +5,23 @@
 #include <torch/script.h>
 
 #include <map>
+#include <optional>
 #include <sstream>
 
+#include "frontend/pt2_import.h"
 #include "inspect/pipe_values.h"
 #include "stage/value_meta.h"
 
 namespace pipeforge::inspect {
 namespace {
 
+bool classNotRecorded(const torch::jit::Module& m) {
+  return m.type()->name() && m.type()->name()->name().rfind(frontend::kPt2ClassNotRecorded, 0) == 0;
+}
+
 // The class name users wrote ("Linear"), not the qualified TorchScript name.
 std::string className(const torch::jit::Module& m) {
+  if (classNotRecorded(m)) return "Module";
   std::string name = m.type()->name() ? m.type()->name()->name() : "Module";
   // Stage containers are Stage<k>_<path>: show them as PyTorch shows plain containers.
   if (name.rfind("Stage", 0) == 0 && name.find('_') != std::string::npos) return "Module";
@@ -23,16 +30,52 @@ std::string className(const torch::jit::Module& m) {
   return mangle == std::string::npos ? name : name.substr(0, mangle);
 }
 
+// Why a module prints without its class: a .pt2 records none for a module
+// forward never calls (frontend/pt2_import.h); "" for every other module.
+std::string unknownClassNote(const torch::jit::Module& m) {
+  if (!classNotRecorded(m)) return "";
+  return "  # forward never calls it, so the .pt2 records no class for it";
+}
+
+// A setting as Python's repr writes it: 0.1, True, 'tanh', None, (2, 3).
+std::optional<std::string> settingText(const c10::IValue& v) {
+  if (v.isBool()) return v.toBool() ? "True" : "False";
+  if (v.isInt()) return std::to_string(v.toInt());
+  if (v.isDouble()) return fmt::format("{}", v.toDouble());
+  if (v.isString()) return "'" + v.toStringRef() + "'";
+  if (v.isNone()) return "None";
+  if (v.isIntList()) return fmt::format("({})", fmt::join(v.toIntVector(), ", "));
+  return std::nullopt;
+}
+
+// The settings of a module that holds no tensors, as PyTorch's extra_repr
+// shows them: Dropout(p=0.1, inplace=False), GELU(approximate='tanh'). Its
+// class constants (__constants__ / Final) first, then its plain attributes.
+std::vector<std::string> settingsOf(const torch::jit::Module& m) {
+  std::vector<std::string> settings;
+  const auto& type = m.type();
+  for (size_t i = 0; i < type->numConstants(); ++i) {
+    if (auto text = settingText(type->getConstant(i))) settings.push_back(type->constantNames()[i] + "=" + *text);
+  }
+  for (size_t i = 0; i < type->numAttributes(); ++i) {
+    const std::string& name = type->getAttributeName(i);
+    if (name == "training" || name.rfind("_", 0) == 0 || type->getAttribute(i)->cast<c10::ClassType>()) continue;
+    if (auto text = settingText(m._ivalue()->getSlot(i))) settings.push_back(name + "=" + *text);
+  }
+  return settings;
+}
+
 void printTree(const torch::jit::Module& m, int depth, std::ostringstream& out) {
   std::vector<std::string> tensors;
   for (const auto& p : m.named_parameters(false)) tensors.push_back(fmt::format("{}: [{}]", p.name, fmt::join(p.value.sizes(), ", ")));
   for (const auto& b : m.named_buffers(false)) tensors.push_back(fmt::format("{} (buffer): [{}]", b.name, fmt::join(b.value.sizes(), ", ")));
   auto children = m.named_children();
   if (children.size() == 0) {
-    out << className(m) << "(" << fmt::format("{}", fmt::join(tensors, ", ")) << ")\n";
+    const std::vector<std::string> shown = tensors.empty() ? settingsOf(m) : tensors;
+    out << className(m) << "(" << fmt::format("{}", fmt::join(shown, ", ")) << ")" << unknownClassNote(m) << "\n";
     return;
   }
-  out << className(m) << "(\n";
+  out << className(m) << "(" << unknownClassNote(m) << "\n";
   std::string pad(2 * (depth + 1), ' ');
   for (const auto& t : tensors) out << pad << t << "\n";
   for (const auto& child : children) {

@@ -68,5 +68,13 @@ TEST_F(InspectCli, SvgLabelsCarryShapesAndDoNotCrowdEachOther) {
   }
 }
 
+TEST_F(InspectCli, ADropoutPrintsAsDropoutWithItsRate) {
+  auto r = pipeforge("inspect '" + testing::zooModelPath("gpt_dropout") + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("        (drop): Dropout("), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("p=0.2"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("Module()"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace pipeforge

@@ -96,5 +96,20 @@ TEST(InspectText, WithoutExampleInputsTheBoundariesSayHowToGetShapes) {
   EXPECT_EQ(inspect::stageBoundaries(whole), "") << "one stage has no boundary";
 }
 
+// Issue 24: a module without tensors shows its class and settings, as
+// PyTorch's extra_repr does, not an empty Module().
+TEST(InspectText, ADropoutShowsItsClassAndItsSettings) {
+  auto view = inspect::loadPipeView(testing::zooModelPath("gpt_dropout"), std::nullopt);
+  const std::string tree = inspect::moduleTree(view);
+  for (const char* expected : {"      (0): DropoutBlock(\n", "        (drop): Dropout(", "    (drop): Dropout("}) {
+    EXPECT_NE(tree.find(expected), std::string::npos) << expected << "\n" << tree;
+  }
+  const size_t drop = tree.find("(drop): Dropout(");
+  const std::string line = tree.substr(drop, tree.find('\n', drop) - drop);
+  EXPECT_NE(line.find("p=0.2"), std::string::npos) << line;
+  EXPECT_NE(line.find("inplace=False"), std::string::npos) << line;
+  EXPECT_EQ(tree.find("Module()"), std::string::npos) << tree;
+}
+
 }  // namespace
 }  // namespace pipeforge
