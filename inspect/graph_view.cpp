@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "frontend/model_dag.h"
 #include "frontend/opened_model.h"
+#include "inspect/dot_text.h"
 #include "inspect/pipe_values.h"
 #include "stage/value_meta.h"
 
@@ -51,49 +52,6 @@ std::vector<frontend::ModelDag> stageDags(const PipeView& view) {
 }
 
 bool shown(std::optional<int> only, int stage) { return !only || *only == stage; }
-
-std::string escapeDot(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out;
-}
-
-// A value's node label, as DOT text: its name, and its dtype, shape and
-// bytes when recorded, one per line.
-std::string valueLabel(const PipeView& view, const stage::ValueSource& v) {
-  std::string label = escapeDot(valueName(view.manifest, v));
-  auto meta = stage::parseValueMeta(recordedMeta(view.manifest, v));
-  if (meta) label += "\\n" + escapeDot(stage::formatValueMeta(*meta));
-  if (auto bytes = recordedBytes(view.manifest, v)) label += "\\n" + std::to_string(*bytes) + " B";
-  return label;
-}
-
-// The DOT id of a value's node: "in_0" (model input 0), "v_2_1" (output 1 of stage 2).
-std::string valueNodeId(const stage::ValueSource& v) {
-  if (v.kind == stage::ValueSource::Kind::kInput) return fmt::format("in_{}", v.index);
-  return fmt::format("v_{}_{}", v.stage, v.index);
-}
-
-// Values that travel between stages, or from a stage to the model's outputs,
-// in value order, each once.
-std::vector<stage::ValueSource> stageOutputsReadElsewhere(const PipeView& view) {
-  std::vector<stage::ValueSource> values;
-  auto add = [&](const stage::ValueSource& v) {
-    if (v.kind != stage::ValueSource::Kind::kStage) return;
-    if (std::find(values.begin(), values.end(), v) == values.end()) values.push_back(v);
-  };
-  for (const auto& s : view.manifest.stages) {
-    for (const auto& in : s.inputs) add(in);
-  }
-  for (const auto& o : view.manifest.outputs) add(o);
-  std::sort(values.begin(), values.end(), [](const stage::ValueSource& a, const stage::ValueSource& b) {
-    return a.stage != b.stage ? a.stage < b.stage : a.index < b.index;
-  });
-  return values;
-}
 
 // "meta" and "bytes" of a value in the JSON view, when the split recorded them.
 void addMeta(nlohmann::json& j, const PipeView& view, const stage::ValueSource& v) {
@@ -162,7 +120,7 @@ std::string pipeDot(const PipeView& view, std::optional<int> only_stage) {
   // read as one word ("ymask"); dot never lets nodes overlap.
   for (size_t i = 0; i < view.manifest.inputs.size(); ++i) {
     const stage::ValueSource input{stage::ValueSource::Kind::kInput, -1, static_cast<int>(i)};
-    out << "  " << valueNodeId(input) << " [label=\"" << valueLabel(view, input)
+    out << "  " << valueNodeId(input) << " [label=\"" << valueNodeLabel(valueName(view.manifest, input), view.manifest, input)
         << "\", shape=oval, fillcolor=white];\n";
   }
   out << "  model_outputs [label=\"outputs\", shape=oval, fillcolor=white];\n";
@@ -188,13 +146,13 @@ std::string pipeDot(const PipeView& view, std::optional<int> only_stage) {
     return shown(only_stage, stage) ? fmt::format("s{}_n{}", stage, boost::num_vertices(dags[stage].graph) - 1)
                                     : fmt::format("stage_{}_out", stage);
   };
-  for (const auto& v : stageOutputsReadElsewhere(view)) {
+  for (const auto& v : stageOutputsRead(view.manifest)) {
     bool read_by_shown = false;
     for (const auto& s : view.manifest.stages) {
       for (const auto& in : s.inputs) read_by_shown = read_by_shown || (in == v && shown(only_stage, s.index));
     }
     if (!shown(only_stage, v.stage) && !read_by_shown) continue;
-    out << "  " << valueNodeId(v) << " [label=\"" << valueLabel(view, v)
+    out << "  " << valueNodeId(v) << " [label=\"" << valueNodeLabel(valueName(view.manifest, v), view.manifest, v)
         << "\", shape=box, style=\"rounded,filled\", fillcolor=white, color=\"#d62728\"];\n";
     out << "  " << outputsVertex(v.stage) << " -> " << valueNodeId(v) << " [color=\"#d62728\", penwidth=1.5];\n";
   }

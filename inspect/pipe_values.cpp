@@ -35,6 +35,23 @@ std::string describeValue(const stage::PipeManifest& manifest, const ValueSource
   return meta.empty() ? "" : stage::describeValueMeta(meta);
 }
 
+std::vector<ValueSource> stageOutputsRead(const stage::PipeManifest& manifest) {
+  std::vector<ValueSource> values;
+  auto add = [&](const ValueSource& v) {
+    if (v.kind == ValueSource::Kind::kStage && std::find(values.begin(), values.end(), v) == values.end()) {
+      values.push_back(v);
+    }
+  };
+  for (const auto& s : manifest.stages) {
+    for (const auto& in : s.inputs) add(in);
+  }
+  for (const auto& out : manifest.outputs) add(out);
+  std::sort(values.begin(), values.end(), [](const ValueSource& a, const ValueSource& b) {
+    return a.stage != b.stage ? a.stage < b.stage : a.index < b.index;
+  });
+  return values;
+}
+
 std::vector<CrossingValue> valuesCrossing(const stage::PipeManifest& manifest, int after) {
   // The last reader of every stage output: a later stage, or the model's outputs.
   std::vector<CrossingValue> crossing;

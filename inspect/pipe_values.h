@@ -26,6 +26,10 @@ std::optional<int64_t> recordedBytes(const stage::PipeManifest& manifest, const 
 // "float32[6, 8] (192 B)"; empty when nothing was recorded.
 std::string describeValue(const stage::PipeManifest& manifest, const stage::ValueSource& value);
 
+// Every stage output that a later stage or the model's outputs read, once
+// each, in value order (producing stage, then output index).
+std::vector<stage::ValueSource> stageOutputsRead(const stage::PipeManifest& manifest);
+
 // A stage output alive across a boundary: made by stage `from`, last read
 // by stage `to` (num_stages when a model output).
 struct CrossingValue {

@@ -170,7 +170,7 @@ std::string stageBoundaries(const PipeView& view) {
     bool total_known = true;
     for (const CrossingValue& c : valuesCrossing(m, after)) {
       const std::string to = c.to == m.num_stages ? "output" : fmt::format("stage {}", c.to);
-      out << fmt::format("#   {}|{}  {}  (stage {} -> {})\n", after, after + 1, describedValue(view, c.value),
+      out << fmt::format("#   {}|{}  {}  (made by stage {}, last read by {})\n", after, after + 1, describedValue(view, c.value),
                          c.value.stage, to);
       auto bytes = recordedBytes(m, c.value);
       total += bytes.value_or(0);

@@ -24,7 +24,7 @@ std::string rootDataflow(const PipeView& view);
 // when the split recorded them (the spec's example_inputs); "" for one stage.
 //
 // # values crossing each stage boundary (dtype and shape from example_inputs):
-// #   0|1  stage_0_0: float32[6, 8] (192 B)  (stage 0 -> stage 2)
+// #   0|1  stage_0_0: float32[6, 8] (192 B)  (made by stage 0, last read by stage 2)
 // #   0|1  total 192 B
 std::string stageBoundaries(const PipeView& view);
 

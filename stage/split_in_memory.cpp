@@ -131,32 +131,40 @@ std::vector<c10::IValue> makeExampleInputs(const partitioner::SplitSpec& spec) {
   return inputs;
 }
 
+namespace {
+
+// Throws SpecError unless the spec's example_inputs, one per argument, run
+// through forward. `constants`: the arguments already baked in, for the message.
+void checkExampleInputs(const torch::jit::Module& model, const partitioner::SplitSpec& spec,
+                        const std::map<std::string, std::string>& constants) {
+  if (spec.example_inputs.empty()) return;
+  auto method = model.get_method("forward");
+  size_t expected = method.function().getSchema().arguments().size() - 1;
+  if (spec.example_inputs.size() != expected) {
+    std::vector<std::string> baked;
+    for (const auto& [name, value] : constants) baked.push_back(name);
+    const std::string besides = baked.empty() ? "" : fmt::format(" besides the constants ({})", fmt::join(baked, ", "));
+    throw SpecError(fmt::format("example_inputs has {} entries but forward takes {} arguments{}; give one per argument",
+                                spec.example_inputs.size(), expected, besides));
+  }
+  try {
+    torch::NoGradGuard no_grad;
+    auto copy = model.clone();
+    copy.eval();
+    copy.forward(makeExampleInputs(spec));
+  } catch (const std::exception& e) {
+    throw SpecError("example_inputs do not fit the model: forward failed with: " + errorSummary(e.what()) +
+                    "; fix their shape or dtype");
+  }
+}
+
+}  // namespace
+
 SplitResult splitInMemory(const torch::jit::Module& given_model, const partitioner::SplitSpec& spec) {
   // Note [Constant inputs]: from here on, forward takes no non-tensor argument.
   std::map<std::string, std::string> constants;
   const torch::jit::Module model = bakeConstantInputs(given_model, spec.constant_inputs, constants);
-
-  if (!spec.example_inputs.empty()) {
-    auto method = model.get_method("forward");
-    size_t expected = method.function().getSchema().arguments().size() - 1;
-    if (spec.example_inputs.size() != expected) {
-      std::vector<std::string> baked;
-      for (const auto& [name, value] : constants) baked.push_back(name);
-      const std::string besides =
-          baked.empty() ? "" : fmt::format(" besides the constants ({})", fmt::join(baked, ", "));
-      throw SpecError(fmt::format("example_inputs has {} entries but forward takes {} arguments{}; give one per argument",
-                                  spec.example_inputs.size(), expected, besides));
-    }
-    try {
-      torch::NoGradGuard no_grad;
-      auto copy = model.clone();
-      copy.eval();
-      copy.forward(makeExampleInputs(spec));
-    } catch (const std::exception& e) {
-      throw SpecError("example_inputs do not fit the model: forward failed with: " + errorSummary(e.what()) +
-                      "; fix their shape or dtype");
-    }
-  }
+  checkExampleInputs(model, spec, constants);
 
   partitioner::ChosenPartition best = partitioner::searchPartition(
       model, spec, [&](const frontend::OpenedModel& opened, const frontend::ModelDag& dag,
@@ -167,6 +175,22 @@ SplitResult splitInMemory(const torch::jit::Module& given_model, const partition
   stages.manifest.constant_inputs = std::move(constants);
   recordValueMeta(stages, spec);
   return SplitResult{std::move(best.opened), std::move(best.dag), std::move(best.partition), std::move(stages)};
+}
+
+SplitResult splitAtCalls(const torch::jit::Module& given_model, const partitioner::SplitSpec& spec, int open_depth) {
+  PIPEFORGE_CHECK(open_depth >= 0, "splitAtCalls: open_depth " + std::to_string(open_depth) + " < 0");
+  std::map<std::string, std::string> constants;
+  const torch::jit::Module model = bakeConstantInputs(given_model, spec.constant_inputs, constants);
+  checkExampleInputs(model, spec, constants);
+  frontend::OpenOptions options;
+  options.open_depth = open_depth;
+  frontend::OpenedModel opened(model, options);
+  frontend::ModelDag dag = frontend::buildDag(opened);
+  partitioner::Partition partition = partitioner::partitionAtStarts(dag, partitioner::policyUnits(dag).starts);
+  BuiltStages stages = buildStages(opened, dag, partition);
+  stages.manifest.constant_inputs = std::move(constants);
+  recordValueMeta(stages, spec);
+  return SplitResult{std::move(opened), std::move(dag), std::move(partition), std::move(stages)};
 }
 
 }  // namespace pipeforge::stage

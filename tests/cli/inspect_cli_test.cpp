@@ -44,7 +44,7 @@ TEST_F(InspectCli, TextShowsTheInputShapesAndWhatCrossesEachBoundary) {
   EXPECT_NE(r.output.find("def forward(self, x: \"float32[6, 8]\", y: \"float32[6, 8]\", mask: \"int64[6, 8]\"):"),
             std::string::npos)
       << r.output;
-  EXPECT_NE(r.output.find("#   0|1  stage_0_0: float32[6, 8] (192 B)  (stage 0 -> stage 2)\n"), std::string::npos)
+  EXPECT_NE(r.output.find("#   0|1  stage_0_0: float32[6, 8] (192 B)  (made by stage 0, last read by stage 2)\n"), std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("#   2|3  total 384 B\n"), std::string::npos) << r.output;
 }

@@ -68,14 +68,14 @@ TEST(InspectText, ShapesOfTheInputsAndOfWhatCrossesEachBoundary) {
       << flow;
   EXPECT_EQ(inspect::stageBoundaries(view),
             "# values crossing each stage boundary (dtype and shape from example_inputs):\n"
-            "#   0|1  stage_0_0: float32[6, 8] (192 B)  (stage 0 -> stage 2)\n"
-            "#   0|1  stage_0_1: float32[6, 8] (192 B)  (stage 0 -> stage 1)\n"
+            "#   0|1  stage_0_0: float32[6, 8] (192 B)  (made by stage 0, last read by stage 2)\n"
+            "#   0|1  stage_0_1: float32[6, 8] (192 B)  (made by stage 0, last read by stage 1)\n"
             "#   0|1  total 384 B\n"
-            "#   1|2  stage_0_0: float32[6, 8] (192 B)  (stage 0 -> stage 2)\n"
-            "#   1|2  stage_1: float32[6, 8] (192 B)  (stage 1 -> stage 2)\n"
+            "#   1|2  stage_0_0: float32[6, 8] (192 B)  (made by stage 0, last read by stage 2)\n"
+            "#   1|2  stage_1: float32[6, 8] (192 B)  (made by stage 1, last read by stage 2)\n"
             "#   1|2  total 384 B\n"
-            "#   2|3  stage_2_0: float32[6, 8] (192 B)  (stage 2 -> stage 3)\n"
-            "#   2|3  stage_2_1: float32[6, 8] (192 B)  (stage 2 -> stage 3)\n"
+            "#   2|3  stage_2_0: float32[6, 8] (192 B)  (made by stage 2, last read by stage 3)\n"
+            "#   2|3  stage_2_1: float32[6, 8] (192 B)  (made by stage 2, last read by stage 3)\n"
             "#   2|3  total 384 B\n");
   const std::string stage2 = inspect::stageText(view, 2);
   EXPECT_NE(stage2.find("inputs:  stage_0_0: float32[6, 8] (192 B), stage_1: float32[6, 8] (192 B)\n"),
