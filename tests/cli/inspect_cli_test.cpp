@@ -76,5 +76,38 @@ TEST_F(InspectCli, ADropoutPrintsAsDropoutWithItsRate) {
   EXPECT_EQ(r.output.find("Module()"), std::string::npos) << r.output;
 }
 
+TEST_F(InspectCli, DepthDrawsOneNodePerModuleWithWhatCrossesEachCut) {
+  // The README's line: the shipped inputs for the zoo's GPT.
+  const std::string spec = std::string(PIPEFORGE_SOURCE_DIR) + "/configs/inspect_gpt.yaml";
+  const std::string gpt = "inspect '" + testing::zooModelPath("gpt") + "' --spec '" + spec + "' --depth 1";
+  auto r = pipeforge(gpt);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("at depth 1: 6 nodes"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  2|3  blocks.0: float32[4, 16, 16] (4096 B)  (made by node 2, last read by node 3)\n"),
+            std::string::npos)
+      << r.output;
+  const std::string json = dir_ + "/modules.json";
+  r = pipeforge(gpt + " --format json --out '" + json + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(readFile(json).find("\"module\": \"blocks.1\""), std::string::npos);
+  EXPECT_NE(pipeforge("inspect --help").output.find("--depth"), std::string::npos);
+}
+
+TEST_F(InspectCli, ABadDepthSaysWhatIsWrongAndTheFix) {
+  const std::string gpt = "inspect '" + testing::zooModelPath("gpt") + "'";
+  auto r = pipeforge(gpt + " --depth 0");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("pipeforge inspect: error: --depth 0: the module view needs a depth of 1 or more (1: one "
+                          "node per module forward calls itself"),
+            std::string::npos)
+      << r.output;
+  r = pipeforge(gpt + " --depth 1 --stage 0");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--stage and --depth do not go together"), std::string::npos) << r.output;
+  r = pipeforge(gpt + " --depth one");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--depth"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace pipeforge
