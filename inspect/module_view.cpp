@@ -8,7 +8,7 @@
 #include "frontend/load_model.h"
 #include "frontend/model_dag.h"
 #include "frontend/module_paths.h"
-#include "frontend/pt2_import.h"
+#include "inspect/text_view.h"
 #include "partitioner/split_spec.h"
 #include "stage/constant_inputs.h"
 #include "stage/manifest.h"
@@ -18,14 +18,6 @@ namespace pipeforge::inspect {
 namespace {
 
 using frontend::DagNodeKind;
-
-std::string classNameOf(const torch::jit::Module& m) {
-  if (!m.type()->name()) return "Module";
-  std::string name = m.type()->name()->name();
-  if (name.rfind(frontend::kPt2ClassNotRecorded, 0) == 0) return "Module";
-  auto mangle = name.find("___torch_mangle");
-  return mangle == std::string::npos ? name : name.substr(0, mangle);
-}
 
 // Node k: the call its stage starts with, its other work, and the bytes of
 // the parameters and buffers the stage holds.
@@ -37,7 +29,7 @@ std::vector<ModuleNode> describeNodes(const torch::jit::Module& model, const sta
     ModuleNode& node = nodes.at(split.partition.stage_of_vertex.at(v));
     if (d.kind == DagNodeKind::kCall && node.module.empty()) {
       node.module = d.callee;
-      node.class_name = classNameOf(frontend::submoduleAt(model, d.callee));
+      node.class_name = className(frontend::submoduleAt(model, d.callee));
     } else if (d.kind == DagNodeKind::kOp || d.kind == DagNodeKind::kControlFlow || d.kind == DagNodeKind::kCall) {
       ++node.ops;
     }

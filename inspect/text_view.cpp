@@ -19,17 +19,6 @@ bool classNotRecorded(const torch::jit::Module& m) {
   return m.type()->name() && m.type()->name()->name().rfind(frontend::kPt2ClassNotRecorded, 0) == 0;
 }
 
-// The class name users wrote ("Linear"), not the qualified TorchScript name.
-std::string className(const torch::jit::Module& m) {
-  if (classNotRecorded(m)) return "Module";
-  std::string name = m.type()->name() ? m.type()->name()->name() : "Module";
-  // Stage containers are Stage<k>_<path>: show them as PyTorch shows plain containers.
-  if (name.rfind("Stage", 0) == 0 && name.find('_') != std::string::npos) return "Module";
-  // Mangled names end in ___torch_mangle_N.
-  auto mangle = name.find("___torch_mangle");
-  return mangle == std::string::npos ? name : name.substr(0, mangle);
-}
-
 // Why a module prints without its class: a .pt2 records none for a module
 // forward never calls (frontend/pt2_import.h); "" for every other module.
 std::string unknownClassNote(const torch::jit::Module& m) {
@@ -106,6 +95,16 @@ std::string describedValue(const PipeView& view, const stage::ValueSource& src) 
 }
 
 }  // namespace
+
+std::string className(const torch::jit::Module& m) {
+  if (classNotRecorded(m)) return "Module";
+  std::string name = m.type()->name() ? m.type()->name()->name() : "Module";
+  // Stage containers are Stage<k>_<path>: show them as PyTorch shows plain containers.
+  if (name.rfind("Stage", 0) == 0 && name.find('_') != std::string::npos) return "Module";
+  // Mangled names end in ___torch_mangle_N.
+  auto mangle = name.find("___torch_mangle");
+  return mangle == std::string::npos ? name : name.substr(0, mangle);
+}
 
 std::string moduleTree(const PipeView& view) {
   std::ostringstream out;

@@ -8,6 +8,11 @@
 
 namespace pipeforge::inspect {
 
+// The class name users wrote ("Linear", "GPT2Block"), not the qualified
+// TorchScript one; "Module" for a stage's containers and for a .pt2 module
+// whose class the file does not record (frontend/pt2_import.h).
+std::string className(const torch::jit::Module& module);
+
 // Pipe(
 //   (stage_0): Stage0(
 //     (emb): Embedding(weight: [10, 3])
