@@ -68,17 +68,12 @@ std::string moduleViewText(const ModuleView& view) {
   out << (anyMeta(view) ? "values crossing each cut (dtype and shape from example_inputs):\n"
                         : "values crossing each cut (no shapes: give --spec a split spec with example_inputs):\n");
   for (int after = 0; after + 1 < m.num_stages; ++after) {
-    int64_t total = 0;
-    bool known = true;
     for (const CrossingValue& c : valuesCrossing(m, after)) {
       const std::string to = c.to == m.num_stages ? "output" : fmt::format("node {}", c.to);
       out << fmt::format("  {}|{}  {}  (made by node {}, last read by {})\n", after, after + 1, described(view, c.value), c.value.stage,
                          to);
-      auto bytes = recordedBytes(m, c.value);
-      total += bytes.value_or(0);
-      known = known && bytes.has_value();
     }
-    if (known) out << fmt::format("  {}|{}  total {} B\n", after, after + 1, total);
+    if (auto total = bytesCrossing(m, after)) out << fmt::format("  {}|{}  total {} B\n", after, after + 1, *total);
   }
   std::vector<std::string> outputs;
   for (const auto& o : m.outputs) outputs.push_back(described(view, o));
@@ -123,17 +118,12 @@ std::string moduleViewJson(const ModuleView& view) {
   j["cuts"] = json::array();
   for (int after = 0; after + 1 < m.num_stages; ++after) {
     json cut{{"after", after}, {"values", json::array()}};
-    int64_t total = 0;
-    bool known = true;
     for (const CrossingValue& c : valuesCrossing(m, after)) {
       json v = value(c.value);
       v["last_reader"] = c.to == m.num_stages ? json("output") : json(c.to);
       cut["values"].push_back(v);
-      auto bytes = recordedBytes(m, c.value);
-      total += bytes.value_or(0);
-      known = known && bytes.has_value();
     }
-    if (known) cut["bytes"] = total;
+    if (auto total = bytesCrossing(m, after)) cut["bytes"] = *total;
     j["cuts"].push_back(cut);
   }
   j["outputs"] = json::array();

@@ -74,4 +74,14 @@ std::vector<CrossingValue> valuesCrossing(const stage::PipeManifest& manifest, i
   return crossing;
 }
 
+std::optional<int64_t> bytesCrossing(const stage::PipeManifest& manifest, int after) {
+  int64_t total = 0;
+  for (const CrossingValue& c : valuesCrossing(manifest, after)) {
+    auto bytes = recordedBytes(manifest, c.value);
+    if (!bytes) return std::nullopt;
+    total += *bytes;
+  }
+  return total;
+}
+
 }  // namespace pipeforge::inspect

@@ -45,4 +45,8 @@ struct CrossingValue {
 //   crossed by a (0 -> 2) and b (0 -> 1), boundary 1|2 by a and stage 1's output.
 std::vector<CrossingValue> valuesCrossing(const stage::PipeManifest& manifest, int after);
 
+// The bytes of everything valuesCrossing(manifest, after) lists; nullopt when
+// one of them has no recorded meta or a dtype of unknown size.
+std::optional<int64_t> bytesCrossing(const stage::PipeManifest& manifest, int after);
+
 }  // namespace pipeforge::inspect

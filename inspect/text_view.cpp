@@ -165,17 +165,12 @@ std::string stageBoundaries(const PipeView& view) {
   std::ostringstream out;
   out << "# values crossing each stage boundary (dtype and shape from example_inputs):\n";
   for (int after = 0; after + 1 < m.num_stages; ++after) {
-    int64_t total = 0;
-    bool total_known = true;
     for (const CrossingValue& c : valuesCrossing(m, after)) {
       const std::string to = c.to == m.num_stages ? "output" : fmt::format("stage {}", c.to);
       out << fmt::format("#   {}|{}  {}  (made by stage {}, last read by {})\n", after, after + 1, describedValue(view, c.value),
                          c.value.stage, to);
-      auto bytes = recordedBytes(m, c.value);
-      total += bytes.value_or(0);
-      total_known = total_known && bytes.has_value();
     }
-    out << fmt::format("#   {}|{}  total {}{} B\n", after, after + 1, total_known ? "" : "at least ", total);
+    if (auto total = bytesCrossing(m, after)) out << fmt::format("#   {}|{}  total {} B\n", after, after + 1, *total);
   }
   return out.str();
 }

@@ -30,7 +30,7 @@ std::string rootDataflow(const PipeView& view);
 //
 // # values crossing each stage boundary (dtype and shape from example_inputs):
 // #   0|1  stage_0_0: float32[6, 8] (192 B)  (made by stage 0, last read by stage 2)
-// #   0|1  total 192 B
+// #   0|1  total 192 B                          (when every size is known)
 std::string stageBoundaries(const PipeView& view);
 
 // One stage's tree, its inputs and outputs (with recorded shapes) and its TorchScript code.
