@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <torch/script.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -38,8 +39,10 @@ std::optional<std::string> settingText(const c10::IValue& v) {
 }
 
 // The settings of a module that holds no tensors, as PyTorch's extra_repr
-// shows them: Dropout(p=0.1, inplace=False), GELU(approximate='tanh'). Its
-// class constants (__constants__ / Final) first, then its plain attributes.
+// shows them: Dropout(inplace=False, p=0.1), GELU(approximate='tanh'): its
+// class constants (__constants__ / Final) and plain attributes, by name.
+// Sorted because LibTorch 1.13 keeps a class's constants in declaration
+// order and 2.13 does not; the tree reads the same on both.
 std::vector<std::string> settingsOf(const torch::jit::Module& m) {
   std::vector<std::string> settings;
   const auto& type = m.type();
@@ -51,6 +54,7 @@ std::vector<std::string> settingsOf(const torch::jit::Module& m) {
     if (name == "training" || name.rfind("_", 0) == 0 || type->getAttribute(i)->cast<c10::ClassType>()) continue;
     if (auto text = settingText(m._ivalue()->getSlot(i))) settings.push_back(name + "=" + *text);
   }
+  std::sort(settings.begin(), settings.end());
   return settings;
 }
 
