@@ -42,6 +42,23 @@ const char* dtypeName(Dtype dtype) {
   return "?";
 }
 
+int dtypeSize(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::kFloat64:
+    case Dtype::kInt64:
+      return 8;
+    case Dtype::kFloat32:
+    case Dtype::kInt32:
+      return 4;
+    case Dtype::kFloat16:
+    case Dtype::kBFloat16:
+      return 2;
+    case Dtype::kBool:
+      return 1;
+  }
+  return 0;
+}
+
 std::optional<Dtype> parseDtype(std::string_view name) {
   constexpr std::string_view kTorch = "torch.";
   if (name.substr(0, kTorch.size()) == kTorch) name.remove_prefix(kTorch.size());

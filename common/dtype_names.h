@@ -14,6 +14,9 @@ enum class Dtype { kFloat32, kFloat64, kFloat16, kBFloat16, kInt64, kInt32, kBoo
 // The canonical name: dtypeName(Dtype::kInt64) == "int64".
 const char* dtypeName(Dtype dtype);
 
+// Bytes per element: dtypeSize(Dtype::kBFloat16) == 2.
+int dtypeSize(Dtype dtype);
+
 // A canonical name or one of PyTorch's aliases, with or without "torch.":
 // "float" and "torch.float32" are kFloat32, "long" kInt64, "half" kFloat16,
 // "double" kFloat64, "int" kInt32. nullopt for anything else.

@@ -166,7 +166,7 @@ std::string identifier(const std::string& raw) {
 std::string typeName(const std::string& python_type) {
   std::string out = "__torch__.pipeforge_pt2";
   for (const auto& part : pathParts(python_type)) out += "." + identifier(part);
-  if (python_type.empty()) out += ".Module";
+  if (python_type.empty()) out += std::string(".") + kPt2ClassNotRecorded;
   return out;
 }
 

@@ -24,6 +24,13 @@ inline constexpr const char* kPt2NodeAttribute = "pf_pt2_node";
 // e.g. "a torch.no_grad() region of model.rotary_emb (modeling_llama.py:98)".
 inline constexpr const char* kPt2RegionAttribute = "pf_pt2_region";
 
+// The class name of a rebuilt module whose class the archive does not
+// record. torch.export writes a module's class only in the nn_module_stack of
+// the nodes its forward ran, so a module forward never calls (a ModuleList,
+// GPT-2's attn_dropout under sdpa, every Dropout of a program exported in eval
+// mode) has a name in module_call_graph and no class anywhere in the file.
+inline constexpr const char* kPt2ClassNotRecorded = "ClassNotRecorded";
+
 // Rebuilds `archive`'s program as a module. Throws Pt2Error (a ModelError)
 // naming the node and the fix for what cannot be rebuilt: operators this
 // LibTorch lacks, non-tensor outputs, unsupported higher-order ops.

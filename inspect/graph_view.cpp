@@ -8,12 +8,16 @@
 #endif
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <memory>
 #include <sstream>
 
 #include "common/error.h"
 #include "frontend/model_dag.h"
 #include "frontend/opened_model.h"
+#include "inspect/dot_text.h"
+#include "inspect/pipe_values.h"
+#include "stage/value_meta.h"
 
 namespace pipeforge::inspect {
 namespace {
@@ -49,21 +53,12 @@ std::vector<frontend::ModelDag> stageDags(const PipeView& view) {
 
 bool shown(std::optional<int> only, int stage) { return !only || *only == stage; }
 
-std::string escapeDot(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out;
-}
-
-std::string crossLabel(const PipeView& view, const stage::ValueSource& src) {
-  if (src.kind == stage::ValueSource::Kind::kInput) return view.manifest.inputs.at(src.index);
-  const auto& meta = view.manifest.stages.at(src.stage).output_meta;
-  std::string label = fmt::format("out {}", src.index);
-  if (src.index < static_cast<int>(meta.size())) label += "\\n" + meta[src.index];
-  return label;
+// "meta" and "bytes" of a value in the JSON view, when the split recorded them.
+void addMeta(nlohmann::json& j, const PipeView& view, const stage::ValueSource& v) {
+  auto meta = stage::parseValueMeta(recordedMeta(view.manifest, v));
+  if (!meta) return;
+  j["meta"] = stage::formatValueMeta(*meta);
+  if (auto bytes = recordedBytes(view.manifest, v)) j["bytes"] = *bytes;
 }
 
 }  // namespace
@@ -91,15 +86,22 @@ std::string pipeJson(const PipeView& view, std::optional<int> only_stage) {
     }
     j["stages"].push_back(stage);
   }
+  j["model_inputs"] = json::array();
+  for (size_t i = 0; i < view.manifest.inputs.size(); ++i) {
+    const stage::ValueSource input{stage::ValueSource::Kind::kInput, -1, static_cast<int>(i)};
+    json in{{"name", view.manifest.inputs[i]}};
+    addMeta(in, view, input);
+    j["model_inputs"].push_back(in);
+  }
   j["cross_stage_edges"] = json::array();
   for (const auto& s : view.manifest.stages) {
     for (size_t i = 0; i < s.inputs.size(); ++i) {
       const auto& src = s.inputs[i];
       if (src.kind != stage::ValueSource::Kind::kStage) continue;
       if (!shown(only_stage, s.index) && !shown(only_stage, src.stage)) continue;
-      json e{{"from_stage", src.stage}, {"output", src.index}, {"to_stage", s.index}, {"input", i}};
-      const auto& meta = view.manifest.stages[src.stage].output_meta;
-      if (src.index < static_cast<int>(meta.size())) e["meta"] = meta[src.index];
+      json e{{"from_stage", src.stage}, {"output", src.index}, {"to_stage", s.index}, {"input", i},
+             {"value", valueName(view.manifest, src)}};
+      addMeta(e, view, src);
       j["cross_stage_edges"].push_back(e);
     }
   }
@@ -111,8 +113,16 @@ std::string pipeDot(const PipeView& view, std::optional<int> only_stage) {
   out << "digraph pipe {\n  rankdir=TB;\n  node [shape=box, style=\"rounded,filled\", fontname=\"Helvetica\", fontsize=10];\n"
       << "  edge [fontname=\"Helvetica\", fontsize=9];\n";
   auto dags = stageDags(view);
-  out << "  model_inputs [label=\"inputs\\n" << escapeDot(fmt::format("{}", fmt::join(view.manifest.inputs, ", ")))
-      << "\", shape=oval, fillcolor=white];\n";
+  // Note [Values as nodes]: every model input and every value that crosses a
+  // stage boundary is a node of its own, labelled with its name, dtype, shape
+  // and bytes. Edge labels would be placed by dot beside their edges, where
+  // parallel edges (three inputs into stage 0) put them side by side and they
+  // read as one word ("ymask"); dot never lets nodes overlap.
+  for (size_t i = 0; i < view.manifest.inputs.size(); ++i) {
+    const stage::ValueSource input{stage::ValueSource::Kind::kInput, -1, static_cast<int>(i)};
+    out << "  " << valueNodeId(input) << " [label=\"" << valueNodeLabel(valueName(view.manifest, input), view.manifest, input)
+        << "\", shape=oval, fillcolor=white];\n";
+  }
   out << "  model_outputs [label=\"outputs\", shape=oval, fillcolor=white];\n";
   for (size_t k = 0; k < dags.size(); ++k) {
     if (!shown(only_stage, static_cast<int>(k))) continue;
@@ -131,23 +141,30 @@ std::string pipeDot(const PipeView& view, std::optional<int> only_stage) {
     }
     out << "  }\n";
   }
-  // Cross-stage edges: stage outputs to the inputs of the stages that read them.
+  // Values between stages: producer -> value node -> every stage that reads it.
+  auto outputsVertex = [&](int stage) {
+    return shown(only_stage, stage) ? fmt::format("s{}_n{}", stage, boost::num_vertices(dags[stage].graph) - 1)
+                                    : fmt::format("stage_{}_out", stage);
+  };
+  for (const auto& v : stageOutputsRead(view.manifest)) {
+    bool read_by_shown = false;
+    for (const auto& s : view.manifest.stages) {
+      for (const auto& in : s.inputs) read_by_shown = read_by_shown || (in == v && shown(only_stage, s.index));
+    }
+    if (!shown(only_stage, v.stage) && !read_by_shown) continue;
+    out << "  " << valueNodeId(v) << " [label=\"" << valueNodeLabel(valueName(view.manifest, v), view.manifest, v)
+        << "\", shape=box, style=\"rounded,filled\", fillcolor=white, color=\"#d62728\"];\n";
+    out << "  " << outputsVertex(v.stage) << " -> " << valueNodeId(v) << " [color=\"#d62728\", penwidth=1.5];\n";
+  }
   for (const auto& s : view.manifest.stages) {
     if (!shown(only_stage, s.index)) continue;
-    size_t in_vertex = 0;
     for (const auto& src : s.inputs) {
-      std::string from = src.kind == stage::ValueSource::Kind::kInput
-                             ? "model_inputs"
-                             : fmt::format("s{}_n{}", src.stage, boost::num_vertices(dags[src.stage].graph) - 1);
-      if (src.kind == stage::ValueSource::Kind::kStage && !shown(only_stage, src.stage)) from = fmt::format("stage_{}_out", src.stage);
-      out << "  " << from << " -> s" << s.index << "_n" << in_vertex << " [label=\"" << crossLabel(view, src)
-          << "\", color=\"#d62728\", penwidth=1.5];\n";
+      out << "  " << valueNodeId(src) << " -> s" << s.index << "_n0 [color=\"#d62728\", penwidth=1.5];\n";
     }
   }
   for (const auto& o : view.manifest.outputs) {
-    if (o.kind != stage::ValueSource::Kind::kStage || !shown(only_stage, o.stage)) continue;
-    out << "  s" << o.stage << "_n" << boost::num_vertices(dags[o.stage].graph) - 1 << " -> model_outputs [label=\""
-        << crossLabel(view, o) << "\"];\n";
+    if (o.kind == stage::ValueSource::Kind::kStage && !shown(only_stage, o.stage)) continue;
+    out << "  " << valueNodeId(o) << " -> model_outputs;\n";
   }
   out << "}\n";
   return out.str();

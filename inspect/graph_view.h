@@ -1,8 +1,9 @@
 // Graph views of a pipe: JSON (DAG + partition), Graphviz DOT, and SVG.
 //
 // Each stage's forward becomes a DAG (frontend::buildDag); the DOT view draws
-// one coloured cluster per stage and labels cross-stage edges with the
-// value's shape and dtype when shape propagation recorded them.
+// one coloured cluster per stage, and every model input and every value that
+// crosses a stage boundary as a node of its own, labelled with its name and,
+// when the split recorded them, dtype, shape and bytes (Note [Values as nodes]).
 #pragma once
 
 #include <optional>

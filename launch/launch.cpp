@@ -150,12 +150,12 @@ void checkInputSizes(const TrainConfig& config, const stage::PipeManifest& manif
 // about expanded sizes that names neither the data nor the export.
 // Note [Input dtypes]: data whose kind differs from what an input takes
 // (float64 for float32, floats for token ids) would fail inside a stage's
-// forward on every rank; pipe.json's input_dtypes let the launcher refuse it
-// first. Integer widths may differ (an embedding takes int32 or int64 ids);
+// forward on every rank; pipe.json's dtypes (a .pt2's declared ones, a
+// TorchScript split's example inputs) let the launcher refuse it first. Integer widths may differ (an embedding takes int32 or int64 ids);
 // floating dtypes must match, since the forward does not convert them.
 void checkDataDtypes(const TrainConfig& config, const stage::PipeManifest& manifest, const Batch& one) {
-  for (size_t i = 0; i < manifest.input_dtypes.size() && i < one.inputs.size(); ++i) {
-    const std::string& takes = manifest.input_dtypes[i];
+  for (size_t i = 0; i < manifest.inputs.size() && i < one.inputs.size(); ++i) {
+    const std::string takes = stage::inputDtype(manifest, i);
     if (takes.empty()) continue;
     const at::ScalarType given = one.inputs[i].scalar_type();
     const std::string given_name = compat::scalarTypeName(given);
@@ -171,7 +171,7 @@ void checkDataDtypes(const TrainConfig& config, const stage::PipeManifest& manif
 }
 
 void checkDataFitsInputs(const TrainConfig& config, const stage::PipeManifest& manifest, Dataset& dataset) {
-  if (manifest.input_dims.empty() && manifest.input_dtypes.empty()) return;
+  if (manifest.input_dims.empty() && manifest.input_dtypes.empty() && manifest.input_meta.empty()) return;
   const std::int64_t rows = replicaBatchSize(config) / config.pipeline.microbatches;
   if (rows < 1) return;  // refused with its own message by checkInputSizes
   const DataLayout layout = dataLayoutFor(config, manifest.inputs);

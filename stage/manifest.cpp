@@ -10,6 +10,7 @@
 
 #include "common/dtype_names.h"
 #include "stage/file_digest.h"
+#include "stage/value_meta.h"
 
 namespace pipeforge::stage {
 namespace {
@@ -133,6 +134,7 @@ std::string manifestToJson(const PipeManifest& m) {
     j["input_dims"] = std::move(inputs);
   }
   if (!m.input_dtypes.empty()) j["input_dtypes"] = m.input_dtypes;
+  if (!m.input_meta.empty()) j["input_meta"] = m.input_meta;
   if (!m.constant_inputs.empty()) {
     json constants = json::object();
     for (const auto& [name, value] : m.constant_inputs) constants[name] = json::parse(value);
@@ -142,6 +144,14 @@ std::string manifestToJson(const PipeManifest& m) {
   // files and says so; TorchScript splits keep the manifest they always had.
   if (isPt2Split(m)) j["stage_format"] = kPt2StageFormat;
   return j.dump(1) + "\n";
+}
+
+std::string inputDtype(const PipeManifest& m, std::size_t i) {
+  if (i < m.input_dtypes.size() && !m.input_dtypes[i].empty()) return m.input_dtypes[i];
+  if (i < m.input_meta.size()) {
+    if (auto meta = parseValueMeta(m.input_meta[i]); meta && parseDtype(meta->dtype)) return meta->dtype;
+  }
+  return "";
 }
 
 PipeManifest manifestFromJson(const std::string& text, const std::string& origin) {
@@ -209,6 +219,10 @@ PipeManifest manifestFromJson(const std::string& text, const std::string& origin
                               "); re-run `pipeforge split`");
         }
       }
+    m.input_meta = j.value("input_meta", std::vector<std::string>{});
+    if (!m.input_meta.empty() && m.input_meta.size() != m.inputs.size()) {
+      throw ManifestError("input_meta lists " + std::to_string(m.input_meta.size()) + " inputs but the model has " +
+                          std::to_string(m.inputs.size()) + "; re-run `pipeforge split`");
     }
     if (j.contains("constant_inputs")) {
       const json& constants = j.at("constant_inputs");

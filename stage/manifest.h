@@ -11,7 +11,8 @@
 //    "tied": [["wte.weight", "lm_head.weight"]],
 //    "unused": ["aux_head.weight"],
 //    "input_dims": [[[4, 4], [2, null]]],   (.pt2 only: [min, max] per dimension)
-//    "input_dtypes": ["int64"],             (where known; "" for an unknown one)
+//    "input_dtypes": ["int64"],             (.pt2 only; "" for a dtype we do not name)
+//    "input_meta": ["float32[8, 16]"],      (only when the spec gave example_inputs)
 //    "constant_inputs": {"scale": 2.0}}     (only when forward took non-tensor arguments)
 #pragma once
 
@@ -49,7 +50,8 @@ struct StageInfo {
   int num_outputs = 0;               // forward always returns a tuple of this size
   std::vector<std::string> parameters;  // original FQNs held by the stage
   std::vector<std::string> buffers;     // original FQNs held by the stage
-  // Optional, from shape propagation: "float32[8, 16]" per output.
+  // Optional, from shape propagation: "float32[8, 16]" per output
+  // (stage/value_meta.h; splits before it wrote c10's "Float[8, 16]").
   std::vector<std::string> output_meta;
   // SHA-256 of the stage file (Note [File digests]); empty in older manifests.
   std::string sha256;
@@ -82,11 +84,14 @@ struct PipeManifest {
   // Per model input, the sizes it accepts per dimension, when the model says
   // (a .pt2); empty for TorchScript models, which take any size.
   std::vector<std::vector<InputDim>> input_dims;
-  // Per model input, the dtype it takes ("float32", "int64": common/dtype_names.h),
-  // "" where unknown: a .pt2 records every one, a TorchScript split those its
-  // example_inputs give. Empty when none is known (and in older manifests).
-  // The launcher refuses data of another kind before any rank starts.
+  // Per model input of a .pt2, the dtype its program declares ("float32",
+  // "int64": common/dtype_names.h; "" for one those names lack). Empty for
+  // TorchScript (input_meta's dtypes stand in) and in older manifests. The
+  // launcher refuses data of another kind before any rank starts (inputDtype).
   std::vector<std::string> input_dtypes;
+  // Per model input, "int64[8, 128]": the example input the split ran when
+  // the spec gave example_inputs (stage/value_meta.h); empty otherwise.
+  std::vector<std::string> input_meta;
   // The non-tensor forward arguments baked into the stages as constants, not
   // in `inputs` (Note [Constant inputs]): name -> value as JSON text ("2.0",
   // "true", "[2, 3]", "null", "\"mean\""). Empty in older manifests.
@@ -95,9 +100,15 @@ struct PipeManifest {
   friend bool operator==(const PipeManifest& a, const PipeManifest& b) {
     return a.num_stages == b.num_stages && a.source == b.source && a.inputs == b.inputs &&
            a.outputs == b.outputs && a.stages == b.stages && a.tied == b.tied && a.unused == b.unused &&
-           a.input_dims == b.input_dims && a.input_dtypes == b.input_dtypes && a.constant_inputs == b.constant_inputs;
+           a.input_dims == b.input_dims && a.input_dtypes == b.input_dtypes && a.input_meta == b.input_meta &&
+           a.constant_inputs == b.constant_inputs;
   }
 };
+
+// The dtype model input `i` takes, as common/dtype_names.h names it: a
+// .pt2's declared one, else the example input's the split ran (input_meta);
+// "" when the split knows neither.
+std::string inputDtype(const PipeManifest& manifest, std::size_t i);
 
 inline constexpr const char* kManifestFormat = "pipeforge.pipe/1";
 inline constexpr const char* kManifestFileName = "pipe.json";

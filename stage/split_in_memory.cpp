@@ -15,6 +15,7 @@
 #include "partitioner/policy_search.h"
 #include "stage/constant_inputs.h"
 #include "stage/run_chained.h"
+#include "stage/value_meta.h"
 
 namespace pipeforge::stage {
 namespace {
@@ -113,9 +114,9 @@ at::ScalarType dtypeOf(const std::string& name) {
   PIPEFORGE_FAIL("unhandled Dtype");
 }
 
+// "float32[6, 8]" (stage/value_meta.h).
 std::string metaOf(const at::Tensor& t) {
-  std::string dtype = c10::toString(t.scalar_type());
-  return fmt::format("{}[{}]", dtype, fmt::join(t.sizes(), ", "));
+  return formatValueMeta({canonicalDtypeName(c10::toString(t.scalar_type())), t.sizes().vec()});
 }
 
 // Stage modules share their tensors with the model. Running them on example
@@ -126,6 +127,21 @@ std::vector<torch::jit::Module> privateCopies(const std::vector<torch::jit::Modu
   copies.reserve(modules.size());
   for (const auto& m : modules) copies.push_back(m.deepcopy());
   return copies;
+}
+
+// Runs the example inputs through private copies of the stages and records
+// the dtype and shape of every model input and stage output in the manifest.
+void recordValueMeta(BuiltStages& stages, const partitioner::SplitSpec& spec) {
+  if (spec.example_inputs.empty()) return;
+  torch::NoGradGuard no_grad;
+  std::vector<c10::IValue> inputs = makeExampleInputs(spec);
+  for (const auto& in : inputs) stages.manifest.input_meta.push_back(metaOf(in.toTensor()));
+  std::vector<std::vector<at::Tensor>> outs;
+  std::vector<torch::jit::Module> copies = privateCopies(stages.modules);
+  runChained(copies, stages.manifest, inputs, nullptr, &outs);
+  for (size_t k = 0; k < outs.size(); ++k) {
+    for (const auto& t : outs[k]) stages.manifest.stages[k].output_meta.push_back(metaOf(t));
+  }
 }
 
 // Each unit as its own stage, timed on the example inputs (best of 3 after a warm-up).
@@ -170,38 +186,46 @@ std::vector<c10::IValue> makeExampleInputs(const partitioner::SplitSpec& spec) {
   return inputs;
 }
 
+namespace {
+
+// Throws SpecError unless the spec's example_inputs, one per argument, run
+// through forward. `constants`: the arguments already baked in, for the message.
+void checkExampleInputs(const torch::jit::Module& model, const partitioner::SplitSpec& spec,
+                        const std::map<std::string, std::string>& constants) {
+  if (spec.example_inputs.empty()) return;
+  auto method = model.get_method("forward");
+  size_t expected = method.function().getSchema().arguments().size() - 1;
+  if (spec.example_inputs.size() != expected) {
+    std::vector<std::string> baked;
+    for (const auto& [name, value] : constants) baked.push_back(name);
+    const std::string besides = baked.empty() ? "" : fmt::format(" besides the constants ({})", fmt::join(baked, ", "));
+    throw SpecError(fmt::format("example_inputs has {} entries but forward takes {} arguments{}; give one per argument",
+                                spec.example_inputs.size(), expected, besides));
+  }
+  try {
+    torch::NoGradGuard no_grad;
+    auto copy = model.clone();
+    copy.eval();
+    copy.forward(makeExampleInputs(spec));
+  } catch (const std::exception& e) {
+    const std::string summary = errorSummary(e.what());
+    if (summary.find("index out of range") != std::string::npos) {
+      if (auto hint = embeddingRangeHint(model, spec)) {
+        throw SpecError("example_inputs do not fit the model: forward failed with: " + summary + "; " + *hint);
+      }
+    }
+    throw SpecError("example_inputs do not fit the model: forward failed with: " + summary +
+                    "; fix their shape or dtype");
+  }
+}
+
+}  // namespace
+
 SplitResult splitInMemory(const torch::jit::Module& given_model, const partitioner::SplitSpec& spec) {
   // Note [Constant inputs]: from here on, forward takes no non-tensor argument.
   std::map<std::string, std::string> constants;
   const torch::jit::Module model = bakeConstantInputs(given_model, spec.constant_inputs, constants);
-
-  if (!spec.example_inputs.empty()) {
-    auto method = model.get_method("forward");
-    size_t expected = method.function().getSchema().arguments().size() - 1;
-    if (spec.example_inputs.size() != expected) {
-      std::vector<std::string> baked;
-      for (const auto& [name, value] : constants) baked.push_back(name);
-      const std::string besides =
-          baked.empty() ? "" : fmt::format(" besides the constants ({})", fmt::join(baked, ", "));
-      throw SpecError(fmt::format("example_inputs has {} entries but forward takes {} arguments{}; give one per argument",
-                                  spec.example_inputs.size(), expected, besides));
-    }
-    try {
-      torch::NoGradGuard no_grad;
-      auto copy = model.clone();
-      copy.eval();
-      copy.forward(makeExampleInputs(spec));
-    } catch (const std::exception& e) {
-      const std::string summary = errorSummary(e.what());
-      if (summary.find("index out of range") != std::string::npos) {
-        if (auto hint = embeddingRangeHint(model, spec)) {
-          throw SpecError("example_inputs do not fit the model: forward failed with: " + summary + "; " + *hint);
-        }
-      }
-      throw SpecError("example_inputs do not fit the model: forward failed with: " + summary +
-                      "; fix their shape or dtype");
-    }
-  }
+  checkExampleInputs(model, spec, constants);
 
   partitioner::ChosenPartition best = partitioner::searchPartition(
       model, spec, [&](const frontend::OpenedModel& opened, const frontend::ModelDag& dag,
@@ -210,16 +234,24 @@ SplitResult splitInMemory(const torch::jit::Module& given_model, const partition
       });
   BuiltStages stages = buildStages(best.opened, best.dag, best.partition);
   stages.manifest.constant_inputs = std::move(constants);
-  if (!spec.example_inputs.empty()) {
-    torch::NoGradGuard no_grad;
-    std::vector<std::vector<at::Tensor>> outs;
-    std::vector<torch::jit::Module> copies = privateCopies(stages.modules);
-    runChained(copies, stages.manifest, makeExampleInputs(spec), nullptr, &outs);
-    for (int k = 0; k < best.partition.num_stages; ++k) {
-      for (const auto& t : outs[k]) stages.manifest.stages[k].output_meta.push_back(metaOf(t));
-    }
-  }
+  recordValueMeta(stages, spec);
   return SplitResult{std::move(best.opened), std::move(best.dag), std::move(best.partition), std::move(stages)};
+}
+
+SplitResult splitAtCalls(const torch::jit::Module& given_model, const partitioner::SplitSpec& spec, int open_depth) {
+  PIPEFORGE_CHECK(open_depth >= 0, "splitAtCalls: open_depth " + std::to_string(open_depth) + " < 0");
+  std::map<std::string, std::string> constants;
+  const torch::jit::Module model = bakeConstantInputs(given_model, spec.constant_inputs, constants);
+  checkExampleInputs(model, spec, constants);
+  frontend::OpenOptions options;
+  options.open_depth = open_depth;
+  frontend::OpenedModel opened(model, options);
+  frontend::ModelDag dag = frontend::buildDag(opened);
+  partitioner::Partition partition = partitioner::partitionAtStarts(dag, partitioner::policyUnits(dag).starts);
+  BuiltStages stages = buildStages(opened, dag, partition);
+  stages.manifest.constant_inputs = std::move(constants);
+  recordValueMeta(stages, spec);
+  return SplitResult{std::move(opened), std::move(dag), std::move(partition), std::move(stages)};
 }
 
 }  // namespace pipeforge::stage

@@ -27,6 +27,14 @@ struct SplitResult {
 
 SplitResult splitInMemory(const torch::jit::Module& model, const partitioner::SplitSpec& spec);
 
+// The model cut before every submodule call `open_depth` levels of calls
+// below forward (0: the calls forward makes itself), one stage per call, as
+// partitioner::policyUnits finds them: ops before the first call join it,
+// ops between two calls join the first. Example-input meta is recorded as
+// splitInMemory records it; the spec's cuts and policy are not used. What
+// `pipeforge inspect --depth` draws.
+SplitResult splitAtCalls(const torch::jit::Module& model, const partitioner::SplitSpec& spec, int open_depth);
+
 // Deterministic tensors matching the spec's example_inputs.
 std::vector<c10::IValue> makeExampleInputs(const partitioner::SplitSpec& spec);
 

@@ -7,7 +7,6 @@
 #include <optional>
 
 #include "common/atomic_file.h"
-#include "common/dtype_names.h"
 #include "common/error.h"
 #include "frontend/load_model.h"
 #include "frontend/pipe_split_op.h"
@@ -72,12 +71,6 @@ SplitSummary splitModelToDirectory(const SplitRequest& request) {
     if (input_dims.size() == result.stages.manifest.inputs.size()) {
       result.stages.manifest.input_dims = input_dims;
       result.stages.manifest.input_dtypes = input_dtypes;
-    }
-  } else if (spec.example_inputs.size() == result.stages.manifest.inputs.size()) {
-    // A TorchScript forward declares no dtypes; its example inputs say which it ran with.
-    for (const auto& in : spec.example_inputs) {
-      const auto dtype = parseDtype(in.dtype);
-      result.stages.manifest.input_dtypes.push_back(dtype ? dtypeName(*dtype) : "");
     }
   }
   PipeManifest& manifest = result.stages.manifest;

@@ -26,6 +26,16 @@ TEST(DtypeNamesTest, PyTorchAliases) {
   EXPECT_EQ(parseDtype("int"), Dtype::kInt32);
 }
 
+TEST(DtypeNamesTest, ElementSizes) {
+  EXPECT_EQ(dtypeSize(Dtype::kFloat64), 8);
+  EXPECT_EQ(dtypeSize(Dtype::kInt64), 8);
+  EXPECT_EQ(dtypeSize(Dtype::kFloat32), 4);
+  EXPECT_EQ(dtypeSize(Dtype::kInt32), 4);
+  EXPECT_EQ(dtypeSize(Dtype::kFloat16), 2);
+  EXPECT_EQ(dtypeSize(Dtype::kBFloat16), 2);
+  EXPECT_EQ(dtypeSize(Dtype::kBool), 1);
+}
+
 TEST(DtypeNamesTest, UnknownNamesAreRefused) {
   EXPECT_FALSE(parseDtype("complex"));
   EXPECT_FALSE(parseDtype("Float32"));

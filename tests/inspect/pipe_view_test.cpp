@@ -24,7 +24,9 @@ TEST(InspectModel, AWholeModelIsOneStage) {
 }
 
 TEST(InspectModel, ASplitFolderIsViewedAsTheSplitInMemory) {
-  const std::string spec = writeSpec("split_points: {mid: BEGINNING, head: BEGINNING}\n");
+  const std::string spec = writeSpec(
+      "split_points: {mid: BEGINNING, head: BEGINNING}\n"
+      "example_inputs: [{shape: [6, 8]}, {shape: [6, 8]}, {shape: [6, 8], dtype: int64, high: 2}]\n");
   auto in_memory = inspect::loadPipeView(testing::zooModelPath("multi_io"), spec);
   stage::SplitRequest request;
   request.model_path = testing::zooModelPath("multi_io");
@@ -36,6 +38,10 @@ TEST(InspectModel, ASplitFolderIsViewedAsTheSplitInMemory) {
   EXPECT_EQ(folder.manifest.inputs, in_memory.manifest.inputs);
   EXPECT_EQ(inspect::moduleTree(folder), inspect::moduleTree(in_memory));
   EXPECT_EQ(inspect::rootDataflow(folder), inspect::rootDataflow(in_memory));
+  // pipe.json keeps the shapes the split saw, so the folder shows them too.
+  EXPECT_EQ(folder.manifest.input_meta, (std::vector<std::string>{"float32[6, 8]", "float32[6, 8]", "int64[6, 8]"}));
+  EXPECT_EQ(inspect::stageBoundaries(folder), inspect::stageBoundaries(in_memory));
+  EXPECT_NE(inspect::stageBoundaries(folder).find("stage_0_0: float32[6, 8] (192 B)"), std::string::npos);
   // A view can move (the CLI passes it along without torch).
   inspect::PipeView moved = std::move(folder);
   EXPECT_EQ(moved.stages.size(), 3u);

@@ -56,5 +56,59 @@ TEST(InspectText, SkipConnectionStaysAliveUntilItsLastReader) {
       << flow;
 }
 
+// Issue 24: the example inputs' shapes, recorded by the split, are shown.
+TEST(InspectText, ShapesOfTheInputsAndOfWhatCrossesEachBoundary) {
+  auto view = inspect::loadPipeView(
+      testing::zooModelPath("multi_io"),
+      writeSpec("split_points: {mid: BEGINNING, deep: BEGINNING, head: BEGINNING}\n"
+                "example_inputs: [{shape: [6, 8]}, {shape: [6, 8]}, {shape: [6, 8], dtype: int64, high: 2}]\n"));
+  const std::string flow = inspect::rootDataflow(view);
+  EXPECT_NE(flow.find("def forward(self, x: \"float32[6, 8]\", y: \"float32[6, 8]\", mask: \"int64[6, 8]\"):"),
+            std::string::npos)
+      << flow;
+  EXPECT_EQ(inspect::stageBoundaries(view),
+            "# values crossing each stage boundary (dtype and shape from example_inputs):\n"
+            "#   0|1  stage_0_0: float32[6, 8] (192 B)  (made by stage 0, last read by stage 2)\n"
+            "#   0|1  stage_0_1: float32[6, 8] (192 B)  (made by stage 0, last read by stage 1)\n"
+            "#   0|1  total 384 B\n"
+            "#   1|2  stage_0_0: float32[6, 8] (192 B)  (made by stage 0, last read by stage 2)\n"
+            "#   1|2  stage_1: float32[6, 8] (192 B)  (made by stage 1, last read by stage 2)\n"
+            "#   1|2  total 384 B\n"
+            "#   2|3  stage_2_0: float32[6, 8] (192 B)  (made by stage 2, last read by stage 3)\n"
+            "#   2|3  stage_2_1: float32[6, 8] (192 B)  (made by stage 2, last read by stage 3)\n"
+            "#   2|3  total 384 B\n");
+  const std::string stage2 = inspect::stageText(view, 2);
+  EXPECT_NE(stage2.find("inputs:  stage_0_0: float32[6, 8] (192 B), stage_1: float32[6, 8] (192 B)\n"),
+            std::string::npos)
+      << stage2;
+  EXPECT_NE(stage2.find("outputs: stage_2_0: float32[6, 8] (192 B), stage_2_1: float32[6, 8] (192 B)\n"),
+            std::string::npos)
+      << stage2;
+}
+
+TEST(InspectText, WithoutExampleInputsTheBoundariesSayHowToGetShapes) {
+  auto view = inspect::loadPipeView(testing::zooModelPath("seed_example"),
+                                    writeSpec("split_points:\n  layers.1: BEGINNING\n"));
+  EXPECT_EQ(inspect::stageBoundaries(view),
+            "# values crossing each stage boundary: no shapes recorded; give the split spec example_inputs to see "
+            "them\n");
+  auto whole = inspect::loadPipeView(testing::zooModelPath("seed_example"), std::nullopt);
+  EXPECT_EQ(inspect::stageBoundaries(whole), "") << "one stage has no boundary";
+}
+
+// Issue 24: a module without tensors shows its class and settings, as
+// PyTorch's extra_repr does, not an empty Module().
+TEST(InspectText, ADropoutShowsItsClassAndItsSettings) {
+  auto view = inspect::loadPipeView(testing::zooModelPath("gpt_dropout"), std::nullopt);
+  const std::string tree = inspect::moduleTree(view);
+  for (const char* expected : {"      (0): DropoutBlock(\n", "        (drop): Dropout(", "    (drop): Dropout("}) {
+    EXPECT_NE(tree.find(expected), std::string::npos) << expected << "\n" << tree;
+  }
+  const size_t drop = tree.find("(drop): Dropout(");
+  const std::string line = tree.substr(drop, tree.find('\n', drop) - drop);
+  EXPECT_EQ(line, "(drop): Dropout(inplace=False, p=0.2)") << "the same on LibTorch 1.13 and 2.13";
+  EXPECT_EQ(tree.find("Module()"), std::string::npos) << tree;
+}
+
 }  // namespace
 }  // namespace pipeforge

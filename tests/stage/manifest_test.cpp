@@ -75,5 +75,19 @@ TEST(Manifest, ConstantInputsRoundTripAndOlderFilesReadWithoutThem) {
       << errorOf(listed);
 }
 
+TEST(Manifest, InputMetaRoundTripsAndMustListEveryInput) {
+  PipeManifest m = manifestFromJson(stageJson("stage_0.pt"), "p.json");
+  EXPECT_TRUE(m.input_meta.empty()) << "a manifest written before \"input_meta\" existed";
+  m.input_meta = {"int64[8, 128]"};
+  const std::string text = manifestToJson(m);
+  EXPECT_NE(text.find("\"input_meta\": ["), std::string::npos) << text;
+  EXPECT_EQ(manifestFromJson(text, "p.json"), m);
+  std::string two = stageJson("stage_0.pt");
+  two.insert(two.size() - 1, R"(, "input_meta": ["int64[8]", "int64[8]"])");
+  EXPECT_NE(errorOf(two).find("input_meta lists 2 inputs but the model has 1; re-run `pipeforge split`"),
+            std::string::npos)
+      << errorOf(two);
+}
+
 }  // namespace
 }  // namespace pipeforge::stage
