@@ -219,6 +219,7 @@ PipeManifest manifestFromJson(const std::string& text, const std::string& origin
                               "); re-run `pipeforge split`");
         }
       }
+    }
     m.input_meta = j.value("input_meta", std::vector<std::string>{});
     if (!m.input_meta.empty() && m.input_meta.size() != m.inputs.size()) {
       throw ManifestError("input_meta lists " + std::to_string(m.input_meta.size()) + " inputs but the model has " +
