@@ -98,7 +98,9 @@ void addInspectCommand(CLI::App& app, int& exit_code) {
       "Show a model or a split: the module tree of each stage (as PyTorch's print(pipe)) and the root dataflow "
       "(text), the DAG and partition (json), or the DAG coloured by stage (dot, svg); with --depth, one node per "
       "module instead of one per aten op.");
-  sub->add_option("path", options->path, "a model file (TorchScript .pt or torch.export .pt2) or a folder written by `pipeforge split`")->required();
+  sub->add_option("path", options->path,
+                  "a model file, TorchScript (.pt) or torch.export (.pt2), or a folder written by `pipeforge split`")
+      ->required();
   sub->add_option("--spec", options->spec, "split a model file in memory with this spec before showing it (with --depth, only its example_inputs and constant_inputs apply)");
   sub->add_option("--format", options->format, "text | json | dot | svg")
       ->check(CLI::IsMember({"text", "json", "dot", "svg"}));
