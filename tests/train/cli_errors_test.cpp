@@ -38,6 +38,8 @@ TEST(TrainCliErrors, EveryMistakeIsNamed) {
       {"unknown nested key", "weight_decay: 0.01}", "weight_decay: 0.01, betaz: [0.9, 0.9]}", 2,
        {"unknown key 'optimizer.betaz'", "betas"}},
       {"wrong type", "steps: 3,", "steps: three,", 2, {"training.steps must be an integer >= 1", "'three'"}},
+      // yaml-cpp keeps both, and the later would win silently (issue 24.4).
+      {"repeated key", "steps: 3,", "steps: 3, steps: 2,", 2, {"'training.steps' appears twice", "keep one"}},
       {"negative lr", "lr: 1.0e-3", "lr: -1", 2, {"optimizer.lr must be a number > 0"}},
       {"missing data file", "tokens.bin", "nope.bin", 2, {"data.path", "nope.bin", "does not exist"}},
       {"missing model", "zoo/gpt.pt", "zoo/nope.pt", 2, {"model.path", "does not exist"}},

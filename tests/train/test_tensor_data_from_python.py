@@ -30,12 +30,12 @@ class Holder(torch.nn.Module):
         return len(self.inputs)
 
 
-def train(binary: str, zoo: str, d: str, data: str, model_keys: str = ""):
+def train(binary: str, zoo: str, d: str, data: str, model_keys: str = "", loss: str = "mse"):
     config = os.path.join(d, "train.yaml")
     with open(config, "w") as f:
         f.write(f"""model: {{path: {zoo}/mlp.pt, num_stages: 2, policy: parameters{model_keys}}}
 pipeline: {{schedule: GPipe, microbatches: 2}}
-loss: mse
+loss: {loss}
 optimizer: {{name: sgd, lr: 0.05}}
 data: {{format: tensors, path: {data}}}
 training: {{steps: 2, global_batch_size: 8}}
@@ -100,6 +100,17 @@ def main() -> None:
         assert "rank 0 failed first" in text, text
         assert "stage 0 forward of microbatch 0 failed" in text, text
         print("float64 data found in stage 0's forward: exit 1, rank 0 named as the one that failed")
+
+        # Issue 24.10: cross_entropy with float targets of the logits' shape is
+        # refused by their dtype, not reported as a shape mismatch.
+        path = os.path.join(d, "float_targets.pt")
+        torch.save({"inputs": x, "targets": y}, path)
+        r = train(binary, zoo, d, path, loss="cross_entropy")
+        text = r.stdout + r.stderr
+        assert r.returncode == 1, f"float targets for cross_entropy: exit {r.returncode}:\n{text}"
+        assert "cross-entropy: target 0 is float32 (shape [4,4]); cross_entropy takes integer class indices" in text, \
+            text
+        print("refuses float targets for cross_entropy by their dtype")
 
 
 if __name__ == "__main__":
