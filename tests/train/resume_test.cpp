@@ -330,6 +330,7 @@ INSTANTIATE_TEST_SUITE_P(Train, Interrupt,
                                            InterruptCase{"group", SIGINT},
                                            InterruptCase{"launcher", SIGINT, true},
                                            InterruptCase{"launcher", SIGTERM, true},
+                                           InterruptCase{"rank1", SIGINT, true},
                                            InterruptCase{"rank1", SIGTERM, true}),
                          [](const ::testing::TestParamInfo<InterruptCase>& info) {
                            return fmt::format("{}{}_{}", info.param.torchrun ? "torchrun_" : "", info.param.target,
