@@ -11,7 +11,6 @@
 #include <torch/script.h>
 
 #include "checkpoint/checkpoint.h"
-#include "compat/scalar_type_name.h"
 #include "common/error.h"
 #include "common/interrupt.h"
 #include "config/train_config.h"
@@ -26,6 +25,7 @@
 #include "stage/file_digest.h"
 #include "stage/manifest.h"
 #include "stage/split_model.h"
+#include "stage/value_meta.h"
 #include "train/optimizer_factory.h"
 #include "train/trainer.h"
 
@@ -158,7 +158,7 @@ void checkDataDtypes(const TrainConfig& config, const stage::PipeManifest& manif
     const std::string takes = stage::inputDtype(manifest, i);
     if (takes.empty()) continue;
     const at::ScalarType given = one.inputs[i].scalar_type();
-    const std::string given_name = compat::scalarTypeName(given);
+    const std::string given_name = stage::canonicalDtypeName(c10::toString(given));
     const bool both_integers = c10::isIntegralType(given, false) && (takes == "int64" || takes == "int32");
     if (given_name == takes || both_integers) continue;
     const std::string where = config.data.format == DataFormat::kTensors

@@ -6,9 +6,9 @@
 
 #include <filesystem>
 
-#include "compat/scalar_type_name.h"
 #include "frontend/load_model.h"
 #include "frontend/pt2_import.h"
+#include "stage/value_meta.h"
 
 namespace pipeforge::runtime {
 
@@ -90,7 +90,7 @@ at::Tensor LossFunction::operator()(const std::vector<at::Tensor>& outputs, cons
               "cross-entropy: target {} is {} (shape [{}]); cross_entropy takes integer class indices, one per "
               "row of logits [..., V] (output {} has shape [{}]): store the targets as int64 (or int32), or use "
               "loss: mse for float targets, or loss: {{module: ...}} for probabilities",
-              k, compat::scalarTypeName(tgt.scalar_type()), fmt::join(tgt.sizes(), ","), k, fmt::join(out.sizes(), ",")));
+              k, stage::canonicalDtypeName(c10::toString(tgt.scalar_type())), fmt::join(tgt.sizes(), ","), k, fmt::join(out.sizes(), ",")));
         }
         if (out.dim() < 1 || out.numel() / out.size(-1) != tgt.numel()) {
           throw RuntimeError(fmt::format("cross-entropy: output {} has shape [{}] but target {} has shape [{}]; "
