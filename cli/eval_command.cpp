@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/launch_options.h"
 #include "cli/override_options.h"
 #include "cli/run_guarded.h"
 #include "tools/evaluate_checkpoint.h"
@@ -13,7 +14,6 @@ namespace pipeforge::cli {
 void addEvalCommand(CLI::App& app, int& exit_code) {
   auto request = std::make_shared<train::EvalRequest>();
   auto batches = std::make_shared<std::int64_t>(0);
-  auto port = std::make_shared<int>(0);
   auto* sub = app.add_subcommand(
       "eval",
       "Report the held-out loss of a checkpoint on a training config's data: the same held-out batches, "
@@ -23,17 +23,14 @@ void addEvalCommand(CLI::App& app, int& exit_code) {
                   "checkpoint folder (its `latest`) or one step_<N> folder (default: the newest intact one in "
                   "checkpoint.dir)");
   sub->add_option("--batches", *batches, "held-out batches to average (default: training.eval_batches)");
-  sub->add_option("--nproc", request->nproc,
-                  "local ranks (default: the config's layout, stages / stages_per_rank x data_parallel)");
-  sub->add_option("--master-addr", request->master_addr, "the address ranks meet at (default 127.0.0.1)");
-  sub->add_option("--master-port", *port, "the rendezvous port (default: a free one)");
-  sub->add_option("--split-dir", request->split_dir, "(set by the launcher) the split to load")->group("");
+  addLaunchOptions(sub, request->launch, request->split_dir,
+                   LaunchHelp{"local ranks (default: the config's layout, stages / stages_per_rank x data_parallel)",
+                              "the split to load"});
   auto overrides = std::make_shared<OverrideOptions>(sub);
   sub->callback([=, &exit_code] {
     exit_code = runGuarded("eval", [&] {
       request->overrides = overrides->collect();
       if (sub->count("--batches") > 0) request->batches = *batches;
-      if (*port != 0) request->master_port = *port;
       train::runEvalRequest(*request);
       return kExitOk;
     });

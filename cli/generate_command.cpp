@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "cli/commands.h"
+#include "cli/launch_options.h"
 #include "cli/run_guarded.h"
 #include "tools/generate.h"
 
@@ -15,7 +16,6 @@ void addGenerateCommand(CLI::App& app, int& exit_code) {
   auto prompt = std::make_shared<std::string>();
   auto prompt_tokens = std::make_shared<std::string>();
   auto block_size = std::make_shared<std::int64_t>(0);
-  auto port = std::make_shared<int>(0);
   auto* sub = app.add_subcommand(
       "generate",
       "Sample tokens from a trained language model: the model is split into --nproc stages (parameters policy), "
@@ -37,19 +37,16 @@ void addGenerateCommand(CLI::App& app, int& exit_code) {
   sub->add_option("--top-k", request->top_k, "sample among the K most likely tokens; 0: all")->capture_default_str();
   sub->add_option("--seed", request->seed, "seed of the draws: the same seed gives the same tokens")
       ->capture_default_str();
-  sub->add_option("--nproc", request->nproc, "local ranks, one stage each (default: the checkpoint's stage count)");
   sub->add_option("--block-size", *block_size,
                   "the model's maximum sequence length (default: its position embedding's rows)");
   sub->add_option("--timeout", request->timeout_s, "seconds any rank waits for a peer")->capture_default_str();
-  sub->add_option("--master-addr", request->master_addr, "the address ranks meet at (default 127.0.0.1)");
-  sub->add_option("--master-port", *port, "the rendezvous port (default: a free one)");
-  sub->add_option("--split-dir", request->split_dir, "(set by the launcher) the split to load")->group("");
+  addLaunchOptions(sub, request->launch, request->split_dir,
+                   LaunchHelp{"local ranks, one stage each (default: the checkpoint's stage count)", "the split to load"});
   sub->callback([=, &exit_code] {
     exit_code = runGuarded("generate", [&] {
       if (text->count() > 0) request->prompt = *prompt;
       if (ids->count() > 0) request->prompt_tokens = *prompt_tokens;
       if (sub->count("--block-size") > 0) request->block_size = *block_size;
-      if (*port != 0) request->master_port = *port;
       train::runGenerateRequest(*request);
       return kExitOk;
     });

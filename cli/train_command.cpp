@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/launch_options.h"
 #include "cli/override_options.h"
 #include "cli/run_guarded.h"
 #include "launch/launch.h"
@@ -13,7 +14,6 @@ namespace pipeforge::cli {
 void addTrainCommand(CLI::App& app, int& exit_code) {
   auto request = std::make_shared<train::TrainRequest>();
   auto stop_after = std::make_shared<std::int64_t>(0);
-  auto port = std::make_shared<int>(0);
   auto* sub = app.add_subcommand(
       "train",
       "Train a model split into pipeline stages, one process per rank (see configs/train_example.yaml).\n"
@@ -21,18 +21,16 @@ void addTrainCommand(CLI::App& app, int& exit_code) {
       "one rank of a job started by `torchrun --no-python` or `srun` (RANK, WORLD_SIZE, MASTER_ADDR, ...), or "
       "alone. Resumes from the checkpoint folder's `latest` when there is one.");
   sub->add_option("--config", request->config_path, "training config YAML")->required();
-  sub->add_option("--nproc", request->nproc, "start this many local ranks (world = pipeline ranks x data_parallel)");
   sub->add_option("--stop-after", *stop_after, "stop after step N of the run (an absolute step, also after a resume), with a checkpoint there, as an "
                   "interrupt would");
-  sub->add_option("--master-addr", request->master_addr, "with --nproc: the address ranks meet at (default 127.0.0.1)");
-  sub->add_option("--master-port", *port, "with --nproc: the rendezvous port (default: a free one)");
-  sub->add_option("--split-dir", request->split_dir, "(set by the launcher) the split to train")->group("");
+  addLaunchOptions(sub, request->launch, request->split_dir,
+                   LaunchHelp{"start this many local ranks (world = pipeline ranks x data_parallel)", "the split to train",
+                              true});
   auto overrides = std::make_shared<OverrideOptions>(sub);
-  sub->callback([request, stop_after, port, overrides, &exit_code] {
+  sub->callback([request, stop_after, overrides, &exit_code] {
     exit_code = runGuarded("train", [&] {
       request->overrides = overrides->collect();
       if (*stop_after != 0) request->stop_after = *stop_after;
-      if (*port != 0) request->master_port = *port;
       return train::runTrainRequest(*request);  // a failed rank's status (Note [Run exit status])
     });
   });

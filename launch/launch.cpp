@@ -1,266 +1,33 @@
 #include "launch/launch.h"
 
-#include <algorithm>
 #include <filesystem>
 #include <iostream>
-#include <map>
-#include <set>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
-#include <torch/script.h>
 
-#include "checkpoint/checkpoint.h"
 #include "common/error.h"
 #include "common/interrupt.h"
 #include "config/train_config.h"
-#include "data/dataset.h"
 #include "data/open_dataset.h"
-#include "frontend/load_model.h"
-#include "frontend/pt2_import.h"
 #include "launch/device_check.h"
-#include "partitioner/split_spec.h"
+#include "launch/launch_checks.h"
 #include "runtime/dist_env.h"
-#include "runtime/local_launcher.h"
-#include "stage/file_digest.h"
 #include "stage/manifest.h"
-#include "stage/split_model.h"
-#include "stage/value_meta.h"
-#include "train/optimizer_factory.h"
 #include "train/trainer.h"
 
 namespace pipeforge::train {
 
 namespace fs = std::filesystem;
 
-std::string splitFor(const TrainConfig& config, const std::string& out_dir) {
-  std::error_code ec;
-  fs::create_directories(fs::path(out_dir).parent_path(), ec);
-  stage::SplitRequest request;
-  request.model_path = config.model.path;
-  request.out_dir = out_dir;
-  request.force = true;
-  request.spec = config.model.spec;  // parsed with the config (its file's lines in errors)
-  try {
-    stage::splitModelToDirectory(request);
-  } catch (const partitioner::SpecError& e) {
-    // What only the model can check (split point names, constant_inputs' types).
-    throw ConfigError(config.model.split_spec.empty() ? fmt::format("{} (under model: in {})", e.what(), config.origin)
-                                                      : fmt::format("{}: model.split_spec: {}", config.origin, e.what()));
-  }
-  return out_dir;
-}
-
-// Before any rank starts: every stage file is intact (Note [File digests]) and
-// every tied group names tensors of one shape and dtype, so a hand-edited or
-// damaged split folder fails here with its cause, not inside a collective.
-void checkSplitFolder(const std::string& dir, const stage::PipeManifest& manifest) {
-  std::map<std::string, std::pair<int, at::Tensor>> params;  // FQN -> (stage, tensor)
-  for (const stage::StageInfo& info : manifest.stages) {
-    stage::verifyStageFile(dir, info);
-    torch::jit::Module module;
-    try {
-      module = std::filesystem::path(info.file).extension() == ".pt2" ? frontend::loadPt2Model(dir + "/" + info.file)
-                                                              : torch::jit::load(dir + "/" + info.file, c10::Device(c10::kCPU));
-    } catch (const c10::Error& e) {
-      throw ConfigError(fmt::format("stage {}: cannot load '{}/{}' ({}); re-run `pipeforge split`", info.index, dir,
-                                    info.file, e.what_without_backtrace()));
-    } catch (const frontend::ModelError& e) {
-      throw ConfigError(fmt::format("stage {}: cannot load '{}/{}' ({}); re-run `pipeforge split`", info.index, dir,
-                                    info.file, e.what()));
-    }
-    for (const auto& p : module.named_parameters(true)) params.emplace(p.name, std::make_pair(info.index, p.value));
-  }
-  auto describe = [](const at::Tensor& t) { return fmt::format("{}{}", c10::toString(t.scalar_type()), t.sizes()); };
-  for (const auto& group : manifest.tied) {
-    // A name of the group that no stage reads under that name (BERT's
-    // cls.predictions.bias, read as cls.predictions.decoder.bias) is the same
-    // tensor as the held ones; a group none of whose names is held is not.
-    if (std::none_of(group.begin(), group.end(), [&](const std::string& fqn) { return params.count(fqn) > 0; })) {
-      throw ConfigError(fmt::format("{}/pipe.json: tied group [{}] names tensors no stage file holds; the split "
-                                    "folder is inconsistent: re-run `pipeforge split`",
-                                    dir, fmt::join(group, ", ")));
-    }
-    const std::pair<int, at::Tensor>* first = nullptr;
-    for (const std::string& fqn : group) {
-      auto it = params.find(fqn);
-      if (it == params.end()) continue;
-      if (first == nullptr) {
-        first = &it->second;
-        continue;
-      }
-      const at::Tensor& a = first->second;
-      const at::Tensor& b = it->second.second;
-      if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) {
-        throw ConfigError(fmt::format("{}/pipe.json: tied group [{}] joins '{}' ({} in stage {}) and '{}' ({} in stage "
-                                      "{}), which cannot be one tensor; the split folder is inconsistent: re-run "
-                                      "`pipeforge split`",
-                                      dir, fmt::join(group, ", "), group.front(), describe(a), first->first, fqn,
-                                      describe(b), it->second.first));
-      }
-    }
-  }
-}
-
-// A torch.export model takes only the sizes it was exported with, except in
-// dimensions made dynamic (pipe.json "input_dims"). Each stage receives one
-// microbatch, so its rows must fit dimension 0 of every input, and token data
-// must fit the sequence dimension; refused here, before any rank starts,
-// rather than failing (or worse) inside a stage.
-void checkInputSizes(const TrainConfig& config, const stage::PipeManifest& manifest) {
-  if (manifest.input_dims.empty()) return;
-  const std::int64_t rows = replicaBatchSize(config) / config.pipeline.microbatches;
-  auto accepts = [](const stage::InputDim& d, std::int64_t n) { return n >= d.min && (d.max < 0 || n <= d.max); };
-  auto describe = [](const stage::InputDim& d) {
-    if (d.min == d.max) return fmt::format("a static size of {}", d.min);
-    return d.max < 0 ? fmt::format("sizes >= {}", d.min) : fmt::format("sizes {}..{}", d.min, d.max);
-  };
-  // The batch dim of each input: dim 0, or its pipeline.input_chunks dim; a
-  // replicated input has none (Note [Input chunks] in data/dataset.h).
-  const std::vector<ChunkEntry> chunks = inputChunksFor(config, manifest.inputs);
-  for (size_t i = 0; i < manifest.input_dims.size(); ++i) {
-    const auto& dims = manifest.input_dims[i];
-    const std::string& name = manifest.inputs.at(i);
-    const ChunkEntry chunk = i < chunks.size() ? chunks[i] : ChunkEntry{};
-    if (chunk.replicate) continue;
-    const auto b = static_cast<std::size_t>(chunk.dim);
-    if (dims.size() > b && !accepts(dims[b], rows)) {
-      const std::int64_t fit = dims[b].min * config.pipeline.microbatches * config.pipeline.data_parallel;
-      throw ConfigError(fmt::format(
-          "model '{}' was exported with {} in dimension {} (the batch) of input '{}', but training feeds microbatches "
-          "of {} rows (training.global_batch_size {} / pipeline.data_parallel {} / pipeline.microbatches {}); "
-          "re-export with a dynamic batch, torch.export.export(..., dynamic_shapes={{\"{}\": {{{}: "
-          "torch.export.Dim(\"batch\")}}}}), or set training.global_batch_size to {}",
-          manifest.source, describe(dims[b]), b, name, rows, config.global_batch_size, config.pipeline.data_parallel,
-          config.pipeline.microbatches, name, b, fit));
-    }
-    if (config.data.format != DataFormat::kTensors && i == 0 && dims.size() >= 2 &&
-        !accepts(dims[1], config.data.block_size)) {
-      throw ConfigError(fmt::format("model '{}' was exported with {} in dimension 1 (the sequence) of input '{}', but "
-                                    "data.block_size is {}; set data.block_size to {} or export with that dimension "
-                                    "dynamic",
-                                    manifest.source, describe(dims[1]), name, config.data.block_size, dims[1].min));
-    }
-  }
-}
-
-// A microbatch of the data against every dimension the export fixed or
-// bounded (pipe.json "input_dims"), not only the batch: a program exported
-// for 16 tokens fails inside a stage's first reshape on 24, with a message
-// about expanded sizes that names neither the data nor the export.
-// Note [Input dtypes]: data whose kind differs from what an input takes
-// (float64 for float32, floats for token ids) would fail inside a stage's
-// forward on every rank; pipe.json's dtypes (a .pt2's declared ones, a
-// TorchScript split's example inputs) let the launcher refuse it first. Integer widths may differ (an embedding takes int32 or int64 ids);
-// floating dtypes must match, since the forward does not convert them.
-void checkDataDtypes(const TrainConfig& config, const stage::PipeManifest& manifest, const Batch& one) {
-  for (size_t i = 0; i < manifest.inputs.size() && i < one.inputs.size(); ++i) {
-    const std::string takes = stage::inputDtype(manifest, i);
-    if (takes.empty()) continue;
-    const at::ScalarType given = one.inputs[i].scalar_type();
-    const std::string given_name = stage::canonicalDtypeName(c10::toString(given));
-    const bool both_integers = c10::isIntegralType(given, false) && (takes == "int64" || takes == "int32");
-    if (given_name == takes || both_integers) continue;
-    const std::string where = config.data.format == DataFormat::kTensors
-                                  ? fmt::format("data: inputs[{}] ({})", i, config.data.path)
-                                  : fmt::format("data ({})", config.data.path);
-    throw ConfigError(fmt::format("{} is {}; the model's input '{}' takes {}; convert the data (torch.save the "
-                                  "tensor .to(torch.{})), or split a model that takes {}",
-                                  where, given_name, manifest.inputs.at(i), takes, takes, given_name));
-  }
-}
-
-void checkDataFitsInputs(const TrainConfig& config, const stage::PipeManifest& manifest, Dataset& dataset) {
-  if (manifest.input_dims.empty() && manifest.input_dtypes.empty() && manifest.input_meta.empty()) return;
-  const std::int64_t rows = replicaBatchSize(config) / config.pipeline.microbatches;
-  if (rows < 1) return;  // refused with its own message by checkInputSizes
-  const DataLayout layout = dataLayoutFor(config, manifest.inputs);
-  const Batch one = sliceBatch(dataset.batch(DataSplit::kTrain, 0, rows), 0, rows, layout);
-  checkDataDtypes(config, manifest, one);
-  const std::vector<ChunkEntry> chunks = inputChunksFor(config, manifest.inputs);
-  for (size_t i = 0; i < manifest.input_dims.size() && i < one.inputs.size(); ++i) {
-    const auto& dims = manifest.input_dims[i];
-    const at::Tensor& x = one.inputs[i];
-    const std::string& name = manifest.inputs.at(i);
-    if (dims.empty()) continue;
-    if (static_cast<size_t>(x.dim()) != dims.size()) {
-      throw ConfigError(fmt::format("model '{}' takes input '{}' with {} dimensions, but the data gives it {} "
-                                    "(sizes {}); check data.path's inputs and their order ({})",
-                                    manifest.source, name, dims.size(), x.dim(), x.sizes(),
-                                    fmt::join(manifest.inputs, ", ")));
-    }
-    const ChunkEntry chunk = i < chunks.size() ? chunks[i] : ChunkEntry{};
-    for (size_t d = 0; d < dims.size(); ++d) {
-      if (!chunk.replicate && static_cast<int>(d) == chunk.dim) continue;  // the batch: checkInputSizes
-      const std::int64_t n = x.size(static_cast<std::int64_t>(d));
-      if (n >= dims[d].min && (dims[d].max < 0 || n <= dims[d].max)) continue;
-      const std::string exported = dims[d].min == dims[d].max ? fmt::format("a static size of {}", dims[d].min)
-                                   : dims[d].max < 0            ? fmt::format("sizes >= {}", dims[d].min)
-                                                                : fmt::format("sizes {}..{}", dims[d].min, dims[d].max);
-      const std::string data = config.data.format != DataFormat::kTensors
-                                   ? fmt::format("data.block_size is {}", config.data.block_size)
-                                   : fmt::format("the data's microbatches have {} there", n);
-      throw ConfigError(fmt::format(
-          "model '{}' was exported with {} in dimension {} of input '{}', but {}; re-export with that dimension "
-          "dynamic, torch.export.export(..., dynamic_shapes={{\"{}\": {{{}: torch.export.Dim(\"{}\")}}}}), or "
-          "make the data fit",
-          manifest.source, exported, d, name, data, name, d, d == 1 ? "seq" : "dim"));
-    }
-  }
-}
-
-// A no_decay glob that matches no parameter is a typo, not a choice. Globs
-// are matched against the names PyTorch's named_parameters() lists: a tied
-// group by its first name (Note [No-decay groups]).
-void checkNoDecayPatterns(const TrainConfig& config, const stage::PipeManifest& manifest) {
-  std::map<std::string, std::string> first_name;
-  for (const auto& group : manifest.tied) {
-    for (const auto& name : group) first_name[name] = group.front();
-  }
-  std::set<std::string> names, other_names;
-  for (const auto& stage : manifest.stages) {
-    for (const auto& name : stage.parameters) {
-      auto it = first_name.find(name);
-      names.insert(it == first_name.end() ? name : it->second);
-      if (it != first_name.end() && it->second != name) other_names.insert(name);
-    }
-  }
-  for (const auto& pattern : config.optimizer.no_decay) {
-    OptimizerConfig one;
-    one.no_decay = {pattern};
-    if (std::any_of(names.begin(), names.end(), [&](const std::string& n) { return matchesNoDecay(one, n); })) {
-      continue;
-    }
-    for (const auto& name : other_names) {
-      if (matchesNoDecay(one, name)) {
-        throw ConfigError(fmt::format("{}: optimizer.no_decay pattern '{}' matches only '{}', a tied name of '{}'; "
-                                      "a tied weight is matched by its first name, as PyTorch's named_parameters() "
-                                      "lists it: use '{}'",
-                                      config.origin, pattern, name, first_name.at(name), first_name.at(name)));
-      }
-    }
-    std::vector<std::string> some(names.begin(), std::next(names.begin(), std::min<std::size_t>(names.size(), 4)));
-    throw ConfigError(fmt::format("{}: optimizer.no_decay pattern '{}' matches no parameter of the model (names look "
-                                  "like {}); fix the glob (`*` matches any text, dots included)",
-                                  config.origin, pattern, fmt::join(some, ", ")));
-  }
-}
-
-// What the config asks of the split, checked once before any rank starts.
-void checkAgainstSplit(const TrainConfig& config, const stage::PipeManifest& manifest) {
-  checkInputSizes(config, manifest);
-  checkNoDecayPatterns(config, manifest);
-}
-
 namespace {
 
 int launch(const TrainRequest& request, const TrainConfig& config) {
-  checkDevice(config, request.nproc);
+  checkDevice(config, request.launch.nproc);
   std::string split_dir = config.model.split_dir;
   // A stage count the spec fixes is checked against the ranks before the
   // split, which can take minutes on a large model.
   if (split_dir.empty() && config.model.spec && config.model.spec->num_stages) {
-    checkLayout(config, request.nproc, *config.model.spec->num_stages);
+    checkLayout(config, request.launch.nproc, *config.model.spec->num_stages);
   }
   if (split_dir.empty()) {
     split_dir = fs::absolute(fs::path(config.output_dir) / "stages").string();
@@ -268,7 +35,7 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
     std::cout << fmt::format("split {} into {}\n", config.model.path, split_dir) << std::flush;
   }
   const stage::PipeManifest manifest = stage::readManifest(split_dir);
-  checkLayout(config, request.nproc, manifest.num_stages);
+  checkLayout(config, request.launch.nproc, manifest.num_stages);
   checkSplitFolder(split_dir, manifest);
   checkAgainstSplit(config, manifest);
   // Unreadable data, or data that does not fit the model's inputs, fails here, once, not on every rank.
@@ -277,32 +44,21 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
     checkDataFitsInputs(config, manifest, *dataset);
   }
 
-  runtime::LaunchOptions options;
-  options.executable = fs::read_symlink("/proc/self/exe").string();
-  options.args = {"train", "--config", request.config_path, "--split-dir", split_dir};
-  for (std::string& arg : asSetArguments(request.overrides)) options.args.push_back(std::move(arg));
+  RankCommand ranks;
+  ranks.args = {"train", "--config", request.config_path, "--split-dir", split_dir};
+  for (std::string& arg : asSetArguments(request.overrides)) ranks.args.push_back(std::move(arg));
   if (request.stop_after) {
-    options.args.push_back("--stop-after");
-    options.args.push_back(std::to_string(*request.stop_after));
+    ranks.args.push_back("--stop-after");
+    ranks.args.push_back(std::to_string(*request.stop_after));
   }
-  options.num_ranks = request.nproc;
-  options.master_addr = request.master_addr;
-  options.master_port = request.master_port;
-  options.capture_output = false;  // rank 0 draws the progress bar on our terminal
-  // Note [Fast stop]: once a rank failed, the others learn it through the
-  // store within a poll (Note [Failure broadcast]) and exit by themselves,
-  // well inside this grace; a rank that cannot learn it (the process group
-  // never formed, so it still waits in the rendezvous) is killed when the
-  // grace ends, instead of waiting out distributed.timeout_s. Checkpoints are
-  // committed atomically, so a kill never leaves a torn one.
-  options.grace = std::chrono::seconds(3);
-  options.timeout = std::chrono::hours(24 * 365);
+  ranks.num_ranks = request.launch.nproc;
   if (const int signal = interruptSignal(); signal != 0) {
     std::cout << fmt::format("interrupted by {} before training started; nothing to resume\n",
                              interruptSignalName(signal));
     return interruptedExitStatus(signal);
   }
-  runtime::LaunchResult result = runtime::launchLocal(options);
+  // Rank 0 draws the progress bar on our terminal.
+  const runtime::LaunchResult result = startRanks(request.launch, ranks, RankOutput::kTerminal);
   if (result.ok()) return 0;
   // Note [Graceful interrupts]: rank 0 said where the run stopped.
   if (const int status = result.interruptedStatus(); status != 0) return status;
@@ -316,12 +72,12 @@ int runTrainRequest(const TrainRequest& request) {
   // Note [Graceful interrupts]: the launcher and every rank (each is this
   // command again) finish the step in progress and checkpoint it.
   installInterruptHandlers();
-  if (request.nproc < 0) throw ConfigError(fmt::format("--nproc {}: give a number of ranks >= 1", request.nproc));
+  checkRankCount(request.launch);
   const TrainConfig config = loadTrainConfig(request.config_path, request.overrides);
   if (request.stop_after && *request.stop_after < 1) {
     throw ConfigError(fmt::format("--stop-after {}: give a step >= 1", *request.stop_after));
   }
-  if (request.nproc > 0) return launch(request, config);
+  if (request.launch.nproc > 0) return launch(request, config);
 
   const runtime::DistEnv env = runtime::resolveDistEnv({});
   checkDevice(config, env.local_rank + 1);

@@ -13,8 +13,8 @@
 #include "data/dataset.h"
 #include "data/open_dataset.h"
 #include "launch/device_check.h"
-#include "launch/launch.h"
-#include "launch/local_ranks.h"
+#include "launch/launch_checks.h"
+#include "launch/rank_launcher.h"
 #include "partitioner/split_spec.h"
 #include "runtime/dist_env.h"
 #include "runtime/pipeline_runner.h"
@@ -92,13 +92,13 @@ std::string checkpointToEvaluate(const EvalRequest& r, const TrainConfig& config
 // rounding: only the cut points move. Returns the stage count P ranks run,
 // or nullopt without --nproc.
 std::optional<int> stagesForRanks(const EvalRequest& r, const TrainConfig& config) {
-  if (r.nproc <= 0) return std::nullopt;
+  if (r.launch.nproc <= 0) return std::nullopt;
   const auto& p = config.pipeline;
-  if (r.nproc % p.data_parallel != 0) {
+  if (r.launch.nproc % p.data_parallel != 0) {
     throw ConfigError(fmt::format("--nproc {} cannot hold pipeline.data_parallel {} replicas; give a multiple of {}",
-                                  r.nproc, p.data_parallel, p.data_parallel));
+                                  r.launch.nproc, p.data_parallel, p.data_parallel));
   }
-  return r.nproc / p.data_parallel * p.stages_per_rank;
+  return r.launch.nproc / p.data_parallel * p.stages_per_rank;
 }
 
 // `config` with its model split into `stages` stages by parameter count.
@@ -159,32 +159,30 @@ void launch(const EvalRequest& r, std::int64_t batches) {
     if (manifest.num_stages != *stages) {
       throw ConfigError(fmt::format("--nproc {}: the model split into {} stages, not {} (its pipe_split() markers "
                                     "add cuts); give --nproc {}",
-                                    r.nproc, manifest.num_stages, *stages,
+                                    r.launch.nproc, manifest.num_stages, *stages,
                                     manifest.num_stages / config.pipeline.stages_per_rank *
                                         config.pipeline.data_parallel));
     }
   }
-  const int nproc = r.nproc > 0 ? r.nproc
+  const int nproc = r.launch.nproc > 0 ? r.launch.nproc
                                 : manifest.num_stages / config.pipeline.stages_per_rank * config.pipeline.data_parallel;
   checkDevice(config, nproc);
   checkLayout(config, nproc, manifest.num_stages);
   checkInputSizes(config, manifest);
   if (config.data.format == DataFormat::kTensors) checkHeldOut(dataLayoutFor(config, manifest.inputs));
 
-  LocalRanksOptions options;
-  options.args = {"eval",          "--config",   r.config_path, "--checkpoint", step_dir,
+  RankCommand ranks;
+  ranks.args = {"eval",          "--config",   r.config_path, "--checkpoint", step_dir,
                   "--batches",     std::to_string(batches), "--split-dir", split_dir};
-  for (std::string& arg : asSetArguments(r.overrides)) options.args.push_back(std::move(arg));
-  options.num_ranks = nproc;
-  options.master_addr = r.master_addr;
-  options.master_port = r.master_port;
-  std::cout << runLocalRanks(options) << std::flush;
+  for (std::string& arg : asSetArguments(r.overrides)) ranks.args.push_back(std::move(arg));
+  ranks.num_ranks = nproc;
+  std::cout << runRanksForOutput(r.launch, ranks) << std::flush;
 }
 
 }  // namespace
 
 void runEvalRequest(const EvalRequest& request) {
-  if (request.nproc < 0) throw ConfigError(fmt::format("--nproc {}: give a number of ranks >= 1", request.nproc));
+  checkRankCount(request.launch);
   if (request.batches && *request.batches < 1) {
     throw ConfigError(fmt::format("--batches {}: give a number of held-out batches >= 1", *request.batches));
   }

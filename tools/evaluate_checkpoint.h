@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "config/config_overrides.h"
+#include "launch/rank_launcher.h"
 
 namespace pipeforge::train {
 
@@ -22,9 +23,7 @@ struct EvalRequest {
   std::vector<ConfigOverride> overrides;  // --set KEY=VALUE (Note [Config overrides])
   std::string checkpoint;                // empty: the newest intact one under checkpoint.dir
   std::optional<std::int64_t> batches;   // default: training.eval_batches
-  int nproc = 0;                         // 0: the ranks the config's layout needs
-  std::string master_addr = "127.0.0.1";
-  std::optional<int> master_port;
+  RankLaunch launch;                     // nproc 0: the ranks the config's layout needs
   std::string split_dir;  // set by the launcher for its ranks: the split to load
 };
 

@@ -16,7 +16,7 @@
 #include "checkpoint/checkpoint_weights.h"
 #include "config/train_config.h"
 #include "data/sampling.h"
-#include "launch/local_ranks.h"
+#include "launch/rank_launcher.h"
 #include "runtime/dist_env.h"
 #include "runtime/pipeline_runner.h"
 #include "stage/manifest.h"
@@ -75,7 +75,7 @@ void checkOptions(const GenerateRequest& r) {
                                   r.temperature));
   }
   if (r.top_k < 0) throw ConfigError(fmt::format("--top-k {}: give a number >= 0 (0: every token)", r.top_k));
-  if (r.nproc < 0) throw ConfigError(fmt::format("--nproc {}: give a number of ranks >= 1", r.nproc));
+  checkRankCount(r.launch);
   if (r.block_size && *r.block_size < 1) {
     throw ConfigError(fmt::format("--block-size {}: give the model's maximum sequence length, >= 1", *r.block_size));
   }
@@ -245,7 +245,7 @@ void launch(const GenerateRequest& r) {
                                   *r.block_size, *rows, *rows));
   }
 
-  const int nproc = r.nproc > 0 ? r.nproc : meta.num_stages;
+  const int nproc = r.launch.nproc > 0 ? r.launch.nproc : meta.num_stages;
   ScratchDir scratch("pipeforge-generate-");
   const std::string spec = scratch.path() + "/split.yaml";
   std::ofstream(spec) << fmt::format("num_stages: {}\npolicy: parameters\n", nproc);
@@ -285,19 +285,17 @@ void launch(const GenerateRequest& r) {
   fitInputs(manifest, static_cast<std::int64_t>(prompt.size()), block);  // refuses here, once, not on every rank
   std::cout << fmt::format("context: at most {} tokens ({})\n", block, block_from) << std::flush;
 
-  LocalRanksOptions options;
-  options.args = {"generate", step_dir, "--model", r.model_path};
+  RankCommand ranks;
+  ranks.args = {"generate", step_dir, "--model", r.model_path};
   // One argument each, so a prompt starting with '-' stays a value.
-  options.args.push_back(r.prompt ? "--prompt=" + *r.prompt : "--prompt-tokens=" + *r.prompt_tokens);
-  options.args.insert(options.args.end(),
+  ranks.args.push_back(r.prompt ? "--prompt=" + *r.prompt : "--prompt-tokens=" + *r.prompt_tokens);
+  ranks.args.insert(ranks.args.end(),
                       {"--tokens", std::to_string(r.tokens), "--temperature", fmt::format("{:.17g}", r.temperature),
                        "--top-k", std::to_string(r.top_k), "--seed", std::to_string(r.seed), "--block-size",
                        std::to_string(block), "--timeout", fmt::format("{:.17g}", r.timeout_s), "--split-dir",
                        split.out_dir});
-  options.num_ranks = nproc;
-  options.master_addr = r.master_addr;
-  options.master_port = r.master_port;
-  std::cout << runLocalRanks(options) << std::flush;
+  ranks.num_ranks = nproc;
+  std::cout << runRanksForOutput(r.launch, ranks) << std::flush;
 }
 
 }  // namespace

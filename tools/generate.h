@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/rank_launcher.h"
 namespace pipeforge::train {
 
 struct GenerateRequest {
@@ -26,10 +27,8 @@ struct GenerateRequest {
   double temperature = 1.0;                  // 0: greedy (argmax)
   std::int64_t top_k = 0;                    // 0: every token
   std::uint64_t seed = 1;
-  int nproc = 0;                             // 0: the checkpoint's stage count
+  RankLaunch launch;                         // nproc 0: the checkpoint's stage count
   std::optional<std::int64_t> block_size;    // default: the position embedding's rows
-  std::string master_addr = "127.0.0.1";
-  std::optional<int> master_port;
   double timeout_s = 120.0;                  // bound on every wait for a peer
   std::string split_dir;  // set by the launcher for its ranks: the split to load
 };

@@ -13,7 +13,7 @@
 
 #include <sstream>
 
-#include "launch/launch.h"
+#include "launch/launch_checks.h"
 #include "schedules/csv.h"
 #include "schedules/generate.h"
 #include "tests/support/zoo.h"
