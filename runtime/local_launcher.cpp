@@ -171,25 +171,12 @@ std::string LaunchResult::summary() const {
   return out;
 }
 
-LaunchResult launchLocal(const LaunchOptions& o) {
-  if (o.num_ranks < 1) {
-    throw LaunchError(fmt::format("num_ranks is {}; launch at least one rank", o.num_ranks), ErrorCode::kUserInput);
-  }
-  if (::access(o.executable.c_str(), X_OK) != 0) {
-    throw LaunchError(fmt::format("cannot run '{}': {}", o.executable, std::strerror(errno)));
-  }
-  LaunchResult result;
-  result.master_port = o.master_port.value_or(findFreePort(o.master_addr));
-  result.run_id = o.run_id.empty() ? freshRunId() : o.run_id;
+namespace {
 
-  // Logs and the private store folder of this run; removed at the end.
-  const std::string run_dir = makePrivateDir("/tmp/pipeforge-launch-");
-  const std::string private_dir = run_dir + "/store";
-  if (::mkdir(private_dir.c_str(), 0700) != 0) {
-    throw LaunchError(fmt::format("cannot make a folder {}: {}", private_dir, std::strerror(errno)));
-  }
-  const std::string log_dir = o.capture_output ? run_dir : std::string();
-
+// Starts rank 0..num_ranks-1 as children, each with its environment and,
+// when captured, its output in <log_dir>/rank<R>.log; returns their pids.
+std::vector<pid_t> forkRanks(const LaunchOptions& o, const LaunchResult& result, const std::string& private_dir,
+                             const std::string& log_dir) {
   // Everything the children need is built before fork: after it, a child of
   // a threaded parent may only make async-signal-safe calls.
   std::vector<std::string> argv_text{o.executable};
@@ -199,8 +186,6 @@ LaunchResult launchLocal(const LaunchOptions& o) {
   argv.push_back(nullptr);
 
   std::vector<pid_t> pids(o.num_ranks, -1);
-  result.ranks.resize(o.num_ranks);
-  auto start = Clock::now();
   for (int rank = 0; rank < o.num_ranks; ++rank) {
     std::vector<std::string> env_text = rankEnv(o, rank, result.master_port, result.run_id, private_dir);
     std::vector<char*> envp;
@@ -225,11 +210,17 @@ LaunchResult launchLocal(const LaunchOptions& o) {
     }
     if (log_fd >= 0) ::close(log_fd);
     pids[rank] = pid;
-    result.ranks[rank].rank = rank;
   }
+  return pids;
+}
 
+// Waits for every rank, recording how each ended. Relays an interrupt to
+// the ranks once (Note [Graceful interrupts]); after the first failure the
+// others get o.grace to stop by themselves, then are killed (Note [Fast
+// stop]), as are all of them at o.timeout.
+void superviseRanks(const LaunchOptions& o, std::vector<pid_t>& pids, Clock::time_point start, LaunchResult& result) {
   int running = o.num_ranks;
-  bool relayed = false;  // Note [Graceful interrupts]
+  bool relayed = false;
   std::optional<Clock::time_point> kill_at;
   auto deadline = start + o.timeout;
   while (running > 0) {
@@ -277,6 +268,34 @@ LaunchResult launchLocal(const LaunchOptions& o) {
       }
     }
   }
+}
+
+}  // namespace
+
+LaunchResult launchLocal(const LaunchOptions& o) {
+  if (o.num_ranks < 1) {
+    throw LaunchError(fmt::format("num_ranks is {}; launch at least one rank", o.num_ranks), ErrorCode::kUserInput);
+  }
+  if (::access(o.executable.c_str(), X_OK) != 0) {
+    throw LaunchError(fmt::format("cannot run '{}': {}", o.executable, std::strerror(errno)));
+  }
+  LaunchResult result;
+  result.master_port = o.master_port.value_or(findFreePort(o.master_addr));
+  result.run_id = o.run_id.empty() ? freshRunId() : o.run_id;
+
+  // Logs and the private store folder of this run; removed at the end.
+  const std::string run_dir = makePrivateDir("/tmp/pipeforge-launch-");
+  const std::string private_dir = run_dir + "/store";
+  if (::mkdir(private_dir.c_str(), 0700) != 0) {
+    throw LaunchError(fmt::format("cannot make a folder {}: {}", private_dir, std::strerror(errno)));
+  }
+  const std::string log_dir = o.capture_output ? run_dir : std::string();
+
+  result.ranks.resize(o.num_ranks);
+  for (int rank = 0; rank < o.num_ranks; ++rank) result.ranks[rank].rank = rank;
+  const auto start = Clock::now();
+  std::vector<pid_t> pids = forkRanks(o, result, private_dir, log_dir);
+  superviseRanks(o, pids, start, result);
   if (o.capture_output) {
     for (int rank = 0; rank < o.num_ranks; ++rank) {
       result.ranks[rank].output = readFile(fmt::format("{}/rank{}.log", log_dir, rank));

@@ -49,23 +49,12 @@ bool copyInto(const std::string& kind, const std::string& name, at::Tensor& targ
   return true;
 }
 
-}  // namespace
-
-ExportSummary exportTrainedModel(const ExportRequest& request) {
-  std::error_code ec;
-  if (fs::exists(request.out_path, ec) && !request.force) {
-    throw CheckpointError(fmt::format("'{}' already exists; pass --force to replace it", request.out_path));
-  }
-  ExportSummary summary;
-  summary.checkpoint_dir = resolveCheckpoint(request.checkpoint);
-  verifyCheckpoint(summary.checkpoint_dir);
-  CheckpointMeta meta = readCheckpointMeta(summary.checkpoint_dir);
-  summary.step = meta.step;
-  auto params = readCheckpointTensors(summary.checkpoint_dir, meta.num_stages, /*parameters=*/true);
-  auto buffers = readCheckpointTensors(summary.checkpoint_dir, meta.num_stages, /*parameters=*/false);
-
-  // Names of one tied group are one tensor in the model: their stage copies
-  // must agree, or copying them in turn would keep whichever came last.
+// Names of one tied group are one tensor in the model: their stage copies
+// must agree, or copying them in turn would keep whichever came last. A tied
+// name that no stage held under that name is the held one's tensor. Returns
+// the number of groups.
+int reconcileTiedCopies(const CheckpointMeta& meta, const std::string& dir, std::map<std::string, Found>& params) {
+  int groups = 0;
   for (const auto& group : meta.tied) {
     const Found* first = nullptr;
     for (const auto& name : group) {
@@ -78,14 +67,11 @@ ExportSummary exportTrainedModel(const ExportRequest& request) {
       if (!first->tensor.equal(it->second.tensor)) {
         throw CheckpointError(fmt::format("tied parameters '{}' (stage {}) and '{}' (stage {}) differ in '{}'; tied "
                                           "copies must stay equal (a bug in the run that wrote it)",
-                                          group.front(), first->stage, name, it->second.stage,
-                                          summary.checkpoint_dir));
+                                          group.front(), first->stage, name, it->second.stage, dir));
       }
     }
-    ++summary.tied_groups;
+    ++groups;
   }
-
-  // A tied name that no stage held under that name is the held one's tensor.
   for (const auto& group : meta.tied) {
     auto held = std::find_if(group.begin(), group.end(), [&](const std::string& n) { return params.count(n) > 0; });
     if (held == group.end()) continue;
@@ -93,16 +79,14 @@ ExportSummary exportTrainedModel(const ExportRequest& request) {
       if (!params.count(name)) params.emplace(name, params.at(*held));
     }
   }
-  // A .pt2 written out is the original archive with new weights: open it
-  // once, import the model from it, and rewrite that same archive below.
-  const bool to_pt2 = fs::path(request.out_path).extension() == ".pt2";
-  std::optional<frontend::Pt2Archive> archive;
-  if (to_pt2 && fs::is_regular_file(request.model_path, ec) &&
-      frontend::detectArchiveKind(request.model_path) == frontend::ArchiveKind::kPt2) {
-    frontend::ensurePipeSplitRegistered();
-    archive.emplace(frontend::Pt2Archive::open(request.model_path));
-  }
-  torch::jit::Module model = archive ? frontend::importPt2(*archive) : frontend::loadModel(request.model_path);
+  return groups;
+}
+
+// Copies the checkpoint's tensors into `model` by name, counting them in
+// `summary`; every checkpoint tensor must land in the model.
+void copyCheckpointInto(torch::jit::Module& model, const std::map<std::string, Found>& params,
+                        const std::map<std::string, Found>& buffers, const CheckpointMeta& meta,
+                        const ExportRequest& request, ExportSummary& summary) {
   std::map<std::string, bool> used;
   const std::set<std::string> unused(meta.unused.begin(), meta.unused.end());
   {
@@ -135,6 +119,35 @@ ExportSummary exportTrainedModel(const ExportRequest& request) {
       }
     }
   }
+}
+
+}  // namespace
+
+ExportSummary exportTrainedModel(const ExportRequest& request) {
+  std::error_code ec;
+  if (fs::exists(request.out_path, ec) && !request.force) {
+    throw CheckpointError(fmt::format("'{}' already exists; pass --force to replace it", request.out_path));
+  }
+  ExportSummary summary;
+  summary.checkpoint_dir = resolveCheckpoint(request.checkpoint);
+  verifyCheckpoint(summary.checkpoint_dir);
+  CheckpointMeta meta = readCheckpointMeta(summary.checkpoint_dir);
+  summary.step = meta.step;
+  auto params = readCheckpointTensors(summary.checkpoint_dir, meta.num_stages, /*parameters=*/true);
+  auto buffers = readCheckpointTensors(summary.checkpoint_dir, meta.num_stages, /*parameters=*/false);
+
+  summary.tied_groups = reconcileTiedCopies(meta, summary.checkpoint_dir, params);
+  // A .pt2 written out is the original archive with new weights: open it
+  // once, import the model from it, and rewrite that same archive below.
+  const bool to_pt2 = fs::path(request.out_path).extension() == ".pt2";
+  std::optional<frontend::Pt2Archive> archive;
+  if (to_pt2 && fs::is_regular_file(request.model_path, ec) &&
+      frontend::detectArchiveKind(request.model_path) == frontend::ArchiveKind::kPt2) {
+    frontend::ensurePipeSplitRegistered();
+    archive.emplace(frontend::Pt2Archive::open(request.model_path));
+  }
+  torch::jit::Module model = archive ? frontend::importPt2(*archive) : frontend::loadModel(request.model_path);
+  copyCheckpointInto(model, params, buffers, meta, request, summary);
 
   if (to_pt2) {
     // The original archive with the trained weights: torch.export.load runs it.
