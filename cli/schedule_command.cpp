@@ -144,8 +144,7 @@ std::string joinNumbers(const std::vector<double>& values, Format format) {
   return out;
 }
 
-int runSchedule(const ScheduleOptions& o) {
-  // --- where the program comes from ---------------------------------------
+void checkOptions(const ScheduleOptions& o) {
   const bool from_name = !o.name.empty();
   const bool from_file = !o.load.empty();
   if (from_name == from_file) {
@@ -166,180 +165,229 @@ int runSchedule(const ScheduleOptions& o) {
   if (!o.costs.empty() && !o.cost_file.empty()) {
     throw UsageError("give --costs or --cost-file, not both");
   }
+}
 
-  const MemoryOptions memory = readMemoryOptions(o.act_mem, o.mem_limit, !o.cost_file.empty());
-
+// Where the program comes from, and what the later steps need with it.
+struct ScheduleSource {
   sch::Program program;
   std::string title;
   std::optional<sch::CostModel> costs;
-  bool is_auto = false;
-  if (from_name) {
-    if (o.ranks < 1 || o.stages < 1 || o.microbatches < 1) {
-      throw UsageError(fmt::format(
-          "--name needs --ranks, --stages and --microbatches, each at least 1 (got {}, {}, {})",
-          o.ranks, o.stages, o.microbatches));
-    }
-    if (o.stages % o.ranks != 0) {
-      const int below = std::max(o.ranks, o.stages / o.ranks * o.ranks);
-      throw UsageError(fmt::format(
-          "--stages {} is not a multiple of --ranks {}: every rank holds --stages / --ranks "
-          "stages; use --stages {} or {}",
-          o.stages, o.ranks, below, below + o.ranks));
-    }
-    const int per_rank = o.stages / o.ranks;
-    costs = readCosts(o, memory, o.stages);
-    is_auto = lowercase(o.name) == sch::kAutoScheduleName;
-    if (is_auto) {
-      sch::AutoScheduleConfig config;
-      config.num_ranks = o.ranks;
-      config.stages_per_rank = per_rank;
-      config.num_microbatches = o.microbatches;
-      config.layout = o.layout == "v" ? sch::StageLayout::kV : sch::StageLayout::kLoop;
-      config.costs = costs.value_or(sch::CostModel::uniform(1.0, 1.0, 1.0, 0.0));
-      config.memory_limit = memory.mem_limit;
-      const sch::AutoScheduleResult result = sch::autoSchedule(config);
-      program = result.program;
-      std::cout << fmt::format("auto: {} ({} layout), simulated makespan {:.4g} with {}\n",
-                               result.origin, o.layout, result.simulation.makespan,
-                               sch::describeCostModel(config.costs));
-      // Without --mem-limit every named schedule of this layout competes.
-      const std::string within =
-          memory.mem_limit ? fmt::format(" within --mem-limit {}", memory.unit.format(*memory.mem_limit)) : "";
-      if (result.best_named) {
-        std::cout << fmt::format("      best named schedule{}: {} at {:.4g} ({:+.2f}%)\n", within,
-                                 *result.best_named, *result.best_named_makespan,
-                                 100.0 * (result.simulation.makespan / *result.best_named_makespan - 1.0));
-      } else {
-        std::cout << fmt::format("      no named schedule has this layout{}\n",
-                                 memory.mem_limit ? " and fits --mem-limit" : "");
-      }
-      title = fmt::format("auto ({}), {} ranks, {} per rank, {} microbatches", result.origin,
-                          o.ranks, plural(per_rank, "stage"), o.microbatches);
-    } else {
-      if (!sch::canonicalScheduleName(o.name)) {
-        throw UsageError(fmt::format("unknown schedule '{}'; the names (any case) are {}, auto",
-                                     o.name, fmt::join(sch::scheduleNames(), ", ")));
-      }
-      if (o.layout != "loop") {
-        throw UsageError("--layout chooses the layout for --name auto; named schedules "
-                         "have their own (ZBVZeroBubble and DualPipeV fold into a V)");
-      }
-      sch::ScheduleConfig config;
-      config.num_ranks = o.ranks;
-      config.stages_per_rank = per_rank;
-      config.num_microbatches = o.microbatches;
-      try {
-        program = sch::generateSchedule(o.name, config);
-      } catch (const sch::ScheduleError& e) {
-        throw sch::ScheduleError(fmt::format("--name {} --ranks {} --stages {} ({} per rank) "
-                                             "--microbatches {}: {}",
-                                             o.name, o.ranks, o.stages, per_rank,
-                                             o.microbatches, e.what()));
-      }
-      title = fmt::format("{}, {} ranks, {} per rank, {} microbatches", o.name, o.ranks,
-                          plural(per_rank, "stage"), o.microbatches);
-    }
-  } else {
-    if (o.ranks || o.stages || o.microbatches) {
-      throw UsageError("--load reads ranks, stages and microbatches from the CSV; drop "
-                       "--ranks/--stages/--microbatches");
-    }
-    if (o.layout != "loop") throw UsageError("--layout only applies to --name auto");
-    program = sch::loadCsvFile(o.load);
-    const bool lowered = !sch::isComputeOnly(program);
-    if (o.format == "compute_only" && lowered) {
-      throw sch::ScheduleError(fmt::format(
-          "{} holds communication actions (SEND/RECV, UNSHARD, ...), so it is not "
-          "compute_only; pass --format compute_comms",
-          o.load));
-    }
-    if (o.format == "compute_comms" && o.lower) {
-      throw UsageError("--lower turns a compute_only schedule into a compute_comms one; "
-                       + o.load + " is loaded as compute_comms already");
-    }
-    costs = readCosts(o, memory, program.num_stages);
-    title = fmt::format("{} ({} ranks, {} stages, {} microbatches)", o.load, program.num_ranks,
-                        program.num_stages, program.num_microbatches);
-  }
-  sch::validateProgram(program);
+  bool is_auto = false;  // auto keeps --mem-limit itself; no check afterwards
+};
 
-  // --- lowering and the grid --------------------------------------------------
-  if (o.lower) {
-    program = sch::lowerForExecution(program);
-    title += ", lowered";
+void checkSizes(const ScheduleOptions& o) {
+  if (o.ranks < 1 || o.stages < 1 || o.microbatches < 1) {
+    throw UsageError(fmt::format(
+        "--name needs --ranks, --stages and --microbatches, each at least 1 (got {}, {}, {})",
+        o.ranks, o.stages, o.microbatches));
   }
-  std::size_t grid_rows = 0;
-  for (const auto& rank : program.actions) grid_rows = std::max(grid_rows, rank.size());
+  if (o.stages % o.ranks != 0) {
+    const int below = std::max(o.ranks, o.stages / o.ranks * o.ranks);
+    throw UsageError(fmt::format(
+        "--stages {} is not a multiple of --ranks {}: every rank holds --stages / --ranks "
+        "stages; use --stages {} or {}",
+        o.stages, o.ranks, below, below + o.ranks));
+  }
+}
+
+// Runs the `auto` search and prints what it found next to the best named schedule.
+void searchAutoSchedule(const ScheduleOptions& o, const MemoryOptions& memory, ScheduleSource& source) {
+  const int per_rank = o.stages / o.ranks;
+  sch::AutoScheduleConfig config;
+  config.num_ranks = o.ranks;
+  config.stages_per_rank = per_rank;
+  config.num_microbatches = o.microbatches;
+  config.layout = o.layout == "v" ? sch::StageLayout::kV : sch::StageLayout::kLoop;
+  config.costs = source.costs.value_or(sch::CostModel::uniform(1.0, 1.0, 1.0, 0.0));
+  config.memory_limit = memory.mem_limit;
+  const sch::AutoScheduleResult result = sch::autoSchedule(config);
+  source.program = result.program;
+  std::cout << fmt::format("auto: {} ({} layout), simulated makespan {:.4g} with {}\n",
+                           result.origin, o.layout, result.simulation.makespan,
+                           sch::describeCostModel(config.costs));
+  // Without --mem-limit every named schedule of this layout competes.
+  const std::string within =
+      memory.mem_limit ? fmt::format(" within --mem-limit {}", memory.unit.format(*memory.mem_limit)) : "";
+  if (result.best_named) {
+    std::cout << fmt::format("      best named schedule{}: {} at {:.4g} ({:+.2f}%)\n", within,
+                             *result.best_named, *result.best_named_makespan,
+                             100.0 * (result.simulation.makespan / *result.best_named_makespan - 1.0));
+  } else {
+    std::cout << fmt::format("      no named schedule has this layout{}\n",
+                             memory.mem_limit ? " and fits --mem-limit" : "");
+  }
+  source.title = fmt::format("auto ({}), {} ranks, {} per rank, {} microbatches", result.origin,
+                             o.ranks, plural(per_rank, "stage"), o.microbatches);
+}
+
+void generateNamedSchedule(const ScheduleOptions& o, ScheduleSource& source) {
+  const int per_rank = o.stages / o.ranks;
+  if (!sch::canonicalScheduleName(o.name)) {
+    throw UsageError(fmt::format("unknown schedule '{}'; the names (any case) are {}, auto",
+                                 o.name, fmt::join(sch::scheduleNames(), ", ")));
+  }
+  if (o.layout != "loop") {
+    throw UsageError("--layout chooses the layout for --name auto; named schedules "
+                     "have their own (ZBVZeroBubble and DualPipeV fold into a V)");
+  }
+  sch::ScheduleConfig config;
+  config.num_ranks = o.ranks;
+  config.stages_per_rank = per_rank;
+  config.num_microbatches = o.microbatches;
+  try {
+    source.program = sch::generateSchedule(o.name, config);
+  } catch (const sch::ScheduleError& e) {
+    throw sch::ScheduleError(fmt::format("--name {} --ranks {} --stages {} ({} per rank) "
+                                         "--microbatches {}: {}",
+                                         o.name, o.ranks, o.stages, per_rank,
+                                         o.microbatches, e.what()));
+  }
+  source.title = fmt::format("{}, {} ranks, {} per rank, {} microbatches", o.name, o.ranks,
+                             plural(per_rank, "stage"), o.microbatches);
+}
+
+// --name: a named schedule, or the `auto` search.
+ScheduleSource scheduleFromName(const ScheduleOptions& o, const MemoryOptions& memory) {
+  checkSizes(o);
+  ScheduleSource source;
+  source.costs = readCosts(o, memory, o.stages);
+  source.is_auto = lowercase(o.name) == sch::kAutoScheduleName;
+  if (source.is_auto) {
+    searchAutoSchedule(o, memory, source);
+  } else {
+    generateNamedSchedule(o, source);
+  }
+  return source;
+}
+
+// --load: a PyTorch-format CSV, in the flavour --format names.
+ScheduleSource scheduleFromFile(const ScheduleOptions& o, const MemoryOptions& memory) {
+  if (o.ranks || o.stages || o.microbatches) {
+    throw UsageError("--load reads ranks, stages and microbatches from the CSV; drop "
+                     "--ranks/--stages/--microbatches");
+  }
+  if (o.layout != "loop") throw UsageError("--layout only applies to --name auto");
+  ScheduleSource source;
+  source.program = sch::loadCsvFile(o.load);
+  const bool lowered = !sch::isComputeOnly(source.program);
+  if (o.format == "compute_only" && lowered) {
+    throw sch::ScheduleError(fmt::format(
+        "{} holds communication actions (SEND/RECV, UNSHARD, ...), so it is not "
+        "compute_only; pass --format compute_comms",
+        o.load));
+  }
+  if (o.format == "compute_comms" && o.lower) {
+    throw UsageError("--lower turns a compute_only schedule into a compute_comms one; "
+                     + o.load + " is loaded as compute_comms already");
+  }
+  source.costs = readCosts(o, memory, source.program.num_stages);
+  source.title = fmt::format("{} ({} ranks, {} stages, {} microbatches)", o.load,
+                             source.program.num_ranks, source.program.num_stages,
+                             source.program.num_microbatches);
+  return source;
+}
+
+std::size_t gridRows(const sch::Program& program) {
+  std::size_t rows = 0;
+  for (const auto& rank : program.actions) rows = std::max(rows, rank.size());
+  return rows;
+}
+
+void printGrid(const sch::Program& program, const std::string& title) {
   std::cout << title << "\n"
             << "step grid (each rank's actions in list order; a blank cell: the rank idles that step):\n"
             << sch::formatGrid(program) << sch::formatGridLegend(program.actions);
+}
 
-  // --- simulation ----------------------------------------------------------------
-  std::optional<sch::CostSimulation> timed;
-  if (costs) timed = sch::simulateCost(program, *costs);
-  if (o.simulate) {
-    const sch::Program lowered = !sch::isComputeOnly(program) ? program : sch::lowerForExecution(program);
-    const sch::UnitSimulation unit = sch::simulateUnit(lowered);
-    // The grid lists actions; the simulation counts time steps of the lowered
-    // program, where every SEND and RECV takes a step of its own and a rank
-    // waits while its input is on the way, so it is longer than the grid.
-    const bool compute_only = sch::isComputeOnly(program);
-    std::cout << fmt::format(
-        "unit-time simulation: {} steps, of the schedule{} (as PyTorch's _simulate_comms_compute):\n"
-        "  in each step a rank runs one action, compute or SEND/RECV, or waits for an input;\n"
-        "  the grid above has {} rows: {}\n",
-        unit.num_steps, compute_only ? " lowered to SEND/RECV" : "", grid_rows,
-        compute_only ? "compute actions only, without SEND/RECV or waits" : "the same actions, without waits");
-    if (timed) {
-      std::cout << fmt::format("cost simulation ({}):\n", sch::describeCostModel(*costs));
-      std::cout << fmt::format("  makespan        {:.6g} (in the unit of the costs)\n", timed->makespan);
-      std::cout << fmt::format("  bubble          {:.4f} overall (idle share of ranks x makespan); per rank {}\n",
-                               timed->totalBubbleFraction(),
-                               joinNumbers(timed->bubble_fraction, [](double v) { return fmt::format("{:.4f}", v); }));
-      std::cout << fmt::format("  peak memory     per rank {}{}\n",
-                               joinNumbers(timed->peak_memory, [&](double v) { return memory.unit.format(v); }),
-                               memory.unit.bytes ? "" : " " + memory.unit.name);
-    } else {
-      std::cout << "  (give --costs F,I,W[,C] for the makespan, bubbles and peak memory)\n";
+// --simulate: the unit-time step count and, with costs, the timed results.
+void printSimulation(const sch::Program& program, const std::optional<sch::CostModel>& costs,
+                     const std::optional<sch::CostSimulation>& timed, const MemoryOptions& memory) {
+  const sch::Program lowered = !sch::isComputeOnly(program) ? program : sch::lowerForExecution(program);
+  const sch::UnitSimulation unit = sch::simulateUnit(lowered);
+  // The grid lists actions; the simulation counts time steps of the lowered
+  // program, where every SEND and RECV takes a step of its own and a rank
+  // waits while its input is on the way, so it is longer than the grid.
+  const bool compute_only = sch::isComputeOnly(program);
+  std::cout << fmt::format(
+      "unit-time simulation: {} steps, of the schedule{} (as PyTorch's _simulate_comms_compute):\n"
+      "  in each step a rank runs one action, compute or SEND/RECV, or waits for an input;\n"
+      "  the grid above has {} rows: {}\n",
+      unit.num_steps, compute_only ? " lowered to SEND/RECV" : "", gridRows(program),
+      compute_only ? "compute actions only, without SEND/RECV or waits" : "the same actions, without waits");
+  if (!timed) {
+    std::cout << "  (give --costs F,I,W[,C] for the makespan, bubbles and peak memory)\n";
+    return;
+  }
+  std::cout << fmt::format("cost simulation ({}):\n", sch::describeCostModel(*costs));
+  std::cout << fmt::format("  makespan        {:.6g} (in the unit of the costs)\n", timed->makespan);
+  std::cout << fmt::format("  bubble          {:.4f} overall (idle share of ranks x makespan); per rank {}\n",
+                           timed->totalBubbleFraction(),
+                           joinNumbers(timed->bubble_fraction, [](double v) { return fmt::format("{:.4f}", v); }));
+  std::cout << fmt::format("  peak memory     per rank {}{}\n",
+                           joinNumbers(timed->peak_memory, [&](double v) { return memory.unit.format(v); }),
+                           memory.unit.bytes ? "" : " " + memory.unit.name);
+}
+
+// A named or loaded schedule must keep --mem-limit (auto searched within it).
+void checkPeakMemory(const sch::CostSimulation& timed, double mem_limit, const MemoryOptions& memory) {
+  for (std::size_t r = 0; r < timed.peak_memory.size(); ++r) {
+    if (timed.peak_memory[r] > mem_limit + 1e-9) {
+      throw sch::ScheduleError(fmt::format(
+          "the schedule peaks at {} of activation memory on rank {}, above --mem-limit {}; choose "
+          "another schedule, more microbatch memory, or --name auto",
+          memory.unit.format(timed.peak_memory[r]), r, memory.unit.format(mem_limit)));
     }
   }
-  if (timed && memory.mem_limit && !is_auto) {
-    for (std::size_t r = 0; r < timed->peak_memory.size(); ++r) {
-      if (timed->peak_memory[r] > *memory.mem_limit + 1e-9) {
-        throw sch::ScheduleError(fmt::format(
-            "the schedule peaks at {} of activation memory on rank {}, above --mem-limit {}; choose "
-            "another schedule, more microbatch memory, or --name auto",
-            memory.unit.format(timed->peak_memory[r]), r, memory.unit.format(*memory.mem_limit)));
-      }
-    }
-  }
+}
 
-  // --- files ---------------------------------------------------------------------
+// --trace and --svg: cost-aware times when costs are known, PyTorch's unit steps otherwise.
+void writeTimelines(const ScheduleOptions& o, const ScheduleSource& source,
+                    const std::optional<sch::CostSimulation>& timed) {
+  const sch::Program& program = source.program;
+  const sch::CostSimulation shown =
+      timed ? *timed : sch::simulateCost(program, sch::CostModel::unitSteps());
+  if (!o.trace.empty()) {
+    sch::ChromeTraceOptions trace_options;
+    trace_options.microseconds_per_unit = o.time_unit_us;
+    trace_options.process_name = source.title;
+    writeOutput(o.trace, sch::chromeTraceText(shown, program.num_ranks, trace_options),
+                "Chrome trace");
+    std::cout << "wrote " << o.trace << " (open in https://ui.perfetto.dev)\n";
+  }
+  if (!o.svg.empty()) {
+    sch::SvgTimelineOptions svg_options;
+    svg_options.title =
+        source.title + (timed ? ", " + sch::describeCostModel(*source.costs) : ", unit steps");
+    writeOutput(o.svg, sch::svgTimeline(shown, program.num_ranks, program.stage_to_rank, svg_options),
+                "SVG timeline");
+    std::cout << "wrote " << o.svg << "\n";
+  }
+}
+
+void writeFiles(const ScheduleOptions& o, const ScheduleSource& source,
+                const std::optional<sch::CostSimulation>& timed) {
   if (!o.csv.empty()) {
-    writeOutput(o.csv, sch::programToCsv(program), "schedule CSV");
+    writeOutput(o.csv, sch::programToCsv(source.program), "schedule CSV");
     std::cout << "wrote " << o.csv << "\n";
   }
-  if (!o.trace.empty() || !o.svg.empty()) {
-    // Cost-aware times when costs are known, PyTorch's unit steps otherwise.
-    const sch::CostSimulation shown =
-        timed ? *timed : sch::simulateCost(program, sch::CostModel::unitSteps());
-    if (!o.trace.empty()) {
-      sch::ChromeTraceOptions trace_options;
-      trace_options.microseconds_per_unit = o.time_unit_us;
-      trace_options.process_name = title;
-      writeOutput(o.trace, sch::chromeTraceText(shown, program.num_ranks, trace_options),
-                          "Chrome trace");
-      std::cout << "wrote " << o.trace << " (open in https://ui.perfetto.dev)\n";
-    }
-    if (!o.svg.empty()) {
-      sch::SvgTimelineOptions svg_options;
-      svg_options.title = title + (timed ? ", " + sch::describeCostModel(*costs) : ", unit steps");
-      writeOutput(
-          o.svg, sch::svgTimeline(shown, program.num_ranks, program.stage_to_rank, svg_options),
-          "SVG timeline");
-      std::cout << "wrote " << o.svg << "\n";
-    }
+  if (!o.trace.empty() || !o.svg.empty()) writeTimelines(o, source, timed);
+}
+
+int runSchedule(const ScheduleOptions& o) {
+  checkOptions(o);
+  const MemoryOptions memory = readMemoryOptions(o.act_mem, o.mem_limit, !o.cost_file.empty());
+  ScheduleSource source = o.name.empty() ? scheduleFromFile(o, memory) : scheduleFromName(o, memory);
+  sch::validateProgram(source.program);
+  if (o.lower) {
+    source.program = sch::lowerForExecution(source.program);
+    source.title += ", lowered";
   }
+  printGrid(source.program, source.title);
+  std::optional<sch::CostSimulation> timed;
+  if (source.costs) timed = sch::simulateCost(source.program, *source.costs);
+  if (o.simulate) printSimulation(source.program, source.costs, timed, memory);
+  if (timed && memory.mem_limit && !source.is_auto) checkPeakMemory(*timed, *memory.mem_limit, memory);
+  writeFiles(o, source, timed);
   return kExitOk;
 }
 

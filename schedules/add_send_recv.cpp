@@ -20,14 +20,18 @@
 
 namespace pipeforge::schedules {
 
-Program addSendRecv(const Program& compute) {
-  checkProgramShape(compute, "addSendRecv input");
+namespace {
+
+bool isAllowedInComputeOnly(ActionType type) {
+  return isCompute(type) || type == ActionType::kUnshard || type == ActionType::kReshard ||
+         type == ActionType::kReduceGrad;
+}
+
+void checkComputeOnly(const Program& compute) {
   for (int rank = 0; rank < compute.num_ranks; ++rank) {
     const auto& list = compute.actions[rank];
     for (std::size_t step = 0; step < list.size(); ++step) {
-      if (list[step] && !isCompute(list[step]->type) &&
-          list[step]->type != ActionType::kUnshard && list[step]->type != ActionType::kReshard &&
-          list[step]->type != ActionType::kReduceGrad) {
+      if (list[step] && !isAllowedInComputeOnly(list[step]->type)) {
         throw ScheduleError(fmt::format(
             "addSendRecv expects a compute-only schedule, but rank {}, step {} already holds {}; "
             "pass the schedule before communication was added (or use it as lowered)\n\n{}",
@@ -36,105 +40,166 @@ Program addSendRecv(const Program& compute) {
       }
     }
   }
+}
 
-  const DependencyRule rule(compute.num_stages);
-  const auto& owner = compute.stage_to_rank;
-  using KeySet = std::unordered_set<ActionKey, ActionKeyHash>;
-  std::vector<KeySet> placed(compute.num_ranks);
-  auto has = [&](int rank, int stage, ActionType type, int mb) {
-    return placed[rank].count(ActionKey{stage, type, mb}) > 0;
-  };
+// The actions an entry places: an OVERLAP_F_B's halves, else the action itself.
+std::vector<Action> leaves(const Action& a) {
+  if (a.type == ActionType::kOverlapFB) return a.sub_actions;
+  return {a};
+}
 
-  // Only inputs from another stage are waited for here: the order within a
-  // stage is the compute schedule's own (validate checks it). Such an input is
-  // on `rank` once its RECV or a producer on the same rank was placed there.
-  auto arrived = [&](int rank, const Action& a, const Input& in) {
-    const int mb = a.microbatch.value_or(-1);
-    if (in.stage == a.stage) return true;
-    if (has(rank, a.stage, recvTypeFor(in.product), mb)) return true;
-    for (ActionType producer : producersOf(in.product)) {
-      if (has(rank, in.stage, producer, mb)) return true;
+// Plays the ranks' turns, copying each placed action into the output with
+// the SEND/RECV pairs its products need.
+class SendRecvPlacer {
+ public:
+  explicit SendRecvPlacer(const Program& compute)
+      : compute_(compute),
+        rule_(compute.num_stages),
+        placed_(compute.num_ranks),
+        next_(compute.num_ranks, 0),
+        out_(compute) {
+    for (auto& list : out_.actions) list.clear();
+  }
+
+  Program run() {
+    while (playRound()) {
     }
-    return false;
-  };
-  auto ready = [&](int rank, const Action& a) {
-    for (const Input& in : rule.inputsOf(a.type, a.stage)) {
-      if (!arrived(rank, a, in)) return false;
-    }
-    return true;
-  };
-  auto leaves = [](const Action& a) -> std::vector<Action> {
-    if (a.type == ActionType::kOverlapFB) return a.sub_actions;
-    return {a};
-  };
+    return std::move(out_);
+  }
 
-  Program out = compute;
-  for (auto& list : out.actions) list.clear();
-  std::vector<std::size_t> next(compute.num_ranks, 0);
+ private:
+  bool playRound();
+  bool takeTurn(int rank);
+  void place(int rank, const Action& entry);
+  void sendProducts(int rank, const Action& part);
+  void put(int rank, const Action& action) {
+    out_.actions[rank].push_back(action);
+    placed_[rank].insert(keyOf(action));
+  }
+  bool has(int rank, int stage, ActionType type, int mb) const {
+    return placed_[rank].count(ActionKey{stage, type, mb}) > 0;
+  }
+  bool arrived(int rank, const Action& a, const Input& in) const;
+  bool ready(int rank, const Action& a) const;
+  std::string missingInputs(int rank, const Action& a) const;
+  [[noreturn]] void failStuck() const;
 
-  while (true) {
-    bool pending = false;
-    bool progress = false;
-    for (int rank = 0; rank < compute.num_ranks; ++rank) {
-      const auto& list = compute.actions[rank];
-      if (next[rank] >= list.size()) continue;
-      pending = true;
-      const auto& cell = list[next[rank]];
-      if (cell) {
-        std::vector<Action> parts = leaves(*cell);
-        bool all_ready = true;
-        for (const auto& part : parts) all_ready = all_ready && ready(rank, part);
-        if (!all_ready) continue;
-        out.actions[rank].push_back(*cell);
-        for (const auto& part : parts) {
-          placed[rank].insert(keyOf(part));
-          for (Product product : productsOf(part.type)) {
-            for (int reader : rule.readersOf(product, part.stage)) {
-              const int peer = owner[reader];
-              if (peer == rank) continue;
-              Action send{part.stage, sendTypeFor(product), part.microbatch, {}};
-              Action recv{reader, recvTypeFor(product), part.microbatch, {}};
-              out.actions[rank].push_back(send);
-              placed[rank].insert(keyOf(send));
-              out.actions[peer].push_back(recv);
-              placed[peer].insert(keyOf(recv));
-            }
-          }
-        }
-      }
-      ++next[rank];
-      progress = true;
+  const Program& compute_;
+  const DependencyRule rule_;
+  std::vector<std::unordered_set<ActionKey, ActionKeyHash>> placed_;
+  std::vector<std::size_t> next_;
+  Program out_;
+};
+
+// Every rank with entries left takes a turn. False once no rank has any left.
+bool SendRecvPlacer::playRound() {
+  bool pending = false;
+  bool progress = false;
+  for (int rank = 0; rank < compute_.num_ranks; ++rank) {
+    if (next_[rank] >= compute_.actions[rank].size()) continue;
+    pending = true;
+    progress = takeTurn(rank) || progress;
+  }
+  if (!pending) return false;
+  if (!progress) failStuck();
+  return true;
+}
+
+// Places the rank's next entry if its inputs are there (an empty cell only
+// uses up the turn); false when it has to wait.
+bool SendRecvPlacer::takeTurn(int rank) {
+  const auto& cell = compute_.actions[rank][next_[rank]];
+  if (cell) {
+    for (const auto& part : leaves(*cell)) {
+      if (!ready(rank, part)) return false;
     }
-    if (!pending) break;
-    if (!progress) {
-      std::string waits;
-      for (int rank = 0; rank < compute.num_ranks; ++rank) {
-        if (next[rank] >= compute.actions[rank].size()) continue;
-        const Action& a = *compute.actions[rank][next[rank]];
-        waits += fmt::format("\n  rank {} at step {}: {} waits for its input", rank, next[rank],
-                             formatAction(a));
-        for (const auto& part : leaves(a)) {
-          const int mb = part.microbatch.value_or(-1);
-          for (const Input& in : rule.inputsOf(part.type, part.stage)) {
-            if (arrived(rank, part, in)) continue;
-            std::vector<std::string> producers;
-            for (ActionType type : producersOf(in.product)) {
-              producers.push_back(formatAction(Action{in.stage, type, mb, {}}));
-            }
-            waits += fmt::format(" ({} has not run before it)", fmt::join(producers, " or "));
-          }
-        }
-      }
-      throw ScheduleError(fmt::format(
-          "addSendRecv: the compute schedule cannot be lowered: no rank can place its next "
-          "action, each waits for an input another rank only produces later (PyTorch: "
-          "\"Malformed compute schedule, can't schedule sends/recvs\"). Reorder the actions so "
-          "every F follows the previous stage's F and every I/B follows the next stage's I/B "
-          "for the same microbatch:{}\n\nCompute schedule:\n{}",
-          waits, formatGrid(compute)));
+    place(rank, *cell);
+  }
+  ++next_[rank];
+  return true;
+}
+
+void SendRecvPlacer::place(int rank, const Action& entry) {
+  out_.actions[rank].push_back(entry);
+  for (const auto& part : leaves(entry)) {
+    placed_[rank].insert(keyOf(part));
+    sendProducts(rank, part);
+  }
+}
+
+// SEND after `part` on its rank and the matching RECV on each other rank that reads its products.
+void SendRecvPlacer::sendProducts(int rank, const Action& part) {
+  for (Product product : productsOf(part.type)) {
+    for (int reader : rule_.readersOf(product, part.stage)) {
+      const int peer = compute_.stage_to_rank[reader];
+      if (peer == rank) continue;
+      put(rank, Action{part.stage, sendTypeFor(product), part.microbatch, {}});
+      put(peer, Action{reader, recvTypeFor(product), part.microbatch, {}});
     }
   }
-  return out;
+}
+
+// Only inputs from another stage are waited for here: the order within a
+// stage is the compute schedule's own (validate checks it). Such an input is
+// on `rank` once its RECV or a producer on the same rank was placed there.
+bool SendRecvPlacer::arrived(int rank, const Action& a, const Input& in) const {
+  const int mb = a.microbatch.value_or(-1);
+  if (in.stage == a.stage) return true;
+  if (has(rank, a.stage, recvTypeFor(in.product), mb)) return true;
+  for (ActionType producer : producersOf(in.product)) {
+    if (has(rank, in.stage, producer, mb)) return true;
+  }
+  return false;
+}
+
+bool SendRecvPlacer::ready(int rank, const Action& a) const {
+  for (const Input& in : rule_.inputsOf(a.type, a.stage)) {
+    if (!arrived(rank, a, in)) return false;
+  }
+  return true;
+}
+
+// " (1F0 has not run before it)" for each input of `a` not yet on the rank.
+std::string SendRecvPlacer::missingInputs(int rank, const Action& a) const {
+  std::string text;
+  for (const auto& part : leaves(a)) {
+    const int mb = part.microbatch.value_or(-1);
+    for (const Input& in : rule_.inputsOf(part.type, part.stage)) {
+      if (arrived(rank, part, in)) continue;
+      std::vector<std::string> producers;
+      for (ActionType type : producersOf(in.product)) {
+        producers.push_back(formatAction(Action{in.stage, type, mb, {}}));
+      }
+      text += fmt::format(" ({} has not run before it)", fmt::join(producers, " or "));
+    }
+  }
+  return text;
+}
+
+void SendRecvPlacer::failStuck() const {
+  std::string waits;
+  for (int rank = 0; rank < compute_.num_ranks; ++rank) {
+    if (next_[rank] >= compute_.actions[rank].size()) continue;
+    const Action& a = *compute_.actions[rank][next_[rank]];
+    waits += fmt::format("\n  rank {} at step {}: {} waits for its input", rank, next_[rank],
+                         formatAction(a));
+    waits += missingInputs(rank, a);
+  }
+  throw ScheduleError(fmt::format(
+      "addSendRecv: the compute schedule cannot be lowered: no rank can place its next "
+      "action, each waits for an input another rank only produces later (PyTorch: "
+      "\"Malformed compute schedule, can't schedule sends/recvs\"). Reorder the actions so "
+      "every F follows the previous stage's F and every I/B follows the next stage's I/B "
+      "for the same microbatch:{}\n\nCompute schedule:\n{}",
+      waits, formatGrid(compute_)));
+}
+
+}  // namespace
+
+Program addSendRecv(const Program& compute) {
+  checkProgramShape(compute, "addSendRecv input");
+  checkComputeOnly(compute);
+  return SendRecvPlacer(compute).run();
 }
 
 }  // namespace pipeforge::schedules

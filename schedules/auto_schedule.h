@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "schedules/cost_model.h"
+#include "schedules/list_schedule.h"
 #include "schedules/program.h"
 #include "schedules/simulate_cost.h"
 
@@ -65,6 +66,19 @@ struct AutoScheduleResult {
 // do not fit the stages), and when the memory limit is below what any
 // schedule needs (naming that minimum).
 AutoScheduleResult autoSchedule(const AutoScheduleConfig& config);
+
+// One greedy list-schedule policy the search tries, and the name it reports
+// the candidate under (AutoCandidate::name).
+struct NamedListPolicy {
+  std::string name;
+  ListSchedulePolicy policy;
+};
+
+// The greedy policies `auto` tries, in the order it tries them: each forward
+// pick (only the first with one stage per rank, where they agree), I before or
+// after F, lookahead 0, 0.5 and 1, no admission cap or one or two 1F1B depths,
+// and (only under a memory limit) with and without reserving the whole chain.
+std::vector<NamedListPolicy> greedyPolicyFamily(const AutoScheduleConfig& config);
 
 // See AutoScheduleResult::lower_bound.
 double makespanLowerBound(const AutoScheduleConfig& config);

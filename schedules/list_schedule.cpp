@@ -23,6 +23,26 @@ struct Candidate {
   std::tuple<int, int> order{0, 0};  // smaller first within a class
 };
 
+// The best candidate a free rank can start now, and per class the one that
+// arrives soonest among those not ready yet.
+struct Choice {
+  explicit Choice(double now) : now(now) {}
+
+  void consider(const Candidate& c) {
+    if (c.ready <= now + kEps) {
+      if (!best_now || std::tie(c.cls, c.order) < std::tie(best_now->cls, best_now->order)) {
+        best_now = c;
+      }
+    } else if (!soonest[c.cls] || c.ready < soonest[c.cls]->ready) {
+      soonest[c.cls] = c;
+    }
+  }
+
+  double now;
+  std::optional<Candidate> best_now;
+  std::optional<Candidate> soonest[3];  // per class: known but not yet arrived
+};
+
 class ListScheduler {
  public:
   ListScheduler(const ListScheduleProblem& problem, const ListSchedulePolicy& policy)
@@ -59,6 +79,14 @@ class ListScheduler {
   }
   std::optional<double> arrival(ActionType type, int stage, int mb);
   void decide(int r, double now);
+  int classOf(OpKind kind) const;
+  bool forwardAllowed(int r, int s, int mb) const;
+  std::tuple<int, int> forwardOrder(int s, int mb) const;
+  void considerForward(int r, int s, Choice& choice);
+  void considerInputGrad(int s, Choice& choice);
+  void considerWeightGrad(int r, Choice& choice);
+  void wakeAtSoonest(int r, const Choice& choice);
+  bool waitsForHigherClass(int r, const Choice& choice);
   void start(int r, const Candidate& c, double now);
 
   const ListScheduleProblem& pb_;
@@ -96,108 +124,132 @@ std::optional<double> ListScheduler::arrival(ActionType type, int stage, int mb)
   return ready;
 }
 
-void ListScheduler::decide(int r, double now) {
-  const int cls_i = policy_.backward_first ? 0 : 1;
-  const int cls_f = policy_.backward_first ? 1 : 0;
-  const int cls_w = 2;
-  bool have_now = false;
-  Candidate best_now;
-  std::optional<Candidate> soonest[3];  // per class: known but not yet arrived
-  auto consider = [&](const Candidate& c) {
-    if (c.ready <= now + kEps) {
-      if (!have_now || std::tie(c.cls, c.order) < std::tie(best_now.cls, best_now.order)) {
-        best_now = c;
-        have_now = true;
-      }
-    } else if (!soonest[c.cls] || c.ready < soonest[c.cls]->ready) {
-      soonest[c.cls] = c;
-    }
-  };
+// Candidate classes, lower first: I and F in the policy's order, then W.
+int ListScheduler::classOf(OpKind kind) const {
+  switch (kind) {
+    case OpKind::kI:
+      return policy_.backward_first ? 0 : 1;
+    case OpKind::kF:
+      return policy_.backward_first ? 1 : 0;
+    case OpKind::kW:
+    case OpKind::kB:
+      return 2;
+  }
+  return 2;
+}
+
+// Whether rank r may run stage s's next F now: the admission cap for a new
+// microbatch, and room under the memory limit as
+// ListSchedulePolicy::reserve_whole_chain says.
+bool ListScheduler::forwardAllowed(int r, int s, int mb) const {
   const int first = local_[r].front();
+  if (s == first && !policy_.admission_cap.empty() && admitted_[r] >= policy_.admission_cap[r]) {
+    return false;
+  }
+  if (policy_.reserve_whole_chain) {
+    // Later F of admitted microbatches were reserved when they were admitted.
+    if (s != first) return true;
+    return memory_[r] + reserved_[r] + chain_act_[r] <= pb_.memory_limit + kEps;
+  }
+  // Keep room for the oldest microbatch in its forwards to finish them.
+  const auto& open = forwarding_[r];
+  double need;
+  if (open.empty()) {
+    need = s == first ? chain_act_[r] : act(s);
+  } else if (s != first && open.front() == mb) {
+    need = act(s);
+  } else {
+    need = act(s) + left_act_[static_cast<std::size_t>(r) * M_ + open.front()];
+  }
+  return memory_[r] + need <= pb_.memory_limit + kEps;
+}
+
+std::tuple<int, int> ListScheduler::forwardOrder(int s, int mb) const {
+  switch (policy_.forward_pick) {
+    case ListSchedulePolicy::ForwardPick::kDeepestStage:
+      return {-s, mb};
+    case ListSchedulePolicy::ForwardPick::kShallowestStage:
+      return {s, mb};
+    case ListSchedulePolicy::ForwardPick::kOldestMicrobatch:
+      return {mb, -s};
+  }
+  return {0, 0};
+}
+
+void ListScheduler::considerForward(int r, int s, Choice& choice) {
+  const int mb = f_next_[s];
+  const std::optional<double> ready = mb < M_ ? arrival(ActionType::kForward, s, mb) : std::nullopt;
+  if (!ready || !forwardAllowed(r, s, mb)) return;
+  Candidate c;
+  c.op = Op{OpKind::kF, s, mb};
+  c.ready = *ready;
+  c.cls = classOf(OpKind::kF);
+  c.order = forwardOrder(s, mb);
+  choice.consider(c);
+}
+
+void ListScheduler::considerInputGrad(int s, Choice& choice) {
+  const int mb = i_next_[s];
+  const std::optional<double> ready =
+      mb < M_ ? arrival(ActionType::kBackwardInput, s, mb) : std::nullopt;
+  if (!ready) return;
+  Candidate c;
+  c.op = Op{OpKind::kI, s, mb};
+  c.ready = *ready;
+  c.cls = classOf(OpKind::kI);
+  c.order = {mb, -s};
+  choice.consider(c);
+}
+
+void ListScheduler::considerWeightGrad(int r, Choice& choice) {
+  if (pending_w_[r].empty()) return;
+  const auto [s, mb] = pending_w_[r].front();
+  Candidate c;
+  c.op = Op{OpKind::kW, s, mb};
+  c.ready = *arrival(ActionType::kBackwardWeight, s, mb);  // queued once its I ran
+  c.cls = classOf(OpKind::kW);
+  choice.consider(c);
+}
+
+// Nothing can start now: wake the rank when the soonest candidate arrives.
+void ListScheduler::wakeAtSoonest(int r, const Choice& choice) {
+  double next = -1.0;
+  for (const auto& c : choice.soonest) {
+    if (c && (next < 0.0 || c->ready < next)) next = c->ready;
+  }
+  if (next >= 0.0) wake_.push({next, r});
+}
+
+// ListSchedulePolicy::lookahead: waits (true) when a higher-class candidate
+// arrives within lookahead * the duration of the best one ready now.
+bool ListScheduler::waitsForHigherClass(int r, const Choice& choice) {
+  if (!(policy_.lookahead > 0.0)) return false;
+  const Candidate& best = *choice.best_now;
+  for (int cls = 0; cls < best.cls; ++cls) {
+    const std::optional<Candidate>& sooner = choice.soonest[cls];
+    if (sooner && sooner->ready - choice.now < policy_.lookahead * duration(best.op)) {
+      wake_.push({sooner->ready, r});
+      return true;
+    }
+  }
+  return false;
+}
+
+// Rank r is free at `now`: starts its best ready candidate, or arranges to be
+// woken when a better one arrives.
+void ListScheduler::decide(int r, double now) {
+  Choice choice(now);
   for (int s : local_[r]) {
-    const int fi = f_next_[s];
-    const std::optional<double> f_ready =
-        fi < M_ ? arrival(ActionType::kForward, s, fi) : std::nullopt;
-    if (f_ready) {
-      bool allowed = true;
-      if (s == first && !policy_.admission_cap.empty() &&
-          admitted_[r] >= policy_.admission_cap[r]) {
-        allowed = false;
-      } else if (policy_.reserve_whole_chain) {
-        // Later F of admitted microbatches were reserved when they were admitted.
-        if (s == first) {
-          allowed = memory_[r] + reserved_[r] + chain_act_[r] <= pb_.memory_limit + kEps;
-        }
-      } else {
-        // Keep room for the oldest microbatch in its forwards to finish them.
-        const auto& open = forwarding_[r];
-        double need;
-        if (open.empty()) {
-          need = s == first ? chain_act_[r] : act(s);
-        } else if (s != first && open.front() == fi) {
-          need = act(s);
-        } else {
-          need = act(s) + left_act_[static_cast<std::size_t>(r) * M_ + open.front()];
-        }
-        allowed = memory_[r] + need <= pb_.memory_limit + kEps;
-      }
-      if (allowed) {
-        Candidate c;
-        c.op = Op{OpKind::kF, s, fi};
-        c.ready = *f_ready;
-        c.cls = cls_f;
-        switch (policy_.forward_pick) {
-          case ListSchedulePolicy::ForwardPick::kDeepestStage:
-            c.order = {-s, fi};
-            break;
-          case ListSchedulePolicy::ForwardPick::kShallowestStage:
-            c.order = {s, fi};
-            break;
-          case ListSchedulePolicy::ForwardPick::kOldestMicrobatch:
-            c.order = {fi, -s};
-            break;
-        }
-        consider(c);
-      }
-    }
-    const int bi = i_next_[s];
-    const std::optional<double> i_ready =
-        bi < M_ ? arrival(ActionType::kBackwardInput, s, bi) : std::nullopt;
-    if (i_ready) {
-      Candidate c;
-      c.op = Op{OpKind::kI, s, bi};
-      c.ready = *i_ready;
-      c.cls = cls_i;
-      c.order = {bi, -s};
-      consider(c);
-    }
+    considerForward(r, s, choice);
+    considerInputGrad(s, choice);
   }
-  if (!pending_w_[r].empty()) {
-    const auto [s, i] = pending_w_[r].front();
-    Candidate c;
-    c.op = Op{OpKind::kW, s, i};
-    c.ready = *arrival(ActionType::kBackwardWeight, s, i);  // queued once its I ran
-    c.cls = cls_w;
-    consider(c);
-  }
-  if (!have_now) {
-    double next = -1.0;
-    for (const auto& c : soonest) {
-      if (c && (next < 0.0 || c->ready < next)) next = c->ready;
-    }
-    if (next >= 0.0) wake_.push({next, r});
+  considerWeightGrad(r, choice);
+  if (!choice.best_now) {
+    wakeAtSoonest(r, choice);
     return;
   }
-  if (policy_.lookahead > 0.0) {
-    for (int cls = 0; cls < best_now.cls; ++cls) {
-      if (soonest[cls] &&
-          soonest[cls]->ready - now < policy_.lookahead * duration(best_now.op)) {
-        wake_.push({soonest[cls]->ready, r});
-        return;
-      }
-    }
-  }
-  start(r, best_now, now);
+  if (waitsForHigherClass(r, choice)) return;
+  start(r, *choice.best_now, now);
 }
 
 void ListScheduler::start(int r, const Candidate& c, double now) {

@@ -66,6 +66,10 @@ class Simulator {
   CostSimulation run();
 
  private:
+  void checkShape() const;
+  void resetState();
+  void runRanks();
+  bool tryRun(const Action& action, int rank, std::vector<int>& work);
   int key(Slot slot, int stage, int mb) const { return (slot * S_ + stage) * M_ + mb; }
   std::string describeKey(int key) const;
   void checkAction(const Action& action, int rank, int step) const;
@@ -92,6 +96,12 @@ class Simulator {
   std::vector<double> memory_;
   std::vector<double> peak_;
   std::vector<TimedAction> events_;
+  // Per rank: the list position of its next action, when it is free again,
+  // and the key it waits for when stuck.
+  std::vector<std::size_t> pos_;
+  std::vector<double> clock_;
+  std::vector<int> blocked_on_;
+  std::vector<Dep> deps_;  // scratch for collectDeps
 };
 
 void Simulator::checkAction(const Action& action, int rank, int step) const {
@@ -346,7 +356,8 @@ void Simulator::complete(const Action& a, double start, double end, std::size_t 
   }
 }
 
-CostSimulation Simulator::run() {
+// The program's sizes agree with each other and with the costs.
+void Simulator::checkShape() const {
   const int P = program_.num_ranks;
   if (P <= 0 || S_ <= 0 || M_ <= 0) {
     throw ScheduleError(fmt::format(
@@ -368,100 +379,118 @@ CostSimulation Simulator::run() {
     }
   }
   costs_.check(S_);
-  lowered_ = hasSendRecv(program_);
+}
 
+void Simulator::resetState() {
+  const int P = program_.num_ranks;
+  lowered_ = hasSendRecv(program_);
   const std::size_t num_keys = static_cast<std::size_t>(kNumSlots) * S_ * M_;
   done_time_.assign(num_keys, kNotYet);
   done_event_.assign(num_keys, 0);
   waiters_.assign(num_keys, {});
   memory_.assign(P, 0.0);
   peak_.assign(P, 0.0);
+  pos_.assign(P, 0);
+  clock_.assign(P, 0.0);
+  blocked_on_.assign(P, -1);
+}
 
-  std::vector<std::size_t> pos(P, 0);
-  std::vector<double> clock(P, 0.0);
-  std::vector<int> blocked_on(P, -1);
-  std::vector<Dep> deps;
+// Runs each rank as far as its inputs allow; a rank that stops waits on one
+// missing key and goes back on the work list when that key is filled.
+void Simulator::runRanks() {
   std::vector<int> work;
-  for (int r = P - 1; r >= 0; --r) work.push_back(r);
-
+  for (int r = program_.num_ranks - 1; r >= 0; --r) work.push_back(r);
   while (!work.empty()) {
     const int r = work.back();
     work.pop_back();
     const auto& row = program_.actions[r];
-    while (pos[r] < row.size()) {
-      const auto& cell = row[pos[r]];
-      if (!cell) {
-        ++pos[r];
-        continue;
-      }
-      const Action& action = *cell;
-      const int step = static_cast<int>(pos[r]);
-      checkAction(action, r, step);
-      deps.clear();
-      collectDeps(action, deps);
-      double start = clock[r];
-      std::optional<std::size_t> waited_on;
-      int missing = -1;
-      for (const Dep& dep : deps) {
-        if (done_time_[dep.key] == kNotYet) {
-          missing = dep.key;
-          break;
-        }
-        double arrival = done_time_[dep.key] + dep.latency;
-        if (arrival > start) {
-          start = arrival;
-          waited_on = done_event_[dep.key];
-        }
-      }
-      if (missing >= 0) {
-        blocked_on[r] = missing;
-        waiters_[missing].push_back(r);
-        break;
-      }
-      const double end = start + costs_.duration(action);
-      const std::size_t id = events_.size();
-      events_.push_back(TimedAction{r, step, action, start, end, waited_on});
-      woken_.clear();
-      complete(action, start, end, id, r, step);
-      for (int w : woken_) work.push_back(w);
-      clock[r] = end;
-      ++pos[r];
+    while (pos_[r] < row.size()) {
+      const auto& cell = row[pos_[r]];
+      if (cell && !tryRun(*cell, r, work)) break;
+      ++pos_[r];
     }
   }
-  for (int r = 0; r < P; ++r) {
-    if (pos[r] < program_.actions[r].size()) reportDeadlock(pos, blocked_on);
+  for (int r = 0; r < program_.num_ranks; ++r) {
+    if (pos_[r] < program_.actions[r].size()) reportDeadlock(pos_, blocked_on_);
   }
+}
 
+// Runs `action`, rank r's next, when all its inputs are there and puts the
+// ranks that waited for its results on `work`; false when an input is missing.
+bool Simulator::tryRun(const Action& action, int r, std::vector<int>& work) {
+  const int step = static_cast<int>(pos_[r]);
+  checkAction(action, r, step);
+  deps_.clear();
+  collectDeps(action, deps_);
+  double start = clock_[r];
+  std::optional<std::size_t> waited_on;
+  for (const Dep& dep : deps_) {
+    if (done_time_[dep.key] == kNotYet) {
+      blocked_on_[r] = dep.key;
+      waiters_[dep.key].push_back(r);
+      return false;
+    }
+    const double arrival = done_time_[dep.key] + dep.latency;
+    if (arrival > start) {
+      start = arrival;
+      waited_on = done_event_[dep.key];
+    }
+  }
+  const double end = start + costs_.duration(action);
+  const std::size_t id = events_.size();
+  events_.push_back(TimedAction{r, step, action, start, end, waited_on});
+  woken_.clear();
+  complete(action, start, end, id, r, step);
+  for (int w : woken_) work.push_back(w);
+  clock_[r] = end;
+  return true;
+}
+
+// Events by rank, then list order; waited_on remapped to the new positions.
+std::vector<TimedAction> inListOrder(std::vector<TimedAction> events) {
+  std::vector<std::size_t> order(events.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    if (events[a].rank != events[b].rank) return events[a].rank < events[b].rank;
+    return events[a].step < events[b].step;
+  });
+  std::vector<std::size_t> new_index(events.size());
+  for (std::size_t i = 0; i < order.size(); ++i) new_index[order[i]] = i;
+  std::vector<TimedAction> sorted;
+  sorted.reserve(events.size());
+  for (std::size_t i : order) {
+    TimedAction e = std::move(events[i]);
+    if (e.waited_on) e.waited_on = new_index[*e.waited_on];
+    sorted.push_back(std::move(e));
+  }
+  return sorted;
+}
+
+// Makespan, busy time and bubbles per rank from the timed events.
+CostSimulation summarize(std::vector<TimedAction> events, std::vector<double> peak_memory,
+                         int num_ranks) {
   CostSimulation result;
-  result.busy_time.assign(P, 0.0);
-  for (const TimedAction& e : events_) {
+  result.busy_time.assign(num_ranks, 0.0);
+  for (const TimedAction& e : events) {
     result.makespan = std::max(result.makespan, e.end);
     result.busy_time[e.rank] += e.end - e.start;
   }
-  result.bubble_fraction.assign(P, 0.0);
-  for (int r = 0; r < P; ++r) {
+  result.bubble_fraction.assign(num_ranks, 0.0);
+  for (int r = 0; r < num_ranks; ++r) {
     if (result.makespan > 0.0) {
       result.bubble_fraction[r] = (result.makespan - result.busy_time[r]) / result.makespan;
     }
   }
-  result.peak_memory = peak_;
-
-  // Events by rank, then list order; remap waited_on to the new positions.
-  std::vector<std::size_t> order(events_.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    if (events_[a].rank != events_[b].rank) return events_[a].rank < events_[b].rank;
-    return events_[a].step < events_[b].step;
-  });
-  std::vector<std::size_t> new_index(events_.size());
-  for (std::size_t i = 0; i < order.size(); ++i) new_index[order[i]] = i;
-  result.events.reserve(events_.size());
-  for (std::size_t i : order) {
-    TimedAction e = std::move(events_[i]);
-    if (e.waited_on) e.waited_on = new_index[*e.waited_on];
-    result.events.push_back(std::move(e));
-  }
+  result.peak_memory = std::move(peak_memory);
+  result.events = inListOrder(std::move(events));
   return result;
+}
+
+CostSimulation Simulator::run() {
+  checkShape();
+  resetState();
+  runRanks();
+  return summarize(std::move(events_), peak_, program_.num_ranks);
 }
 
 }  // namespace

@@ -205,6 +205,47 @@ TEST(AutoSchedule, RejectsBadConfigurations) {
   EXPECT_THROW(autoSchedule(config(2, 1, 4, StageLayout::kLoop, three)), ScheduleError);
 }
 
+TEST(AutoSchedule, GreedyPolicyFamilyNamesEachPolicyInTheOrderTried) {
+  const CostModel costs = CostModel::uniform(1, 1, 1);
+  // One stage per rank, no limit: one forward pick, no reserve variants.
+  const std::vector<NamedListPolicy> small = greedyPolicyFamily(config(2, 1, 4, StageLayout::kLoop, costs));
+  ASSERT_EQ(small.size(), 2u * 3 * 3);
+  EXPECT_EQ(small[0].name, "greedy(deepest, I>F, look 0, cap -)");
+  EXPECT_TRUE(small[0].policy.backward_first);
+  EXPECT_TRUE(small[0].policy.admission_cap.empty());
+  EXPECT_EQ(small[1].name, "greedy(deepest, I>F, look 0, cap x1)");
+  EXPECT_EQ(small[1].policy.admission_cap, (std::vector<int>{2, 1}));
+  EXPECT_EQ(small[2].policy.admission_cap, (std::vector<int>{4, 2}));
+  EXPECT_EQ(small[3].name, "greedy(deepest, I>F, look 0.5, cap -)");
+  EXPECT_DOUBLE_EQ(small[3].policy.lookahead, 0.5);
+  EXPECT_EQ(small[9].name, "greedy(deepest, F>I, look 0, cap -)");
+  EXPECT_FALSE(small[9].policy.backward_first);
+
+  // Two stages per rank under a limit: all three picks, each with and without reserve.
+  const std::vector<NamedListPolicy> full =
+      greedyPolicyFamily(config(4, 2, 8, StageLayout::kV, costs, 4.0));
+  ASSERT_EQ(full.size(), 3u * 2 * 3 * 3 * 2);
+  EXPECT_EQ(full[1].name, "greedy(deepest, I>F, look 0, cap -, reserve chain)");
+  EXPECT_TRUE(full[1].policy.reserve_whole_chain);
+  EXPECT_EQ(full[2].policy.admission_cap, (std::vector<int>{8, 7, 6, 5}));
+  EXPECT_EQ(full[36].name, "greedy(shallowest, I>F, look 0, cap -)");
+  EXPECT_EQ(full[36].policy.forward_pick, ListSchedulePolicy::ForwardPick::kShallowestStage);
+  EXPECT_EQ(full.back().name, "greedy(oldest, F>I, look 1, cap x2, reserve chain)");
+  EXPECT_EQ(full.back().policy.forward_pick, ListSchedulePolicy::ForwardPick::kOldestMicrobatch);
+
+  // The search reports its greedy candidates under these names, in this order.
+  const AutoScheduleResult r = autoSchedule(config(2, 1, 4, StageLayout::kLoop, costs));
+  std::vector<std::string> greedy_names;
+  for (const AutoCandidate& cand : r.candidates) {
+    if (cand.name.rfind("greedy(", 0) == 0 && cand.name.find("local search") == std::string::npos) {
+      greedy_names.push_back(cand.name);
+    }
+  }
+  std::vector<std::string> family_names;
+  for (const NamedListPolicy& named : small) family_names.push_back(named.name);
+  EXPECT_EQ(greedy_names, family_names);
+}
+
 TEST(ListSchedule, ProducesCompleteOrdersWithinTheLimit) {
   ListScheduleProblem problem;
   problem.num_ranks = 4;

@@ -15,6 +15,7 @@ namespace pipeforge::schedules {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct Box {
   std::string type;
@@ -83,6 +84,41 @@ TEST(SvgTimeline, MicrobatchNumbersIdleGapsAndLegend) {
   EXPECT_THAT(svg, HasSubstr("class=\"op op-F\""));
   EXPECT_THAT(svg, HasSubstr("class=\"op op-B\""));
   EXPECT_EQ(svg.rfind("</svg>\n"), svg.size() - 7);
+}
+
+TEST(SvgTimeline, LaterStagesOfARankAreLighter) {
+  // V layout on 2 ranks: rank 0 holds stages 0 and 3, rank 1 stages 1 and 2.
+  Program p = generateSchedule("ZBVZeroBubble", {2, 2, 2});
+  const std::string svg =
+      svgTimeline(simulateCost(p, CostModel::uniform(1, 1, 1)), 2, p.stage_to_rank);
+  auto fillOf = [&](const std::string& tooltip_start) {
+    const std::regex re("fill=\"(#[0-9a-f]{6})\" [^>]*><title>" + tooltip_start);
+    std::smatch m;
+    return std::regex_search(svg, m, re) ? m[1].str() : std::string("(none)");
+  };
+  EXPECT_EQ(fillOf("rank 0: 0F0 "), "#76a5d8");  // F's colour
+  EXPECT_EQ(fillOf("rank 0: 3F0 "), "#bbd2ec");  // half white: the rank's second stage
+  EXPECT_EQ(fillOf("rank 1: 1F0 "), "#76a5d8");
+  EXPECT_EQ(fillOf("rank 1: 2F0 "), "#bbd2ec");
+  EXPECT_THAT(svg, HasSubstr("lighter = later stage on the rank; numbers = microbatch"));
+
+  // Without a layout nothing is shaded and the legend says only what the numbers are.
+  const std::string plain = svgTimeline(simulateCost(p, CostModel::uniform(1, 1, 1)), 2);
+  EXPECT_THAT(plain, Not(HasSubstr("#bbd2ec")));
+  EXPECT_THAT(plain, Not(HasSubstr("lighter")));
+  EXPECT_THAT(plain, HasSubstr(">numbers = microbatch</text>"));
+}
+
+TEST(SvgTimeline, OverlapBoxNamesTheMicrobatchOfEachHalf) {
+  Action overlap{0, ActionType::kOverlapFB, std::nullopt,
+                 {Action{0, ActionType::kForward, 3, {}}, Action{0, ActionType::kFullBackward, 1, {}}}};
+  CostSimulation sim;
+  sim.makespan = 2.0;
+  sim.events.push_back(TimedAction{0, 0, overlap, 0.0, 2.0, std::nullopt});
+  const std::string svg = svgTimeline(sim, 1);
+  EXPECT_EQ(count(svg, "<text class=\"mb\""), 1u);
+  EXPECT_THAT(svg, HasSubstr(">3/1</text>"));
+  EXPECT_THAT(svg, HasSubstr("class=\"op op-OVERLAP_F_B\""));
 }
 
 TEST(SvgTimeline, ByteIdenticalForEqualInput) {
