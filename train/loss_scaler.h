@@ -6,8 +6,8 @@
 // of the 1/m of Note [Loss scaling]); every gradient then comes out times S.
 // After the step's backward the trainer multiplies every gradient by 1/S
 // (float32, as GradScaler.unscale_) before anything else reads them, then the
-// all-rank non-finite check (Note [Non-finite steps]) decides for every rank
-// at once:
+// all-rank non-finite check (Note [Non-finite steps] in train/step_outcome.h)
+// decides for every rank at once:
 //   * a gradient is inf/NaN somewhere: the step is skipped on every rank
 //     (not a training.on_nonfinite event) and S *= 0.5, the good-step count
 //     back to 0;

@@ -42,6 +42,14 @@ struct ScheduleChoice {
   std::vector<NamedScheduleTime> named;  // in scheduleNames() order
 };
 
+// What `pipeline.schedule: auto` chose on a real run (Note [Auto schedule] in
+// train/auto_schedule_pick.h), and from which measurements.
+struct AutoChoice {
+  ScheduleChoice choice;
+  schedules::CostModel costs;  // measured, in milliseconds
+  std::uint32_t digest = 0;    // programDigest(choice.program), the same on every rank
+};
+
 // The fastest schedule the search finds, over the layouts above; on equal
 // simulated times the loop layout. Throws ScheduleError for a request the
 // search rejects (sizes below 1, costs of another stage count).
