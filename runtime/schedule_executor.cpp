@@ -120,7 +120,7 @@ class ScheduleExecutor::Impl {
         if (!req.train && !runsInEval(*current)) continue;
         checkAbort();
         auto t0 = StepClock::now();
-        trace_.takeWaitSeconds();
+        trace_.takeWaitSeconds();  // what earlier actions waited is theirs
         execute(*current);
         if (profile) {
           out_.profile.steps.push_back(TimedStep{*current, secondsBetween(step_start, t0),
