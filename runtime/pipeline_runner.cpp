@@ -167,7 +167,8 @@ class PipelineRunner::Impl {
           PipelineStage::fromSplit(options_.split_dir, manifest_, plan_, s, device_)));
       owned_.back()->setActivationCheckpointing(
           options_.activation_checkpointing != Checkpointing::kNone,
-          options_.activation_checkpointing == Checkpointing::kEveryN ? options_.checkpoint_every_n : 0);
+          options_.activation_checkpointing == Checkpointing::kEveryN ? options_.checkpoint_every_n : 0,
+          options_.stage_cutter);
       stages_[s] = owned_.back().get();
     }
     computes_loss_ = program_.stage_to_rank[manifest_.num_stages - 1] == pp_rank_;

@@ -29,6 +29,7 @@
 #include "runtime/dist_env.h"
 #include "runtime/errors.h"
 #include "runtime/runtime_types.h"
+#include "runtime/stage_cutter.h"
 #include "runtime/step_profile.h"
 #include "schedules/program.h"
 #include "stage/manifest.h"
@@ -95,6 +96,9 @@ struct RunnerOptions {
   // the k-th, 2k-th, ... submodule call of each stage's forward, k = checkpoint_every_n.
   Checkpointing activation_checkpointing = Checkpointing::kNone;
   int checkpoint_every_n = 0;
+  // kEveryN: how a stage is cut at its calls, stage::cutAtCalls (the
+  // runtime does not link the splitter it uses).
+  StageCutter stage_cutter;
 };
 
 struct StepResult {

@@ -18,11 +18,57 @@
 #include "runtime/errors.h"
 #include "runtime/rng_state.h"
 #include "runtime/split_backward.h"
-#include "runtime/stage_segments.h"
 #include "stage/file_digest.h"
 #include "stage/manifest.h"
+#include "stage/stage_segments.h"
 
 namespace pipeforge::runtime {
+namespace {
+
+// The segments must hold the stage's own tensors: the optimizer and the
+// checkpoints see only those.
+void checkSegmentsShareTensors(const torch::jit::Module& stage_module, int stage_index,
+                               const std::vector<torch::jit::Module>& segments) {
+  std::map<std::string, const c10::TensorImpl*> own;
+  for (const auto& p : stage_module.named_parameters(true)) own.emplace(p.name, p.value.unsafeGetTensorImpl());
+  for (const auto& b : stage_module.named_buffers(true)) own.emplace(b.name, b.value.unsafeGetTensorImpl());
+  for (std::size_t j = 0; j < segments.size(); ++j) {
+    auto check = [&](const std::string& name, const at::Tensor& t) {
+      auto it = own.find(name);
+      if (it == own.end() || it->second != t.unsafeGetTensorImpl()) {
+        PIPEFORGE_FAIL(fmt::format("stage {}: segment {} holds its own copy of '{}'; segments must share "
+                                   "the stage's tensors",
+                                   stage_index, j, name));
+      }
+    };
+    for (const auto& p : segments[j].named_parameters(true)) check(p.name, p.value);
+    for (const auto& b : segments[j].named_buffers(true)) check(b.name, b.value);
+  }
+}
+
+// Stage `stage_index` cut by `cut` for checkpointing every `every_n`-th call
+// (Note [Checkpointing every k-th call]); fills `segments`, in the stage's
+// training mode.
+stage::StageSegments cutIntoSegments(const torch::jit::Module& stage_module, int stage_index, int every_n,
+                                     const StageCutter& cut, std::vector<torch::jit::Module>& segments) {
+  PIPEFORGE_CHECK(cut != nullptr, fmt::format("stage {}: checkpointing every {} calls needs a StageCutter "
+                                              "(stage::cutAtCalls); none was given",
+                                              stage_index, every_n));
+  stage::StageSegments out;
+  try {
+    out = cut(stage_module, every_n, segments);
+  } catch (const std::exception& e) {
+    throw RuntimeError(fmt::format(
+        "stage {}: pipeline.activation_checkpointing.every_n {} needs the stage cut at its submodule calls, and "
+        "that failed: {}; use activation_checkpointing: full (the whole stage is recomputed) instead",
+        stage_index, every_n, e.what()));
+  }
+  checkSegmentsShareTensors(stage_module, stage_index, segments);
+  for (torch::jit::Module& segment : segments) segment.train(stage_module.is_training());
+  return out;
+}
+
+}  // namespace
 
 class PipelineStage::Impl {
  public:
@@ -450,7 +496,7 @@ class PipelineStage::Impl {
   std::string device_ = "cpu";  // the generators a forward draws from
   bool checkpointing_ = false;
   std::vector<torch::jit::Module> segments_;  // every_n: the stage cut at its calls
-  StageSegments segment_plan_;
+  stage::StageSegments segment_plan_;
   std::function<void(const std::function<void()>&)> recompute_context_;
   std::optional<std::set<std::string>> mutable_buffers_;  // learned by the first checkpointed forward
 };
@@ -575,15 +621,15 @@ at::Tensor PipelineStage::setLoss(int mb, const std::vector<at::Tensor>& outputs
   return value;
 }
 
-void PipelineStage::setActivationCheckpointing(bool on, int every_n) {
+void PipelineStage::setActivationCheckpointing(bool on, int every_n, const StageCutter& cut) {
   Impl& s = *impl_;
   if (!s.live_.empty()) {
     PIPEFORGE_FAIL(fmt::format("stage {}: checkpointing changed with microbatches live", s.sig_.index));
   }
   s.checkpointing_ = on && every_n == 0;
   s.segments_.clear();
-  s.segment_plan_ = StageSegments{};
-  if (on && every_n > 0) s.segment_plan_ = cutAtCalls(s.module_, s.sig_.index, every_n, s.segments_);
+  s.segment_plan_ = stage::StageSegments{};
+  if (on && every_n > 0) s.segment_plan_ = cutIntoSegments(s.module_, s.sig_.index, every_n, cut, s.segments_);
 }
 
 std::vector<std::string> PipelineStage::recomputedCalls() const {

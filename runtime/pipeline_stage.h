@@ -18,6 +18,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "runtime/stage_cutter.h"
+
 namespace torch::jit {
 struct Module;
 }
@@ -78,9 +80,10 @@ class PipelineStage {
   // forward, and the loss, with the same dropout masks before its backward.
   // With `every_n` k > 0 only the k-th, 2k-th, ... submodule call of the
   // forward is recomputed and the rest keep their graph (Note [Checkpointing
-  // every k-th call]); the stage is cut at its calls here. Throws
-  // RuntimeError when it cannot be.
-  void setActivationCheckpointing(bool on, int every_n = 0);
+  // every k-th call]); the stage is cut at its calls here, by `cut`
+  // (stage::cutAtCalls), which every_n needs. Throws RuntimeError when it
+  // cannot be cut.
+  void setActivationCheckpointing(bool on, int every_n = 0, const StageCutter& cut = {});
   // What B recomputes: "(the whole forward)", the calls of each recomputed
   // segment ("blocks.1"), or nothing.
   std::vector<std::string> recomputedCalls() const;

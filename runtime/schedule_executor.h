@@ -24,6 +24,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "runtime/errors.h"
+#include "runtime/gradient_reduction.h"
 #include "runtime/runtime_types.h"
 #include "runtime/step_profile.h"
 #include "schedules/program.h"
@@ -49,11 +50,7 @@ struct ExecutorConfig {
   int dp_degree = 1;
   std::vector<int> dp_group;  // global ranks holding this rank's stages in every replica
   // Per tied group: the local stages holding it and the global ranks of all holders.
-  struct Tied {
-    std::vector<std::pair<int, std::string>> local;  // (stage, fqn), one per local holder stage
-    std::vector<int> ranks;                          // sorted, this replica
-    bool crosses_stages = false;                     // two or more holder stages
-  };
+  using Tied = TiedGroup;
   std::vector<Tied> tied;
 };
 

@@ -128,6 +128,105 @@ class EngineWeightWork : public WeightGradWork {
   }
 };
 
+// The gradient edges of the inputs that require grad: what I asks the engine for.
+struct InputEdges {
+  std::unordered_set<Node*> nodes;
+  edge_list edges;
+  std::vector<int> slots;  // position in `inputs` of each edge
+};
+
+InputEdges inputEdgesOf(const std::vector<at::Tensor>& inputs) {
+  InputEdges out;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].requires_grad()) continue;
+    Edge e = torch::autograd::impl::gradient_edge(inputs[i]);
+    out.nodes.insert(e.function.get());
+    out.edges.push_back(e);
+    out.slots.push_back(static_cast<int>(i));
+  }
+  return out;
+}
+
+// The gradient accumulators of the parameters W fills, with owning pointers.
+struct ParamNodes {
+  std::unordered_set<Node*> nodes;
+  std::unordered_map<Node*, compat::AutogradNodePtr> owner;
+};
+
+ParamNodes paramNodesOf(const std::vector<at::Tensor>& params) {
+  ParamNodes out;
+  for (const at::Tensor& p : params) {
+    if (!p.requires_grad()) continue;
+    if (auto acc = torch::autograd::impl::try_get_grad_accumulator(p)) {
+      out.nodes.insert(acc.get());
+      out.owner.emplace(acc.get(), acc);
+    }
+  }
+  return out;
+}
+
+// Boundary nodes (Note [Split backward]): on the input path, with a weight-only child.
+std::vector<compat::AutogradNodePtr> boundaryNodes(const Seeds& seeds, const GraphScan& scan) {
+  std::vector<compat::AutogradNodePtr> boundary;
+  std::unordered_set<Node*> seen;
+  std::vector<compat::AutogradNodePtr> todo;
+  for (const Edge& e : seeds.edges) {
+    if (scan.onInputPath(e.function.get())) todo.push_back(e.function);
+  }
+  while (!todo.empty()) {
+    compat::AutogradNodePtr n = todo.back();
+    todo.pop_back();
+    if (!seen.insert(n.get()).second) continue;
+    bool is_boundary = false;
+    for (const Edge& e : n->next_edges()) {
+      Node* c = e.function.get();
+      if (c == nullptr) continue;
+      if (scan.onInputPath(c)) {
+        todo.push_back(e.function);
+      } else if (scan.reachesParam(c)) {
+        is_boundary = true;
+      }
+    }
+    if (is_boundary) boundary.push_back(n);
+  }
+  return boundary;
+}
+
+// Fills W's seeds: the roots off the input path now, and its outputs: every
+// parameter they or the boundary nodes reach, and the cuts (Note [Cutting
+// the input path]). Returns the boundary nodes' input edges, whose gradients
+// I captures as W's other seeds.
+edge_list planWeightWork(const Seeds& seeds, const GraphScan& scan,
+                         const std::vector<compat::AutogradNodePtr>& boundary, const ParamNodes& param_nodes,
+                         EngineWeightWork& weight) {
+  std::vector<Node*> found;
+  std::unordered_set<Node*> seen;
+  for (std::size_t i = 0; i < seeds.edges.size(); ++i) {
+    Node* n = seeds.edges[i].function.get();
+    if (scan.onInputPath(n) || !scan.reachesParam(n)) continue;
+    weight.roots.push_back(seeds.edges[i]);
+    weight.grads.push_back(seeds.grads[i]);
+    scan.collectParams(n, found, seen);
+  }
+  edge_list capture_edges;
+  for (const auto& n : boundary) {
+    seen.insert(n.get());
+    const edge_list& edges = n->next_edges();
+    for (std::size_t k = 0; k < edges.size(); ++k) {
+      Node* c = edges[k].function.get();
+      if (c == nullptr) continue;
+      if (scan.onInputPath(c)) {
+        weight.cuts.emplace_back(n, k);
+      } else if (scan.reachesParam(c)) {
+        scan.collectParams(c, found, seen);
+      }
+    }
+    for (std::uint32_t k = 0; k < n->num_inputs(); ++k) capture_edges.emplace_back(n, k);
+  }
+  for (Node* p : found) weight.params.emplace_back(param_nodes.owner.at(p), 0);
+  return capture_edges;
+}
+
 }  // namespace
 
 std::vector<at::Tensor> backwardFull(const std::vector<at::Tensor>& roots, const std::vector<at::Tensor>& root_grads,
@@ -154,95 +253,25 @@ InputGradResult backwardInput(const std::vector<at::Tensor>& roots, const std::v
     return result;
   }
 
-  std::unordered_set<Node*> input_nodes;
-  std::vector<int> input_slots;  // position in `inputs` of each requested input edge
-  edge_list input_edges;
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].requires_grad()) continue;
-    Edge e = torch::autograd::impl::gradient_edge(inputs[i]);
-    input_nodes.insert(e.function.get());
-    input_edges.push_back(e);
-    input_slots.push_back(static_cast<int>(i));
-  }
-  std::unordered_set<Node*> param_nodes;
-  std::unordered_map<Node*, compat::AutogradNodePtr> param_owner;
-  for (const at::Tensor& p : params) {
-    if (!p.requires_grad()) continue;
-    if (auto acc = torch::autograd::impl::try_get_grad_accumulator(p)) {
-      param_nodes.insert(acc.get());
-      param_owner.emplace(acc.get(), acc);
-    }
-  }
-
-  GraphScan scan(input_nodes, param_nodes);
+  const InputEdges in = inputEdgesOf(inputs);
+  const ParamNodes param_nodes = paramNodesOf(params);
+  GraphScan scan(in.nodes, param_nodes.nodes);
   for (const Edge& e : seeds.edges) scan.scan(e.function.get());
 
-  // Boundary nodes: on the input path, with a weight-only child.
-  std::vector<compat::AutogradNodePtr> boundary;
-  {
-    std::unordered_set<Node*> seen;
-    std::vector<compat::AutogradNodePtr> todo;
-    for (const Edge& e : seeds.edges) {
-      if (scan.onInputPath(e.function.get())) todo.push_back(e.function);
-    }
-    while (!todo.empty()) {
-      compat::AutogradNodePtr n = todo.back();
-      todo.pop_back();
-      if (!seen.insert(n.get()).second) continue;
-      bool is_boundary = false;
-      for (const Edge& e : n->next_edges()) {
-        Node* c = e.function.get();
-        if (c == nullptr) continue;
-        if (scan.onInputPath(c)) {
-          todo.push_back(e.function);
-        } else if (scan.reachesParam(c)) {
-          is_boundary = true;
-        }
-      }
-      if (is_boundary) boundary.push_back(n);
-    }
-  }
-
-  // W's seeds: the roots off the input path now, the boundary nodes' inputs
-  // once I has captured them; its outputs: every parameter they reach.
   auto weight = std::make_unique<EngineWeightWork>();
-  std::vector<Node*> found;
-  std::unordered_set<Node*> seen;
-  for (std::size_t i = 0; i < seeds.edges.size(); ++i) {
-    Node* n = seeds.edges[i].function.get();
-    if (scan.onInputPath(n) || !scan.reachesParam(n)) continue;
-    weight->roots.push_back(seeds.edges[i]);
-    weight->grads.push_back(seeds.grads[i]);
-    scan.collectParams(n, found, seen);
-  }
-  edge_list capture_edges;
-  for (const auto& n : boundary) {
-    seen.insert(n.get());
-    const edge_list& edges = n->next_edges();
-    for (std::size_t k = 0; k < edges.size(); ++k) {
-      Node* c = edges[k].function.get();
-      if (c == nullptr) continue;
-      if (scan.onInputPath(c)) {
-        weight->cuts.emplace_back(n, k);
-      } else if (scan.reachesParam(c)) {
-        scan.collectParams(c, found, seen);
-      }
-    }
-    for (std::uint32_t k = 0; k < n->num_inputs(); ++k) capture_edges.emplace_back(n, k);
-  }
-  for (Node* p : found) weight->params.emplace_back(param_owner.at(p), 0);
+  const edge_list capture_edges = planWeightWork(seeds, scan, boundaryNodes(seeds, scan), param_nodes, *weight);
 
   // With no outputs the engine would run (and accumulate) everything.
-  edge_list outputs = input_edges;
+  edge_list outputs = in.edges;
   outputs.insert(outputs.end(), capture_edges.begin(), capture_edges.end());
   variable_list got;
   if (!outputs.empty()) {
     got = Engine::get_default_engine().execute(seeds.edges, seeds.grads, /*keep_graph=*/true,
                                                /*create_graph=*/false, /*accumulate_grad=*/false, outputs);
   }
-  for (std::size_t i = 0; i < input_edges.size(); ++i) result.input_grads[input_slots[i]] = got[i];
+  for (std::size_t i = 0; i < in.edges.size(); ++i) result.input_grads[in.slots[i]] = got[i];
   for (std::size_t j = 0; j < capture_edges.size(); ++j) {
-    const at::Tensor& g = got[input_edges.size() + j];
+    const at::Tensor& g = got[in.edges.size() + j];
     if (!g.defined()) continue;
     weight->roots.push_back(capture_edges[j]);
     weight->grads.push_back(g);

@@ -7,6 +7,7 @@
 
 #include "schedules/auto_schedule.h"
 #include "stage/manifest.h"
+#include "stage/stage_segments.h"
 #include "train/schedule_profile.h"
 
 namespace pipeforge::train {
@@ -73,6 +74,7 @@ runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const RunPlan
     case ActivationCheckpointing::kEveryN:
       ro.activation_checkpointing = runtime::Checkpointing::kEveryN;
       ro.checkpoint_every_n = config.pipeline.checkpoint_every_n;
+      ro.stage_cutter = stage::cutAtCalls;
       break;
   }
   ro.dp_degree = config.pipeline.data_parallel;

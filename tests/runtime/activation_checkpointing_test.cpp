@@ -17,6 +17,7 @@
 #include "runtime/local_launcher.h"
 #include "runtime/loss.h"
 #include "runtime/pipeline_stage.h"
+#include "stage/stage_segments.h"
 #include "tests/runtime/grad_check.h"
 #include "tests/support/build_paths.h"
 #include "tests/support/zoo.h"
@@ -54,7 +55,7 @@ StageRun runWholeModel(const std::string& model, int checkpoint, Backward how, O
   sig.num_outputs = 1;
   sig.input_wants_grad = {at::isFloatingType(inputs[0].scalar_type())};
   PipelineStage stage(module, sig);
-  stage.setActivationCheckpointing(checkpoint != kNoCheckpointing, std::max(checkpoint, 0));
+  stage.setActivationCheckpointing(checkpoint != kNoCheckpointing, std::max(checkpoint, 0), stage::cutAtCalls);
   if (recomputed) *recomputed = stage.recomputedCalls();
   LossFunction loss_fn(loss, "", "cpu");
 

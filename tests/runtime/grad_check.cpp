@@ -8,6 +8,7 @@
 
 #include "runtime/loss.h"
 #include "runtime/pipeline_runner.h"
+#include "stage/stage_segments.h"
 #include "tests/support/build_paths.h"
 #include "tests/support/zoo.h"
 
@@ -167,6 +168,7 @@ CaseReport runCheckpointingCase(const GradCase& c, const std::string& splits_roo
     opts.timeout = std::chrono::seconds(60);
     opts.activation_checkpointing = mode;
     opts.checkpoint_every_n = every_n;
+    opts.stage_cutter = stage::cutAtCalls;
     runtime::PipelineRunner runner(opts, comm);
     torch::manual_seed(seed);  // this process's generator: ranks are processes here
     Run r;

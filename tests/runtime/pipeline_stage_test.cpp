@@ -1,13 +1,16 @@
 // PipelineStage: on every zoo stage I then W gives exactly B's gradients,
-// and a missing stage file is reported.
+// a missing stage file is reported, and a stage cut for every_n
+// checkpointing is checked.
 #include "runtime/pipeline_stage.h"
 
 #include <gtest/gtest.h>
 #include <torch/script.h>
 
 #include "runtime/comm_plan.h"
+#include "runtime/errors.h"
 #include "stage/manifest.h"
 #include "tests/runtime/grad_check.h"
+#include "tests/support/script_module.h"
 
 namespace pipeforge::runtime {
 namespace {
@@ -87,6 +90,76 @@ TEST(PipelineStageTest, ReportsAMissingStageFile) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("cannot load '/nonexistent/stage_0.pt'"), std::string::npos) << e.what();
   }
+}
+
+// Note [Checkpointing every k-th call]: the runtime cuts a stage with the
+// StageCutter it is given, and checks what it gets back.
+PipelineStage affineStage() {
+  StageSignature sig;
+  sig.num_module_inputs = 1;
+  sig.num_outputs = 1;
+  sig.input_wants_grad = {true};
+  return PipelineStage(testing::affine("A", 2), sig);
+}
+
+TEST(PipelineStageTest, CheckpointingEveryNWithoutACutterIsABug) {
+  PipelineStage stage = affineStage();
+  try {
+    stage.setActivationCheckpointing(true, 2);
+    FAIL() << "no error";
+  } catch (const pipeforge::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInternal);
+    EXPECT_NE(std::string(e.what()).find(
+                  "stage 0: checkpointing every 2 calls needs a StageCutter (stage::cutAtCalls); none was given"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(PipelineStageTest, ACutThatFailsSaysToCheckpointTheWholeStage) {
+  PipelineStage stage = affineStage();
+  StageCutter failing = [](const torch::jit::Module&, int, std::vector<torch::jit::Module>&) -> stage::StageSegments {
+    throw std::runtime_error("no calls to cut at");
+  };
+  try {
+    stage.setActivationCheckpointing(true, 3, failing);
+    FAIL() << "no error";
+  } catch (const RuntimeError& e) {
+    EXPECT_STREQ(e.what(), "stage 0: pipeline.activation_checkpointing.every_n 3 needs the stage cut at its submodule "
+                           "calls, and that failed: no calls to cut at; use activation_checkpointing: full (the "
+                           "whole stage is recomputed) instead");
+  }
+}
+
+TEST(PipelineStageTest, SegmentsThatCopyTheStagesTensorsAreRefused) {
+  PipelineStage stage = affineStage();
+  StageCutter copying = [](const torch::jit::Module& module, int, std::vector<torch::jit::Module>& segments) {
+    segments = {module.deepcopy()};
+    stage::StageSegments out;
+    out.checkpointed = {true};
+    out.calls = {"(no calls)"};
+    return out;
+  };
+  try {
+    stage.setActivationCheckpointing(true, 1, copying);
+    FAIL() << "no error";
+  } catch (const pipeforge::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInternal);
+    EXPECT_NE(std::string(e.what()).find("stage 0: segment 0 holds its own copy of 'weight'; segments must share "
+                                         "the stage's tensors"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(PipelineStageTest, FewerCallsThanKLeaveTheStageWhole) {
+  PipelineStage stage = affineStage();
+  StageCutter nothing_to_cut = [](const torch::jit::Module&, int, std::vector<torch::jit::Module>& segments) {
+    segments.clear();
+    return stage::StageSegments{};
+  };
+  stage.setActivationCheckpointing(true, 8, nothing_to_cut);
+  EXPECT_TRUE(stage.recomputedCalls().empty());
 }
 
 }  // namespace

@@ -1,0 +1,235 @@
+#include "runtime/edge_messenger.h"
+
+#include <algorithm>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "common/error.h"
+#include "runtime/comm.h"
+#include "runtime/comm_plan.h"
+#include "runtime/errors.h"
+#include "runtime/step_trace.h"
+
+namespace pipeforge::runtime {
+namespace {
+
+bool sameMeta(const TensorMeta& a, const TensorMeta& b) { return a.sizes == b.sizes && a.dtype == b.dtype; }
+TensorMeta metaOf(const at::Tensor& t) { return TensorMeta{t.sizes().vec(), t.scalar_type()}; }
+std::string describeMeta(const TensorMeta& m) {
+  return fmt::format("[{}] {}", fmt::join(m.sizes, ","), c10::toString(m.dtype));
+}
+
+at::Tensor emptyOf(const TensorMeta& meta, const std::string& device) {
+  return at::empty(meta.sizes, at::TensorOptions().dtype(meta.dtype).device(device));
+}
+
+at::Tensor shapeMessageOf(const TensorMeta& meta) {
+  const std::vector<std::int64_t> words =
+      encodeShapeMessage(ShapeMessage{meta.sizes, static_cast<std::int64_t>(meta.dtype)});
+  at::Tensor m = at::empty({kShapeMessageLen}, at::kLong);
+  std::copy(words.begin(), words.end(), m.data_ptr<std::int64_t>());
+  return m;
+}
+
+TensorMeta metaFromShapeMessage(const at::Tensor& received) {
+  const at::Tensor m = received.cpu().contiguous();
+  const std::int64_t* data = m.data_ptr<std::int64_t>();
+  const ShapeMessage shape = decodeShapeMessage(std::vector<std::int64_t>(data, data + m.numel()));
+  PIPEFORGE_CHECK(shape.dtype < static_cast<std::int64_t>(at::ScalarType::NumOptions),
+                  fmt::format("a shape message names dtype {}, which is no at::ScalarType", shape.dtype));
+  return TensorMeta{shape.sizes, static_cast<at::ScalarType>(shape.dtype)};
+}
+
+}  // namespace
+
+EdgeMessenger::EdgeMessenger(Communicator& comm, EdgeMessengerConfig config) : comm_(comm), cfg_(std::move(config)) {}
+EdgeMessenger::~EdgeMessenger() = default;
+
+void EdgeMessenger::beginStep(int num_microbatches, const std::vector<std::int64_t>& batch_signature,
+                              StepTrace& trace) {
+  num_mb_ = num_microbatches;
+  trace_ = &trace;
+  if (cfg_.shapes == ShapeMode::kPerStep || batch_signature != signature_) {
+    recv_meta_.clear();
+    sent_meta_.clear();
+    signature_ = batch_signature;
+  }
+}
+
+std::uint32_t EdgeMessenger::tagOf(int edge, int mb, MessageKind kind) const {
+  return messageTag(edge, mb, num_mb_, kind);
+}
+
+// The shape static_shapes gives the value on `e` (ShapeMode::kStatic).
+TensorMeta EdgeMessenger::staticMeta(int e) const {
+  const Edge& edge = cfg_.plan->edges[e];
+  const StagePlan& sp = cfg_.plan->stages[edge.consumer];
+  int nth = 0;  // position among the consumer's edge inputs
+  for (int j = 0; j < edge.consumer_slot; ++j) nth += sp.inputs[j].kind == StageInput::Kind::kEdge;
+  if (edge.consumer >= static_cast<int>(cfg_.static_shapes.size()) ||
+      nth >= static_cast<int>(cfg_.static_shapes[edge.consumer].size())) {
+    throw RuntimeError(fmt::format("ShapeMode::kStatic: static_shapes gives no shape for input {} of stage {}",
+                                   edge.consumer_slot, edge.consumer));
+  }
+  return cfg_.static_shapes[edge.consumer][nth];
+}
+
+// The shape the receiver of (edge, mb) can know without being told.
+std::optional<TensorMeta> EdgeMessenger::knownMeta(int e, int mb) const {
+  if (cfg_.shapes == ShapeMode::kStatic) return staticMeta(e);
+  auto it = recv_meta_.find({e, mb});
+  if (it == recv_meta_.end()) return std::nullopt;
+  return it->second;
+}
+
+void EdgeMessenger::checkStaticMeta(int e, const TensorMeta& meta) const {
+  const TensorMeta want = staticMeta(e);
+  if (sameMeta(want, meta)) return;
+  const Edge& edge = cfg_.plan->edges[e];
+  throw RuntimeError(fmt::format("stage {} output {} is {} but static_shapes says {} for stage {}; fix "
+                                 "static_shapes or use ShapeMode::kInferOnce",
+                                 edge.producer, edge.producer_output, describeMeta(meta), describeMeta(want),
+                                 edge.consumer));
+}
+
+// Sends the shape message of (edge, mb) the first time, and checks later
+// sends against it (Note [Shape inference]).
+void EdgeMessenger::describe(int e, int mb, const TensorMeta& meta) {
+  auto it = sent_meta_.find({e, mb});
+  if (it == sent_meta_.end()) {
+    const int dst = cfg_.edge_dst[e];
+    const Transfer what{false, cfg_.plan->edges[e].producer, 'F', mb, dst, /*shape=*/true};
+    send(shapeMessageOf(meta).to(cfg_.device), dst, tagOf(e, mb, MessageKind::kMeta), what);
+    sent_meta_[{e, mb}] = meta;
+    return;
+  }
+  if (sameMeta(it->second, meta)) return;
+  const Edge& edge = cfg_.plan->edges[e];
+  throw RuntimeError(fmt::format("stage {} output {} for microbatch {} is {} but was {} on an earlier step with "
+                                 "the same batch shapes; for shapes that vary use ShapeMode::kPerStep",
+                                 edge.producer, edge.producer_output, mb, describeMeta(meta),
+                                 describeMeta(it->second)));
+}
+
+void EdgeMessenger::sendValue(int e, int mb, const at::Tensor& value) {
+  const TensorMeta meta = metaOf(value);
+  if (cfg_.shapes == ShapeMode::kStatic) {
+    checkStaticMeta(e, meta);
+  } else {
+    describe(e, mb, meta);
+  }
+  const int dst = cfg_.edge_dst[e];
+  send(value.detach().contiguous(), dst, tagOf(e, mb, MessageKind::kValue),
+       Transfer{false, cfg_.plan->edges[e].producer, 'F', mb, dst});
+}
+
+void EdgeMessenger::sendGrad(int e, int mb, const at::Tensor& grad) {
+  const int src = cfg_.edge_src[e];
+  send(grad.contiguous(), src, tagOf(e, mb, MessageKind::kGrad),
+       Transfer{false, cfg_.plan->edges[e].consumer, 'B', mb, src});
+}
+
+void EdgeMessenger::send(const at::Tensor& t, int dst, std::uint32_t tag, const Transfer& what) {
+  const auto t0 = StepClock::now();
+  sends_.push_back(Send{comm_.isend(t, dst, tag), what});
+  if (trace_->profiling()) trace_->record(SpanKind::kSend, what.name(), t0, StepClock::now());
+}
+
+void EdgeMessenger::postValueRecv(int e, int mb) {
+  auto key = std::make_tuple(e, mb, MessageKind::kValue);
+  if (recvs_.count(key)) return;
+  Recv r;
+  if (auto meta = knownMeta(e, mb)) {
+    r.buf = emptyOf(*meta, cfg_.device);
+    r.op = comm_.irecv(r.buf, cfg_.edge_src[e], tagOf(e, mb, MessageKind::kValue));
+  } else {
+    r.meta_buf = at::empty({kShapeMessageLen}, at::TensorOptions().dtype(at::kLong).device(cfg_.device));
+    r.meta_op = comm_.irecv(r.meta_buf, cfg_.edge_src[e], tagOf(e, mb, MessageKind::kMeta));
+  }
+  recvs_.emplace(key, std::move(r));
+}
+
+at::Tensor EdgeMessenger::waitValueRecv(int e, int mb) {
+  postValueRecv(e, mb);
+  auto it = recvs_.find(std::make_tuple(e, mb, MessageKind::kValue));
+  Recv& r = it->second;
+  const Transfer what{true, cfg_.plan->edges[e].consumer, 'F', mb, cfg_.edge_src[e]};
+  if (r.meta_op) {
+    Transfer shape = what;
+    shape.shape = true;
+    wait(*r.meta_op, shape);
+    const TensorMeta meta = metaFromShapeMessage(r.meta_buf);
+    recv_meta_[{e, mb}] = meta;
+    r.buf = emptyOf(meta, cfg_.device);
+    r.op = comm_.irecv(r.buf, cfg_.edge_src[e], tagOf(e, mb, MessageKind::kValue));
+  }
+  wait(*r.op, what);
+  at::Tensor value = std::move(r.buf);
+  recvs_.erase(it);
+  return value;
+}
+
+void EdgeMessenger::postGradRecv(int e, int mb, const TensorMeta& sent) {
+  if (!at::isFloatingType(sent.dtype)) return;
+  auto key = std::make_tuple(e, mb, MessageKind::kGrad);
+  if (recvs_.count(key)) return;
+  Recv r;
+  r.buf = emptyOf(sent, cfg_.device);
+  r.op = comm_.irecv(r.buf, cfg_.edge_dst[e], tagOf(e, mb, MessageKind::kGrad));
+  recvs_.emplace(key, std::move(r));
+}
+
+at::Tensor EdgeMessenger::waitGradRecv(int e, int mb, const TensorMeta& sent) {
+  postGradRecv(e, mb, sent);
+  auto it = recvs_.find(std::make_tuple(e, mb, MessageKind::kGrad));
+  wait(*it->second.op, Transfer{true, cfg_.plan->edges[e].producer, 'B', mb, cfg_.edge_dst[e]});
+  at::Tensor g = std::move(it->second.buf);
+  recvs_.erase(it);
+  return g;
+}
+
+void EdgeMessenger::wait(PendingOp& op, const Transfer& what) {
+  const auto t0 = StepClock::now();
+  op.wait();
+  const auto t1 = StepClock::now();
+  trace_->addWait(secondsBetween(t0, t1));
+  if (trace_->profiling()) trace_->record(SpanKind::kWait, "wait " + what.name(), t0, t1);
+}
+
+void EdgeMessenger::finishStep() {
+  for (Send& send : sends_) wait(*send.op, send.what);
+  sends_.clear();
+  if (recvs_.empty()) return;
+  const auto& [e, mb, kind] = recvs_.begin()->first;
+  PIPEFORGE_FAIL(fmt::format("rank {}: a receive on edge {} microbatch {} was posted but never used; the "
+                             "schedule and the communication plan disagree",
+                             cfg_.rank, e, mb));
+}
+
+void EdgeMessenger::clearStep() {
+  sends_.clear();
+  recvs_.clear();
+}
+
+// Note [Leaking in-flight operations after a failure]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A send or receive the backend has not finished may still read from or
+// write into its buffers, which the op owns (c10d_comm.cpp keeps them in
+// the op). After a failure nothing can wait for it any more, and
+// destroying it would free those buffers under the backend's feet: abort()
+// wakes a wait, it does not promise the transport stopped using the
+// memory. So the ops are released on purpose, a leak bounded by one step's
+// messages, and the step's other state is cleared. The run is over at this
+// point: the runner rethrows, and `pipeforge train` exits non-zero.
+void EdgeMessenger::abandonStep() {
+  for (Send& send : sends_) send.op.release();
+  for (auto& [key, r] : recvs_) {
+    r.meta_op.release();
+    r.op.release();
+  }
+  clearStep();
+}
+
+}  // namespace pipeforge::runtime
