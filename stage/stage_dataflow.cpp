@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <functional>
 #include <map>
-#include <optional>
 #include <set>
 #include <tuple>
 #include <unordered_map>
@@ -19,8 +18,10 @@
 #include "frontend/module_paths.h"
 #include "frontend/opened_model.h"
 #include "partitioner/partition.h"
+#include "stage/container_replay.h"
 #include "stage/errors.h"
 #include "stage/points_to.h"
+#include "stage/write_timeline.h"
 
 // Note [Mutable state across stages]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -76,21 +77,6 @@ std::string describeValue(const Value* v) { return fmt::format("%{} ({})", v->de
 
 std::string quoted(const std::string& fqn) { return fqn.empty() ? "the root module" : "`" + fqn + "`"; }
 
-// The key of a dict literal or _set_item, when it is a constant str or int.
-std::optional<std::string> constantKey(const Value* v) {
-  auto value = torch::jit::toIValue(v);
-  if (!value) return std::nullopt;
-  if (value->isString()) return "s:" + value->toStringRef();
-  if (value->isInt()) return "i:" + std::to_string(value->toInt());
-  return std::nullopt;
-}
-
-std::optional<int64_t> constantInt(const Value* v) {
-  auto value = torch::jit::toIValue(v);
-  if (!value || !value->isInt()) return std::nullopt;
-  return value->toInt();
-}
-
 // List[Tensor] or Dict[str|int, Tensor]: the containers that can travel as their tensors.
 bool isTensorList(const c10::TypePtr& type) {
   auto list = type->cast<c10::ListType>();
@@ -140,7 +126,7 @@ class DataflowPlanner {
     for (const Node* n : graph_.nodes()) {
       auto home = stage_of_.find(n);
       if (home == stage_of_.end()) continue;
-      for (const MemoryWrite& w : pt_.writes(n)) writers_[w.object].push_back({position_.at(n), home->second, n, w.op});
+      for (const MemoryWrite& w : pt_.writes(n)) writes_.add(w.object, {position_.at(n), home->second, n, w.op});
     }
     stages_.resize(num_stages_);
     exports_.resize(num_stages_);
@@ -168,13 +154,6 @@ class DataflowPlanner {
   }
 
  private:
-  struct Writer {
-    int position;
-    int stage;
-    const Node* node;
-    std::string op;
-  };
-
   // ---- facts --------------------------------------------------------------
 
   int positionOf(const Value* v) const {
@@ -221,24 +200,6 @@ class DataflowPlanner {
     return obj.name;
   }
 
-  // The stages in [0, before) that write any of `objects` after `position`,
-  // with the last such write.
-  std::pair<std::set<int>, const Writer*> writersBetween(const std::vector<ObjectId>& objects, int position,
-                                                         int before) const {
-    std::set<int> stages;
-    const Writer* last = nullptr;
-    for (ObjectId o : objects) {
-      auto it = writers_.find(o);
-      if (it == writers_.end()) continue;
-      for (const Writer& w : it->second) {
-        if (w.position <= position || w.stage >= before) continue;
-        stages.insert(w.stage);
-        if (!last || w.position > last->position) last = &w;
-      }
-    }
-    return {stages, last};
-  }
-
   // The nodes stage `s` emits, in graph order.
   std::vector<const Node*> emitted(int s) const {
     std::vector<const Node*> nodes(stages_[s].emit.begin(), stages_[s].emit.end());
@@ -260,7 +221,7 @@ class DataflowPlanner {
   // ---- module attributes ---------------------------------------------------
 
   void planAttributeWriters() {
-    for (const auto& [object, writers] : writers_) {
+    for (const auto& [object, writers] : writes_.byObject()) {
       if (!pt_.object(object).persistent()) continue;
       std::map<int, const Writer*> by_stage;
       for (const Writer& w : writers) by_stage.emplace(w.stage, &w);
@@ -384,7 +345,7 @@ class DataflowPlanner {
     const int p = home->second;
     if (p == k || stages_[k].emit.count(producer)) return;
     if (isTensor(v)) {
-      auto [writer_stages, last] = writersBetween(pt_.reachable(v), position_.at(producer), k);
+      auto [writer_stages, last] = writes_.between(pt_.reachable(v), position_.at(producer), k);
       int sender = writer_stages.empty() ? p : std::max(p, *writer_stages.rbegin());
       if (sender != p && !holdsTensor(sender, v)) refuseWriteThroughOtherValue(v, p, k, sender, last);
       return receiveTensor(k, v, sender);
@@ -405,13 +366,13 @@ class DataflowPlanner {
         since = std::min(since, position_.at(obj.value->node()));
       }
     }
-    auto [writer_stages, last] = writersBetween(pt_.reachable(v), since, k);
+    auto [writer_stages, last] = writes_.between(pt_.reachable(v), since, k);
     if (writer_stages.empty()) return recompute(v, k, user);
     carryContainer(v, k, user, *writer_stages.rbegin(), last);
   }
 
   void resolveRootInput(Value* v, int index, int k, const Node* user) {
-    auto [writer_stages, last] = writersBetween(pt_.reachable(v), -1, k);
+    auto [writer_stages, last] = writes_.between(pt_.reachable(v), -1, k);
     if (writer_stages.empty()) {
       stages_[k].root_inputs.insert(index);
       return;
@@ -456,7 +417,7 @@ class DataflowPlanner {
                          describeValue(v), p, describeNode(producer), describeObject(writes.front().object), k,
                          describeNode(user), v->debugName()));
     }
-    auto [writer_stages, last] = writersBetween(pt_.reads(producer), position_.at(producer), k);
+    auto [writer_stages, last] = writes_.between(pt_.reads(producer), position_.at(producer), k);
     if (!writer_stages.empty()) {
       refuse(fmt::format("value {} is made in stage {} by {} and used in stage {} by {}; only tensors cross stages, so "
                          "stage {} would compute it again, but {}, which it reads, is changed in between in stage {} "
@@ -479,12 +440,6 @@ class DataflowPlanner {
   }
 
   // ---- containers ----------------------------------------------------------
-
-  struct Contents {
-    std::vector<const Value*> elements;
-    std::vector<const Value*> keys;             // dicts
-    std::vector<std::string> key_text;          // dicts: constantKey of each key
-  };
 
   [[noreturn]] void refuseContainer(const Value* v, int k, const Node* user, const std::string& why) const {
     const char* what = v->type()->cast<c10::DictType>() ? "dict" : v->type()->cast<c10::ListType>() ? "list" : "value";
@@ -523,7 +478,7 @@ class DataflowPlanner {
       refuseContainer(v, k, user,
                       fmt::format("stage {} changes it ({}) without holding it", sender, describeWrite(*last)));
     }
-    Contents contents = contentsAtEndOf(sender, object, creator, v, k, user);
+    ContainerContents contents = contentsAtEndOf(sender, object, creator, v, k, user);
     RebuiltContainer rebuilt;
     rebuilt.is_dict = is_dict;
     rebuilt.names = {creator->output()};
@@ -545,23 +500,12 @@ class DataflowPlanner {
     stages_[k].containers.push_back(std::move(rebuilt));
   }
 
-  // Replays the changes to a list or dict literal up to the end of stage
-  // `last_stage`, to know its elements there. Refuses what it cannot replay.
-  Contents contentsAtEndOf(int last_stage, ObjectId object, const Node* creator, const Value* v, int k,
-                           const Node* user) const {
-    const bool is_dict = creator->kind() == c10::prim::DictConstruct;
-    Contents c;
-    if (is_dict) {
-      for (size_t i = 0; i + 1 < creator->inputs().size(); i += 2) {
-        auto key = constantKey(creator->input(i));
-        if (!key) refuseContainer(v, k, user, "its literal has a key that is not a constant");
-        c.keys.push_back(creator->input(i));
-        c.key_text.push_back(*key);
-        c.elements.push_back(creator->input(i + 1));
-      }
-    } else {
-      c.elements.assign(creator->inputs().begin(), creator->inputs().end());
-    }
+  // The elements of a list or dict literal at the end of stage `last_stage`
+  // (Note [Replaying a container's changes]). Refuses what it cannot replay.
+  ContainerContents contentsAtEndOf(int last_stage, ObjectId object, const Node* creator, const Value* v, int k,
+                                    const Node* user) const {
+    ContainerContents c;
+    if (auto why = readContainerLiteral(*creator, c)) refuseContainer(v, k, user, *why);
     const int start = position_.at(creator);
     for (const Node* n : graph_.nodes()) {
       if (position_.at(n) <= start) continue;
@@ -569,13 +513,12 @@ class DataflowPlanner {
       if (home == stage_of_.end() || home->second > last_stage) continue;
       const auto& writes = pt_.writes(n);
       bool changes = std::any_of(writes.begin(), writes.end(), [&](const MemoryWrite& w) { return w.object == object; });
-      if (changes) replay(n, object, is_dict, c, v, k, user);
-
+      if (changes) replay(n, object, creator->kind() == c10::prim::DictConstruct, c, v, k, user);
     }
     return c;
   }
 
-  void replay(const Node* n, ObjectId object, bool is_dict, Contents& c, const Value* v, int k,
+  void replay(const Node* n, ObjectId object, bool is_dict, ContainerContents& c, const Value* v, int k,
               const Node* user) const {
     auto cannot = [&](const std::string& why) {
       std::string op = describeOp(n);
@@ -594,87 +537,11 @@ class DataflowPlanner {
     if (n->inputs().empty() || pt_.pointsTo(n->input(0)) != std::vector<ObjectId>{object}) {
       cannot("through a value that may also be another container");
     }
-    const std::string op = n->kind().toQualString();
-    auto size = static_cast<int64_t>(c.elements.size());
-    auto index = [&](size_t input, int64_t fallback, bool inclusive_end) -> int64_t {
-      std::optional<int64_t> i = input < n->inputs().size() ? constantInt(n->input(input)) : fallback;
-      if (!i) cannot("with an index that is not a constant");
-      int64_t at = *i < 0 ? *i + size : *i;
-      if (inclusive_end) return std::clamp<int64_t>(at, 0, size);
-      if (at < 0 || at >= size) cannot(fmt::format("with index {} outside its {} elements", *i, size));
-      return at;
+    auto is_changed_in_place = [&](const Value* other) {
+      auto objects = pt_.reachable(other);
+      return std::any_of(objects.begin(), objects.end(), [&](ObjectId o) { return writes_.isWritten(o); });
     };
-    auto key = [&](size_t input) {
-      auto text = input < n->inputs().size() ? constantKey(n->input(input)) : std::nullopt;
-      if (!text) cannot("with a key that is not a constant");
-      auto it = std::find(c.key_text.begin(), c.key_text.end(), *text);
-      return std::make_pair(*text, static_cast<int64_t>(it - c.key_text.begin()));
-    };
-    auto erase = [&](int64_t at) {
-      c.elements.erase(c.elements.begin() + at);
-      if (is_dict) {
-        c.keys.erase(c.keys.begin() + at);
-        c.key_text.erase(c.key_text.begin() + at);
-      }
-    };
-    if (op == "aten::clear") {
-      c = Contents{};
-      return;
-    }
-    if (is_dict) {
-      if (op == "aten::_set_item" || op == "aten::setdefault") {
-        auto [text, at] = key(1);
-        if (at < size) {
-          if (op == "aten::_set_item") c.elements[at] = n->input(2);
-          return;
-        }
-        c.keys.push_back(n->input(1));
-        c.key_text.push_back(text);
-        c.elements.push_back(n->input(2));
-        return;
-      }
-      if (op == "aten::pop" || op == "aten::Delete") {
-        auto [text, at] = key(1);
-        if (at < size) erase(at);
-        return;
-      }
-      cannot("in a way whose effect on its keys is not known");
-    }
-    if (op == "aten::append") {
-      c.elements.push_back(n->input(1));
-      return;
-    }
-    if (op == "aten::insert") {
-      int64_t at = index(1, 0, /*inclusive_end=*/true);
-      c.elements.insert(c.elements.begin() + at, n->input(2));
-      return;
-    }
-    if (op == "aten::pop" || op == "aten::Delete") {
-      erase(index(1, -1, /*inclusive_end=*/false));
-      return;
-    }
-    if (op == "aten::_set_item") {
-      c.elements[index(1, 0, /*inclusive_end=*/false)] = n->input(2);
-      return;
-    }
-    if (op == "aten::reverse") {
-      std::reverse(c.elements.begin(), c.elements.end());
-      return;
-    }
-    if (op == "aten::extend" || op == "aten::add_") {
-      const Value* other = n->input(1);
-      auto other_objects = pt_.reachable(other);
-      bool unchanged = std::none_of(other_objects.begin(), other_objects.end(), [&](ObjectId o) {
-        auto it = writers_.find(o);
-        return it != writers_.end() && !it->second.empty();
-      });
-      if (other->node()->kind() != c10::prim::ListConstruct || !unchanged) {
-        cannot("with a list whose length is not known when splitting");
-      }
-      c.elements.insert(c.elements.end(), other->node()->inputs().begin(), other->node()->inputs().end());
-      return;
-    }
-    cannot("in a way whose effect on its length is not known");
+    if (auto why = replayContainerChange(*n, is_dict, c, is_changed_in_place)) cannot(*why);
   }
 
   // ---- model outputs -------------------------------------------------------
@@ -702,7 +569,7 @@ class DataflowPlanner {
         }
       }
       const int p = root == root_index_.end() ? stage_of_.at(v->node()) : -1;
-      auto [writer_stages, last] = writersBetween(pt_.reachable(v), positionOf(v), num_stages_);
+      auto [writer_stages, last] = writes_.between(pt_.reachable(v), positionOf(v), num_stages_);
       int sender = writer_stages.empty() ? p : std::max(p, *writer_stages.rbegin());
       if (sender < 0) {
         sources.push_back({ValueSource::Kind::kInput, -1, root->second});
@@ -837,7 +704,7 @@ class DataflowPlanner {
   std::unordered_map<const Node*, int> stage_of_;  // home stage of every node that does work
   std::unordered_map<const Node*, int> position_;  // top-level nodes, graph order
   std::unordered_map<const Value*, int> root_index_;
-  std::map<ObjectId, std::vector<Writer>> writers_;  // graph order
+  WriteTimeline writes_;
   std::map<ObjectId, const Writer*> attribute_writer_;
   std::vector<StageState> stages_;
   std::vector<std::vector<Sent>> exports_;
