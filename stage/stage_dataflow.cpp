@@ -393,6 +393,64 @@ DataflowPlan assemblePlan(const SplitFacts& facts, const std::vector<StageState>
   return plan;
 }
 
+// ---- a carried container's elements ------------------------------------------
+
+// Refuses carrying `v`, read in stage `k` by `user`, as its tensors.
+[[noreturn]] void refuseContainer(const SplitFacts& facts, const Value* v, int k, const Node* user,
+                                  const std::string& why) {
+  const char* what = v->type()->cast<c10::DictType>() ? "dict" : v->type()->cast<c10::ListType>() ? "list" : "value";
+  refuse(fmt::format("{} is read in stage {} by {} after an earlier stage changed it in place; {}; move the split so "
+                     "that the {}'s writers and readers share a stage",
+                     describeValue(v), k, facts.describeNode(user), why, what));
+}
+
+// Applies change `n` to `c`, the contents of `object`; refuses what cannot be replayed.
+void replayChange(const SplitFacts& facts, const Node* n, ObjectId object, bool is_dict, ContainerContents& c,
+                  const Value* v, int k, const Node* user) {
+  auto cannot = [&](const std::string& why) {
+    std::string op = describeOp(n);
+    for (const MemoryWrite& w : facts.pt.writes(n)) {
+      if (w.object == object) op = w.op;
+    }
+    refuseContainer(facts, v, k, user,
+                    fmt::format("stage {} changes it ({}) {}, and only a {} whose {} known when splitting can be "
+                                "sent between stages as its tensors",
+                                facts.stage_of.at(n), facts.describeWrite(n, op), why, is_dict ? "dict" : "list",
+                                is_dict ? "keys are" : "length is"));
+  };
+  if (!n->blocks().empty() || n->kind() == c10::prim::CallMethod || n->kind() == c10::prim::CallFunction) {
+    cannot("where it may change any number of times");
+  }
+  if (n->inputs().empty() || facts.pt.pointsTo(n->input(0)) != std::vector<ObjectId>{object}) {
+    cannot("through a value that may also be another container");
+  }
+  auto is_changed_in_place = [&](const Value* other) {
+    auto objects = facts.pt.reachable(other);
+    return std::any_of(objects.begin(), objects.end(), [&](ObjectId o) { return facts.writes.isWritten(o); });
+  };
+  if (auto why = replayContainerChange(*n, is_dict, c, is_changed_in_place)) cannot(*why);
+}
+
+// The elements of a list or dict literal at the end of stage `last_stage`
+// (Note [Replaying a container's changes]). Refuses what it cannot replay.
+ContainerContents contentsAtEndOf(const SplitFacts& facts, int last_stage, ObjectId object, const Node* creator,
+                                  const Value* v, int k, const Node* user) {
+  ContainerContents c;
+  if (auto why = readContainerLiteral(*creator, c)) refuseContainer(facts, v, k, user, *why);
+  const int start = facts.position.at(creator);
+  for (const Node* n : facts.graph.nodes()) {
+    if (facts.position.at(n) <= start) continue;
+    auto home = facts.stage_of.find(n);
+    if (home == facts.stage_of.end() || home->second > last_stage) continue;
+    const auto& writes = facts.pt.writes(n);
+    auto writes_object = [&](const MemoryWrite& w) { return w.object == object; };
+    if (std::any_of(writes.begin(), writes.end(), writes_object)) {
+      replayChange(facts, n, object, creator->kind() == c10::prim::DictConstruct, c, v, k, user);
+    }
+  }
+  return c;
+}
+
 // Resolves every value each stage reads but does not compute: received,
 // recomputed, or carried as a container's tensors (Note [Mutable state across
 // stages]); then checks what the stages hold and assembles the plan.
@@ -595,17 +653,10 @@ class DataflowPlanner {
 
   // ---- containers ----------------------------------------------------------
 
-  [[noreturn]] void refuseContainer(const Value* v, int k, const Node* user, const std::string& why) const {
-    const char* what = v->type()->cast<c10::DictType>() ? "dict" : v->type()->cast<c10::ListType>() ? "list" : "value";
-    refuse(fmt::format("{} is read in stage {} by {} after an earlier stage changed it in place; {}; move the split so "
-                       "that the {}'s writers and readers share a stage",
-                       describeValue(v), k, facts_.describeNode(user), why, what));
-  }
-
   void carryContainer(Value* v, int k, const Node* user, int sender, const Writer* last) {
     auto points_to = facts_.pt.pointsTo(v);
     if (points_to.size() != 1) {
-      refuseContainer(v, k, user,
+      refuseContainer(facts_, v, k, user,
                       fmt::format("it may be one of {} different containers, so it cannot be rebuilt from its "
                                   "elements",
                                   points_to.size()));
@@ -616,23 +667,23 @@ class DataflowPlanner {
     const bool is_list = creator && creator->kind() == c10::prim::ListConstruct;
     const bool is_dict = creator && creator->kind() == c10::prim::DictConstruct;
     if (!is_list && !is_dict) {
-      refuseContainer(v, k, user,
+      refuseContainer(facts_, v, k, user,
                       fmt::format("only a list or dict made by a literal in forward can be sent as its tensors, and "
                                   "this is {}",
                                   facts_.describeObject(object)));
     }
     if ((is_list && !isTensorList(v->type())) || (is_dict && !isTensorDict(v->type()))) {
-      refuseContainer(v, k, user,
+      refuseContainer(facts_, v, k, user,
                       fmt::format("stage {} changes it ({}), and only lists of tensors and dicts from str or int to "
                                   "tensors can be sent between stages",
                                   last->stage, facts_.describeWrite(*last)));
     }
     // The sender holds the container if it made it (or made it again) or rebuilt it.
     if (!stages_[sender].emit.count(creator) && !stages_[sender].rebuilt.count(object)) {
-      refuseContainer(v, k, user,
+      refuseContainer(facts_, v, k, user,
                       fmt::format("stage {} changes it ({}) without holding it", sender, facts_.describeWrite(*last)));
     }
-    ContainerContents contents = contentsAtEndOf(sender, object, creator, v, k, user);
+    ContainerContents contents = contentsAtEndOf(facts_, sender, object, creator, v, k, user);
     RebuiltContainer rebuilt;
     rebuilt.is_dict = is_dict;
     rebuilt.names = {creator->output()};
@@ -652,52 +703,6 @@ class DataflowPlanner {
     }
     stages_[k].rebuilt[object] = static_cast<int>(stages_[k].containers.size());
     stages_[k].containers.push_back(std::move(rebuilt));
-  }
-
-  // The elements of a list or dict literal at the end of stage `last_stage`
-  // (Note [Replaying a container's changes]). Refuses what it cannot replay.
-  ContainerContents contentsAtEndOf(int last_stage, ObjectId object, const Node* creator, const Value* v, int k,
-                                    const Node* user) const {
-    ContainerContents c;
-    if (auto why = readContainerLiteral(*creator, c)) refuseContainer(v, k, user, *why);
-    const int start = facts_.position.at(creator);
-    for (const Node* n : facts_.graph.nodes()) {
-      if (facts_.position.at(n) <= start) continue;
-      auto home = facts_.stage_of.find(n);
-      if (home == facts_.stage_of.end() || home->second > last_stage) continue;
-      const auto& writes = facts_.pt.writes(n);
-      auto writes_object = [&](const MemoryWrite& w) { return w.object == object; };
-      if (std::any_of(writes.begin(), writes.end(), writes_object)) {
-        replay(n, object, creator->kind() == c10::prim::DictConstruct, c, v, k, user);
-      }
-    }
-    return c;
-  }
-
-  void replay(const Node* n, ObjectId object, bool is_dict, ContainerContents& c, const Value* v, int k,
-              const Node* user) const {
-    auto cannot = [&](const std::string& why) {
-      std::string op = describeOp(n);
-      for (const MemoryWrite& w : facts_.pt.writes(n)) {
-        if (w.object == object) op = w.op;
-      }
-      refuseContainer(v, k, user,
-                      fmt::format("stage {} changes it ({}) {}, and only a {} whose {} known when splitting can be "
-                                  "sent between stages as its tensors",
-                                  facts_.stage_of.at(n), facts_.describeWrite(n, op), why, is_dict ? "dict" : "list",
-                                  is_dict ? "keys are" : "length is"));
-    };
-    if (!n->blocks().empty() || n->kind() == c10::prim::CallMethod || n->kind() == c10::prim::CallFunction) {
-      cannot("where it may change any number of times");
-    }
-    if (n->inputs().empty() || facts_.pt.pointsTo(n->input(0)) != std::vector<ObjectId>{object}) {
-      cannot("through a value that may also be another container");
-    }
-    auto is_changed_in_place = [&](const Value* other) {
-      auto objects = facts_.pt.reachable(other);
-      return std::any_of(objects.begin(), objects.end(), [&](ObjectId o) { return facts_.writes.isWritten(o); });
-    };
-    if (auto why = replayContainerChange(*n, is_dict, c, is_changed_in_place)) cannot(*why);
   }
 
   // ---- model outputs -------------------------------------------------------
