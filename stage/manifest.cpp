@@ -154,97 +154,116 @@ std::string inputDtype(const PipeManifest& m, std::size_t i) {
   return "";
 }
 
-PipeManifest manifestFromJson(const std::string& text, const std::string& origin) {
-  PipeManifest m;
-  try {
-    json j = json::parse(text);
-    std::string format = j.at("format").get<std::string>();
-    if (format != kManifestFormat) {
-      throw ManifestError("format is \"" + format + "\", expected \"" + kManifestFormat +
-                          "\"; re-run `pipeforge split` with this version");
+namespace {
+
+StageInfo stageFromJson(const json& js) {
+  StageInfo s;
+  s.index = intAt(js, "index");
+  s.file = js.at("file").get<std::string>();
+  checkStageFileName(s.file, s.index);
+  for (const auto& in : js.at("inputs")) s.inputs.push_back(sourceFromJson(in));
+  s.num_outputs = intAt(js, "num_outputs");
+  s.parameters = js.value("parameters", std::vector<std::string>{});
+  s.buffers = js.value("buffers", std::vector<std::string>{});
+  s.output_meta = js.value("output_meta", std::vector<std::string>{});
+  s.sha256 = js.value("sha256", "");
+  if (!s.sha256.empty() && !isSha256(s.sha256)) {
+    throw ManifestError("stage " + std::to_string(s.index) + " has sha256 \"" + s.sha256 +
+                        "\", not 64 hex digits; re-run `pipeforge split`");
+  }
+  return s;
+}
+
+// One input's "input_dims": [min, max] per dimension, max null when unbounded.
+std::vector<InputDim> inputDimsFromJson(const json& dims) {
+  std::vector<InputDim> parsed;
+  for (const json& d : dims) {
+    if (!d.is_array() || d.size() != 2) throw ManifestError("input_dims entries must be [min, max] pairs");
+    json pair = {{"min", d.at(0)}, {"max", d.at(1).is_null() ? json(-1) : d.at(1)}};
+    InputDim dim{intAt(pair, "min"), intAt(pair, "max")};
+    if (dim.min < 0 || (dim.max >= 0 && dim.max < dim.min)) {
+      throw ManifestError("input_dims has the range [" + std::to_string(dim.min) + ", " + std::to_string(dim.max) +
+                          "]; re-run `pipeforge split`");
     }
-    m.num_stages = intAt(j, "num_stages");
-    m.source = j.value("source", "");
-    m.inputs = j.at("inputs").get<std::vector<std::string>>();
-    for (const auto& o : j.at("outputs")) m.outputs.push_back(sourceFromJson(o));
-    for (const auto& js : j.at("stages")) {
-      StageInfo s;
-      s.index = intAt(js, "index");
-      s.file = js.at("file").get<std::string>();
-      checkStageFileName(s.file, s.index);
-      for (const auto& in : js.at("inputs")) s.inputs.push_back(sourceFromJson(in));
-      s.num_outputs = intAt(js, "num_outputs");
-      s.parameters = js.value("parameters", std::vector<std::string>{});
-      s.buffers = js.value("buffers", std::vector<std::string>{});
-      s.output_meta = js.value("output_meta", std::vector<std::string>{});
-      s.sha256 = js.value("sha256", "");
-      if (!s.sha256.empty() && !isSha256(s.sha256)) {
-        throw ManifestError("stage " + std::to_string(s.index) + " has sha256 \"" + s.sha256 +
-                            "\", not 64 hex digits; re-run `pipeforge split`");
-      }
-      m.stages.push_back(std::move(s));
-    }
-    if (j.contains("tied")) m.tied = j.at("tied").get<std::vector<std::vector<std::string>>>();
-    m.unused = j.value("unused", std::vector<std::string>{});
-    if (j.contains("input_dims")) {
-      for (const json& dims : j.at("input_dims")) {
-        std::vector<InputDim> parsed;
-        for (const json& d : dims) {
-          if (!d.is_array() || d.size() != 2) throw ManifestError("input_dims entries must be [min, max] pairs");
-          json pair = {{"min", d.at(0)}, {"max", d.at(1).is_null() ? json(-1) : d.at(1)}};
-          InputDim dim{intAt(pair, "min"), intAt(pair, "max")};
-          if (dim.min < 0 || (dim.max >= 0 && dim.max < dim.min)) {
-            throw ManifestError("input_dims has the range [" + std::to_string(dim.min) + ", " +
-                                std::to_string(dim.max) + "]; re-run `pipeforge split`");
-          }
-          parsed.push_back(dim);
-        }
-        m.input_dims.push_back(std::move(parsed));
-      }
-      if (m.input_dims.size() != m.inputs.size()) {
-        throw ManifestError("input_dims lists " + std::to_string(m.input_dims.size()) + " inputs but the model has " +
-                            std::to_string(m.inputs.size()) + "; re-run `pipeforge split`");
-      }
-    }
-    if (j.contains("input_dtypes")) {
-      m.input_dtypes = j.at("input_dtypes").get<std::vector<std::string>>();
-      if (m.input_dtypes.size() != m.inputs.size()) {
-        throw ManifestError("input_dtypes lists " + std::to_string(m.input_dtypes.size()) +
-                            " inputs but the model has " + std::to_string(m.inputs.size()) +
-                            "; re-run `pipeforge split`");
-      }
-      for (const std::string& name : m.input_dtypes) {
-        if (!name.empty() && !parseDtype(name)) {
-          throw ManifestError("input_dtypes has \"" + name + "\", which is not a dtype (" + dtypeChoices() +
-                              "); re-run `pipeforge split`");
-        }
-      }
-    }
-    m.input_meta = j.value("input_meta", std::vector<std::string>{});
-    if (!m.input_meta.empty() && m.input_meta.size() != m.inputs.size()) {
-      throw ManifestError("input_meta lists " + std::to_string(m.input_meta.size()) + " inputs but the model has " +
+    parsed.push_back(dim);
+  }
+  return parsed;
+}
+
+// The optional per-input records: input_dims, input_dtypes, input_meta, one per model input each.
+void readInputRecords(const json& j, PipeManifest& m) {
+  if (j.contains("input_dims")) {
+    for (const json& dims : j.at("input_dims")) m.input_dims.push_back(inputDimsFromJson(dims));
+    if (m.input_dims.size() != m.inputs.size()) {
+      throw ManifestError("input_dims lists " + std::to_string(m.input_dims.size()) + " inputs but the model has " +
                           std::to_string(m.inputs.size()) + "; re-run `pipeforge split`");
     }
-    if (j.contains("constant_inputs")) {
-      const json& constants = j.at("constant_inputs");
-      if (!constants.is_object()) throw ManifestError("constant_inputs must map argument names to values");
-      for (auto it = constants.begin(); it != constants.end(); ++it) {
-        m.constant_inputs[it.key()] = it.value().dump();  // a record of what was baked in: any JSON value reads
+  }
+  if (j.contains("input_dtypes")) {
+    m.input_dtypes = j.at("input_dtypes").get<std::vector<std::string>>();
+    if (m.input_dtypes.size() != m.inputs.size()) {
+      throw ManifestError("input_dtypes lists " + std::to_string(m.input_dtypes.size()) +
+                          " inputs but the model has " + std::to_string(m.inputs.size()) +
+                          "; re-run `pipeforge split`");
+    }
+    for (const std::string& name : m.input_dtypes) {
+      if (!name.empty() && !parseDtype(name)) {
+        throw ManifestError("input_dtypes has \"" + name + "\", which is not a dtype (" + dtypeChoices() +
+                            "); re-run `pipeforge split`");
       }
     }
-    const std::string stage_format = j.value("stage_format", "");
-    if (!stage_format.empty() && stage_format != kPt2StageFormat) {
-      throw ManifestError("stage_format is \"" + stage_format + "\"; this version reads TorchScript stages (no "
-                          "stage_format) and \"" + kPt2StageFormat + "\"; re-run `pipeforge split` with this version");
-    }
-    if (!stage_format.empty() && !isPt2Split(m)) {
-      throw ManifestError("stage_format is \"pt2\" but not every stage file ends in .pt2; re-run `pipeforge split`");
-    }
-  } catch (const ManifestError& e) {
-    throw ManifestError(origin + ": " + e.what());
-  } catch (const json::exception& e) {
-    throw ManifestError(origin + ": malformed manifest: " + e.what());
   }
+  m.input_meta = j.value("input_meta", std::vector<std::string>{});
+  if (!m.input_meta.empty() && m.input_meta.size() != m.inputs.size()) {
+    throw ManifestError("input_meta lists " + std::to_string(m.input_meta.size()) + " inputs but the model has " +
+                        std::to_string(m.inputs.size()) + "; re-run `pipeforge split`");
+  }
+}
+
+// Note [PT2 stage files]: "stage_format" is absent (TorchScript) or "pt2", and
+// then every stage file is a .pt2.
+void checkStageFormat(const json& j, const PipeManifest& m) {
+  const std::string stage_format = j.value("stage_format", "");
+  if (!stage_format.empty() && stage_format != kPt2StageFormat) {
+    throw ManifestError("stage_format is \"" + stage_format + "\"; this version reads TorchScript stages (no "
+                        "stage_format) and \"" + kPt2StageFormat + "\"; re-run `pipeforge split` with this version");
+  }
+  if (!stage_format.empty() && !isPt2Split(m)) {
+    throw ManifestError("stage_format is \"pt2\" but not every stage file ends in .pt2; re-run `pipeforge split`");
+  }
+}
+
+// The manifest's fields, each checked on its own; throws ManifestError or json::exception.
+PipeManifest parseManifestJson(const std::string& text) {
+  PipeManifest m;
+  json j = json::parse(text);
+  std::string format = j.at("format").get<std::string>();
+  if (format != kManifestFormat) {
+    throw ManifestError("format is \"" + format + "\", expected \"" + kManifestFormat +
+                        "\"; re-run `pipeforge split` with this version");
+  }
+  m.num_stages = intAt(j, "num_stages");
+  m.source = j.value("source", "");
+  m.inputs = j.at("inputs").get<std::vector<std::string>>();
+  for (const auto& o : j.at("outputs")) m.outputs.push_back(sourceFromJson(o));
+  for (const auto& js : j.at("stages")) m.stages.push_back(stageFromJson(js));
+  if (j.contains("tied")) m.tied = j.at("tied").get<std::vector<std::vector<std::string>>>();
+  m.unused = j.value("unused", std::vector<std::string>{});
+  readInputRecords(j, m);
+  if (j.contains("constant_inputs")) {
+    const json& constants = j.at("constant_inputs");
+    if (!constants.is_object()) throw ManifestError("constant_inputs must map argument names to values");
+    for (auto it = constants.begin(); it != constants.end(); ++it) {
+      m.constant_inputs[it.key()] = it.value().dump();  // a record of what was baked in: any JSON value reads
+    }
+  }
+  checkStageFormat(j, m);
+  return m;
+}
+
+// The fields agree: stages numbered 0..num_stages-1, every source names a
+// model input or an earlier stage's output.
+void checkManifestAgrees(const PipeManifest& m, const std::string& origin) {
   if (m.num_stages != static_cast<int>(m.stages.size()) || m.num_stages < 1) {
     throw ManifestError(origin + ": num_stages is " + std::to_string(m.num_stages) + " but " +
                         std::to_string(m.stages.size()) + " stages are listed");
@@ -261,6 +280,20 @@ PipeManifest manifestFromJson(const std::string& text, const std::string& origin
   for (size_t k = 0; k < m.outputs.size(); ++k) {
     checkSource(m.outputs[k], m.num_stages, m, origin + ": model output " + std::to_string(k));
   }
+}
+
+}  // namespace
+
+PipeManifest manifestFromJson(const std::string& text, const std::string& origin) {
+  PipeManifest m;
+  try {
+    m = parseManifestJson(text);
+  } catch (const ManifestError& e) {
+    throw ManifestError(origin + ": " + e.what());
+  } catch (const json::exception& e) {
+    throw ManifestError(origin + ": malformed manifest: " + e.what());
+  }
+  checkManifestAgrees(m, origin);
   return m;
 }
 

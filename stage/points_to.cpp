@@ -504,23 +504,34 @@ struct PointsTo::Impl {
   }
 
   // Binds the schema's alias annotations to the node's values (see the file comment).
-  void applySchema(Node* n, const c10::FunctionSchema& schema, int ctx, const Node* top) {
-    const auto& args = schema.arguments();
-    const auto& rets = schema.returns();
-    if (!schema.is_vararg() && n->inputs().size() != args.size()) return conservative(n, ctx, top);
+  // What a node's inputs are to its schema's alias annotations, gathered
+  // before its outputs are bound.
+  struct SchemaInputs {
     std::map<c10::Symbol, std::vector<int>> in_set;           // alias set -> input vars
     std::map<c10::Symbol, std::vector<int>> contents_in_set;  // alias set -> input vars whose contents are in it
     std::vector<int> containers, written_containers, entering;
     std::vector<c10::TypePtr> element_types;  // of the container inputs
     int written_first = -1;                   // the first input, when the op writes it
+  };
+
+  void applySchema(Node* n, const c10::FunctionSchema& schema, int ctx, const Node* top) {
+    if (!schema.is_vararg() && n->inputs().size() != schema.arguments().size()) return conservative(n, ctx, top);
+    SchemaInputs ins = readSchemaInputs(n, schema.arguments(), ctx, top);
+    for (size_t j = 0; j < n->outputs().size(); ++j) bindSchemaOutput(n, j, schema.returns(), ins, ctx);
+    storeIntoWrittenContainers(ins);
+  }
+
+  // Records the inputs' alias sets and the writes the annotations declare.
+  SchemaInputs readSchemaInputs(Node* n, const std::vector<c10::Argument>& args, int ctx, const Node* top) {
+    SchemaInputs ins;
     for (size_t i = 0; i < n->inputs().size(); ++i) {
       Value* in = n->input(i);
       if (!tracked(in)) continue;
       int v = var(ctx, in);
       bool container = isContainer(in->type());
       if (container) {
-        containers.push_back(v);
-        for (const c10::TypePtr& t : in->type()->containedTypes()) element_types.push_back(t);
+        ins.containers.push_back(v);
+        for (const c10::TypePtr& t : in->type()->containedTypes()) ins.element_types.push_back(t);
       }
       if (i >= args.size()) continue;
       // Running statistics are written without an annotation (aten::batch_norm, instance_norm).
@@ -529,79 +540,86 @@ struct PointsTo::Impl {
       const c10::AliasInfo* info = args[i].alias_info();
       if (!info) continue;
       for (c10::Symbol set : info->beforeSets()) {
-        if (set != c10::AliasInfo::wildcardSet()) in_set[set].push_back(v);
+        if (set != c10::AliasInfo::wildcardSet()) ins.in_set[set].push_back(v);
       }
       if (info->isWrite()) {
         write(top, v, false, n, ctx);
-        if (container) written_containers.push_back(v);
-        if (i == 0) written_first = v;
+        if (container) ins.written_containers.push_back(v);
+        if (i == 0) ins.written_first = v;
       }
-      if (info->isWildcardAfter()) entering.push_back(v);
+      if (info->isWildcardAfter()) ins.entering.push_back(v);
       for (const c10::AliasInfo& inside : info->containedTypes()) {
-        for (c10::Symbol set : inside.beforeSets()) contents_in_set[set].push_back(v);
+        for (c10::Symbol set : inside.beforeSets()) ins.contents_in_set[set].push_back(v);
         if (inside.isWrite()) write(top, v, true, n, ctx);
       }
     }
-    for (size_t j = 0; j < n->outputs().size(); ++j) {
-      Value* out = n->output(j);
-      if (!tracked(out)) continue;
-      int o = var(ctx, out);
-      const c10::AliasInfo* info = j < rets.size() ? rets[j].alias_info() : nullptr;
-      bool bound = false;
-      if (info) {
-        for (c10::Symbol set : info->beforeSets()) {
-          if (set == c10::AliasInfo::wildcardSet()) {
-            bool element = std::any_of(element_types.begin(), element_types.end(),
-                                       [&](const c10::TypePtr& t) { return *t == *out->type(); });
-            if (!element && isContainer(out->type()) && !containers.empty()) {
-              // `values(Dict(str, t) self) -> t[](*)`: a new list of what the containers hold.
-              addBase(o, made(ctx, out));
-              shareContents(o, containers, out->type());
-            } else {
-              // `t(*)`: something inside one of the containers it was given.
-              for (int c : containers) addLoad(c, o);
-              if (containers.empty()) addCopy(wildcard_var, o);
-            }
-            bound = true;
-            continue;
+    return ins;
+  }
+
+  // Binds output `j` to what its annotation says it may be: an input, what
+  // is inside one, or something new (which may hold what the inputs held).
+  void bindSchemaOutput(Node* n, size_t j, const std::vector<c10::Argument>& rets, SchemaInputs& ins, int ctx) {
+    Value* out = n->output(j);
+    if (!tracked(out)) return;
+    int o = var(ctx, out);
+    const c10::AliasInfo* info = j < rets.size() ? rets[j].alias_info() : nullptr;
+    bool bound = false;
+    if (info) {
+      for (c10::Symbol set : info->beforeSets()) {
+        if (set == c10::AliasInfo::wildcardSet()) {
+          bool element = std::any_of(ins.element_types.begin(), ins.element_types.end(),
+                                     [&](const c10::TypePtr& t) { return *t == *out->type(); });
+          if (!element && isContainer(out->type()) && !ins.containers.empty()) {
+            // `values(Dict(str, t) self) -> t[](*)`: a new list of what the containers hold.
+            addBase(o, made(ctx, out));
+            shareContents(o, ins.containers, out->type());
+          } else {
+            // `t(*)`: something inside one of the containers it was given.
+            for (int c : ins.containers) addLoad(c, o);
+            if (ins.containers.empty()) addCopy(wildcard_var, o);
           }
-          for (int v : in_set[set]) {
-            addCopy(v, o);
-            bound = true;
-          }
-          for (int v : contents_in_set[set]) {
-            addLoad(v, o);
-            bound = true;
-          }
+          bound = true;
+          continue;
+        }
+        for (int v : ins.in_set[set]) {
+          addCopy(v, o);
+          bound = true;
+        }
+        for (int v : ins.contents_in_set[set]) {
+          addLoad(v, o);
+          bound = true;
         }
       }
-      if (!bound && written_first >= 0 && j == 0 && n->kind().toUnqualString()[0] != '_' &&
-          std::string(n->kind().toUnqualString()).back() == '_' && *out->type() == *n->input(0)->type()) {
-        // An in-place op returns what it changed, annotated or not (`add_.t(t[](a!) self, t[] b) -> t[]`).
-        addCopy(written_first, o);
-        bound = true;
-      }
-      if (!bound) {
-        addBase(o, made(ctx, out));
-        // A new container may hold what the containers it was given held (aten::list, slicing).
-        if (isContainer(out->type())) shareContents(o, containers, out->type());
-      }
-      if (info) {
-        for (const c10::AliasInfo& inside : info->containedTypes()) {
-          for (c10::Symbol set : inside.beforeSets()) {
-            for (int v : in_set[set]) addStore(o, v);
-            for (int v : contents_in_set[set]) {
-              int tmp = newVar();
-              addLoad(v, tmp);
-              addStore(o, tmp);
-            }
+    }
+    if (!bound && ins.written_first >= 0 && j == 0 && n->kind().toUnqualString()[0] != '_' &&
+        std::string(n->kind().toUnqualString()).back() == '_' && *out->type() == *n->input(0)->type()) {
+      // An in-place op returns what it changed, annotated or not (`add_.t(t[](a!) self, t[] b) -> t[]`).
+      addCopy(ins.written_first, o);
+      bound = true;
+    }
+    if (!bound) {
+      addBase(o, made(ctx, out));
+      // A new container may hold what the containers it was given held (aten::list, slicing).
+      if (isContainer(out->type())) shareContents(o, ins.containers, out->type());
+    }
+    if (info) {
+      for (const c10::AliasInfo& inside : info->containedTypes()) {
+        for (c10::Symbol set : inside.beforeSets()) {
+          for (int v : ins.in_set[set]) addStore(o, v);
+          for (int v : ins.contents_in_set[set]) {
+            int tmp = newVar();
+            addLoad(v, tmp);
+            addStore(o, tmp);
           }
         }
       }
     }
+  }
+
+  void storeIntoWrittenContainers(const SchemaInputs& ins) {
     // What other containers hold may go inside the one the op writes (`extend(t[](a!) self, t[] other)`).
-    for (int w : written_containers) {
-      for (int c : containers) {
+    for (int w : ins.written_containers) {
+      for (int c : ins.containers) {
         if (c == w) continue;
         int tmp = newVar();
         addLoad(c, tmp);
@@ -609,8 +627,8 @@ struct PointsTo::Impl {
       }
     }
     // `t(c -> *)`: the value goes inside the container the op writes.
-    const auto& targets = written_containers.empty() ? containers : written_containers;
-    for (int v : entering) {
+    const auto& targets = ins.written_containers.empty() ? ins.containers : ins.written_containers;
+    for (int v : ins.entering) {
       for (int c : targets) addStore(c, v);
       if (targets.empty()) addCopy(v, wildcard_var);
     }

@@ -134,42 +134,73 @@ class StageWriter {
     writer.writeRecord(name, text.data(), text.size());
   }
 
+  // The stage's program: the original one with this stage's signature, nodes
+  // and value metadata, and only the module calls and symbols it uses.
   json programJson() {
     json program = archive_.programJson();
     json& gm = program.at("graph_module");
     json& graph = gm.at("graph");
-    const json& original = archive_.graphJson();
-    const json& specs = gm.at("signature").at("input_specs");
+    std::set<std::string> names;    // every value the stage names
+    std::set<std::string> modules;  // the modules its nodes run in
+    StageSignature signature = stageSignature(gm.at("signature").at("input_specs"), names);
+    json nodes = stageNodes(names, modules);
+    graph["inputs"] = std::move(signature.inputs);
+    graph["outputs"] = std::move(signature.outputs);
+    graph["nodes"] = std::move(nodes);
+    const std::string kept = keepValueMetadata(graph, names);
+    if (graph.contains("is_single_tensor_return")) graph["is_single_tensor_return"] = false;
+    gm.at("signature")["input_specs"] = std::move(signature.input_specs);
+    gm.at("signature")["output_specs"] = std::move(signature.output_specs);
+    json calls = moduleCallGraph(gm, modules);
+    gm["module_call_graph"] = std::move(calls);
+    keepRangeConstraints(program, kept);
+    // Guards name the original forward's inputs; a stage has its own.
+    if (program.contains("guards_code")) program["guards_code"] = json::array();
+    return program;
+  }
 
-    std::set<std::string> names;
+  struct StageSignature {
     json inputs = json::array();
     json input_specs = json::array();
+    json outputs = json::array();
+    json output_specs = json::array();
+  };
+
+  // Inputs: the lifted parameters and buffers it uses, then its own inputs.
+  // Outputs: the buffers it changes, then what it sends on. Adds each value to `names`.
+  StageSignature stageSignature(const json& specs, std::set<std::string>& names) const {
+    const json& original = archive_.graphJson();
+    StageSignature signature;
     for (int l : stage_.lifted) {
-      inputs.push_back(original.at("inputs").at(l));
-      input_specs.push_back(specs.at(l));
+      signature.inputs.push_back(original.at("inputs").at(l));
+      signature.input_specs.push_back(specs.at(l));
       names.insert(archive_.signature().inputs[l].value);
     }
     for (const auto& name : stage_.inputs) {
       json arg = {{"as_tensor", {{"name", name}}}};
-      inputs.push_back(arg);
-      input_specs.push_back({{"user_input", {{"arg", arg}}}});
+      signature.inputs.push_back(arg);
+      signature.input_specs.push_back({{"user_input", {{"arg", arg}}}});
       names.insert(name);
     }
-    json outputs = json::array();
-    json output_specs = json::array();
     for (const auto& [value, buffer] : stage_.mutations) {
-      outputs.push_back({{"as_tensor", {{"name", value}}}});
-      output_specs.push_back({{"buffer_mutation", {{"arg", {{"name", value}}}, {"buffer_name", buffer}}}});
+      signature.outputs.push_back({{"as_tensor", {{"name", value}}}});
+      signature.output_specs.push_back({{"buffer_mutation", {{"arg", {{"name", value}}}, {"buffer_name", buffer}}}});
       names.insert(value);
     }
     for (const auto& value : stage_.outputs) {
       json arg = {{"as_tensor", {{"name", value}}}};
-      outputs.push_back(arg);
-      output_specs.push_back({{"user_output", {{"arg", arg}}}});
+      signature.outputs.push_back(arg);
+      signature.output_specs.push_back({{"user_output", {{"arg", arg}}}});
       names.insert(value);
     }
+    return signature;
+  }
+
+  // The stage's nodes, renamed as planned; adds the values they use and
+  // define to `names` and the modules they run in to `modules`.
+  json stageNodes(std::set<std::string>& names, std::set<std::string>& modules) const {
+    const json& original = archive_.graphJson();
     json nodes = json::array();
-    std::set<std::string> modules;
     for (int i : stage_.nodes) {
       json node = original.at("nodes").at(i);
       auto renames = stage_.renames.find(i);
@@ -181,10 +212,13 @@ class StageWriter {
       for (const auto& frame : archive_.nodes()[i].module_stack) modules.insert(frame.path);
       nodes.push_back(std::move(node));
     }
-    graph["inputs"] = std::move(inputs);
-    graph["outputs"] = std::move(outputs);
-    graph["nodes"] = std::move(nodes);
-    std::string kept;  // the kept value metadata, searched for symbols
+    return nodes;
+  }
+
+  // Drops the metadata of values the stage does not name; returns the kept
+  // metadata as text, searched for symbols.
+  static std::string keepValueMetadata(json& graph, const std::set<std::string>& names) {
+    std::string kept;
     for (const char* table : {"tensor_values", "sym_int_values", "sym_bool_values", "sym_float_values",
                               "custom_obj_values"}) {
       if (!graph.contains(table)) continue;
@@ -196,12 +230,12 @@ class StageWriter {
       }
       graph[table] = std::move(filtered);
     }
-    if (graph.contains("is_single_tensor_return")) graph["is_single_tensor_return"] = false;
-    gm.at("signature")["input_specs"] = std::move(input_specs);
-    gm.at("signature")["output_specs"] = std::move(output_specs);
+    return kept;
+  }
 
-    // The root call's signature: forward(*inputs) -> tuple; other entries
-    // for the modules the stage runs in or holds state of.
+  // The root call's signature: forward(*inputs) -> tuple; other entries
+  // for the modules the stage runs in or holds state of.
+  json moduleCallGraph(const json& gm, const std::set<std::string>& modules) const {
     std::vector<std::string> held;
     for (int l : stage_.lifted) held.push_back(archive_.signature().inputs[l].target);
     json calls = json::array();
@@ -222,18 +256,17 @@ class StageWriter {
                   std::any_of(held.begin(), held.end(), [&](const std::string& h) { return frontend::isWithin(h, fqn); });
       if (used) calls.push_back(entry);
     }
-    gm["module_call_graph"] = std::move(calls);
+    return calls;
+  }
 
-    if (program.contains("range_constraints") && program.at("range_constraints").is_object()) {
-      json ranges = json::object();
-      for (const auto& [symbol, range] : program.at("range_constraints").items()) {
-        if (mentions(kept, symbol)) ranges[symbol] = range;
-      }
-      program["range_constraints"] = std::move(ranges);
+  // Keeps the range constraints of the symbols the kept metadata mentions.
+  static void keepRangeConstraints(json& program, const std::string& kept) {
+    if (!program.contains("range_constraints") || !program.at("range_constraints").is_object()) return;
+    json ranges = json::object();
+    for (const auto& [symbol, range] : program.at("range_constraints").items()) {
+      if (mentions(kept, symbol)) ranges[symbol] = range;
     }
-    // Guards name the original forward's inputs; a stage has its own.
-    if (program.contains("guards_code")) program["guards_code"] = json::array();
-    return program;
+    program["range_constraints"] = std::move(ranges);
   }
 
   const frontend::Pt2Archive& archive_;

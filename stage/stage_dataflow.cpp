@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <functional>
 #include <map>
-#include <optional>
 #include <set>
 #include <tuple>
 #include <unordered_map>
@@ -19,8 +18,10 @@
 #include "frontend/module_paths.h"
 #include "frontend/opened_model.h"
 #include "partitioner/partition.h"
+#include "stage/container_replay.h"
 #include "stage/errors.h"
 #include "stage/points_to.h"
+#include "stage/write_timeline.h"
 
 // Note [Mutable state across stages]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -76,21 +77,6 @@ std::string describeValue(const Value* v) { return fmt::format("%{} ({})", v->de
 
 std::string quoted(const std::string& fqn) { return fqn.empty() ? "the root module" : "`" + fqn + "`"; }
 
-// The key of a dict literal or _set_item, when it is a constant str or int.
-std::optional<std::string> constantKey(const Value* v) {
-  auto value = torch::jit::toIValue(v);
-  if (!value) return std::nullopt;
-  if (value->isString()) return "s:" + value->toStringRef();
-  if (value->isInt()) return "i:" + std::to_string(value->toInt());
-  return std::nullopt;
-}
-
-std::optional<int64_t> constantInt(const Value* v) {
-  auto value = torch::jit::toIValue(v);
-  if (!value || !value->isInt()) return std::nullopt;
-  return value->toInt();
-}
-
 // List[Tensor] or Dict[str|int, Tensor]: the containers that can travel as their tensors.
 bool isTensorList(const c10::TypePtr& type) {
   auto list = type->cast<c10::ListType>();
@@ -103,6 +89,96 @@ bool isTensorDict(const c10::TypePtr& type) {
   auto key = dict->getKeyType()->kind();
   return key == c10::TypeKind::StringType || key == c10::TypeKind::IntType;
 }
+
+[[noreturn]] void refuse(const std::string& message) { throw StageBuildError(message); }
+
+// What planning reads and never changes: the graph and its memory, the stage
+// and graph position of each top-level node, who writes what, and how each of
+// these is named in a refusal.
+struct SplitFacts {
+  SplitFacts(const frontend::OpenedModel& opened, const frontend::ModelDag& dag,
+             const partitioner::Partition& partition)
+      : model(opened),
+        graph(opened.graph()),
+        pt(opened.module(), opened.graph()),
+        num_stages(partition.num_stages),
+        returns_tuple(dag.returns_tuple) {
+    const size_t num_vertices = boost::num_vertices(dag.graph);
+    for (size_t v = 0; v < num_vertices; ++v) {
+      if (const Node* n = dag.graph[v].node) stage_of[n] = partition.stage_of_vertex[v];
+    }
+    int next = 0;
+    for (const Node* n : graph.nodes()) position[n] = next++;
+    for (size_t i = 1; i < graph.inputs().size(); ++i) root_index[graph.inputs()[i]] = static_cast<int>(i - 1);
+    for (const Node* n : graph.nodes()) {
+      auto home = stage_of.find(n);
+      if (home == stage_of.end()) continue;
+      for (const MemoryWrite& w : pt.writes(n)) writes.add(w.object, {position.at(n), home->second, n, w.op});
+    }
+  }
+
+  int positionOf(const Value* v) const {
+    if (root_index.count(v)) return -1;
+    return position.at(v->node());
+  }
+
+  // `nodes` in graph order.
+  std::vector<const Node*> inGraphOrder(const std::set<const Node*>& nodes) const {
+    std::vector<const Node*> ordered(nodes.begin(), nodes.end());
+    std::sort(ordered.begin(), ordered.end(),
+              [&](const Node* a, const Node* b) { return position.at(a) < position.at(b); });
+    return ordered;
+  }
+
+  // "aten::stack at code/__torch__.py:25 in the code of the root module",
+  // "the call to `counter` at code/__torch__.py:12 in the code of the root module".
+  std::string describeNode(const Node* n) const {
+    std::string what = n->kind() == c10::prim::CallMethod
+                           ? fmt::format("the call to {}", quoted(frontend::attributePath(n->input(0)).value_or("?")))
+                           : std::string(n->kind().toQualString());
+    std::string op = describeOp(n);
+    auto at = op.find(" at ");
+    if (at != std::string::npos) what += op.substr(at);
+    return fmt::format("{} in the code of {}", what, quoted(model.ownerOf(n)));
+  }
+
+  // A write as a user finds it in the code: the op, and the call, if or loop holding it.
+  std::string describeWrite(const Node* top, const std::string& op) const {
+    if (top->kind() == c10::prim::CallMethod || top->kind() == c10::prim::CallFunction) {
+      return fmt::format("{}, reached by {}", op, describeNode(top));  // op: "aten::add_ at ... inside `counter`"
+    }
+    if (!top->blocks().empty()) return fmt::format("{}, inside {}", op, describeNode(top));
+    return describeNode(top);
+  }
+  std::string describeWrite(const Writer& w) const { return describeWrite(w.node, w.op); }
+
+  std::string describeObject(ObjectId o) const {
+    const MemoryObject& obj = pt.object(o);
+    switch (obj.kind) {
+      case MemoryObject::Kind::kAttribute:
+        return fmt::format("{} `{}`", obj.is_parameter ? "parameter" : obj.is_tensor ? "buffer" : "attribute",
+                           obj.name);
+      case MemoryObject::Kind::kMade:
+        if (obj.value) return fmt::format("{} made by {}", describeValue(obj.value), describeNode(obj.value->node()));
+        return obj.name;
+      case MemoryObject::Kind::kModelInput:
+      case MemoryObject::Kind::kConstant:
+      case MemoryObject::Kind::kOpaque:
+        return obj.name;
+    }
+    return obj.name;
+  }
+
+  const frontend::OpenedModel& model;
+  torch::jit::Graph& graph;
+  const PointsTo pt;
+  const int num_stages;
+  const bool returns_tuple;
+  std::unordered_map<const Node*, int> stage_of;  // home stage of every node that does work
+  std::unordered_map<const Node*, int> position;  // top-level nodes, graph order
+  std::unordered_map<const Value*, int> root_index;
+  WriteTimeline writes;
+};
 
 // A received thing: what it is, who sends it, and the memory it may be.
 struct Receipt {
@@ -125,201 +201,298 @@ struct StageState {
   std::map<ObjectId, std::pair<const Value*, const Node*>> held_attribute;
 };
 
+// ---- checks on what the stages hold (Note [Mutable state across stages]) ----
+
+using AttributeWriters = std::map<ObjectId, const Writer*>;  // attribute object -> its one writing stage's write
+
+// The write of each persistent object changed in place; refuses one that two
+// stages change.
+AttributeWriters planAttributeWriters(const SplitFacts& facts) {
+  AttributeWriters attribute_writers;
+  for (const auto& [object, writers] : facts.writes.byObject()) {
+    if (!facts.pt.object(object).persistent()) continue;
+    std::map<int, const Writer*> by_stage;
+    for (const Writer& w : writers) by_stage.emplace(w.stage, &w);
+    if (by_stage.size() > 1) {
+      auto first = by_stage.begin();
+      auto second = std::next(first);
+      refuse(fmt::format("{} is changed in place in stage {} ({}) and in stage {} ({}); each stage would keep its "
+                         "own copy and the copies would drift apart; move the split so that every writer of `{}` "
+                         "is in one stage",
+                         facts.describeObject(object), first->first, facts.describeWrite(*first->second),
+                         second->first, facts.describeWrite(*second->second), facts.pt.object(object).name));
+    }
+    attribute_writers[object] = by_stage.begin()->second;
+  }
+  return attribute_writers;
+}
+
+// How stage `l` reads `object` other than as a received copy ("by <node>",
+// "as `fqn` by <node>"), or "" when it does not.
+std::string readerOf(const SplitFacts& facts, const StageState& state, ObjectId object) {
+  for (const Node* n : facts.inGraphOrder(state.emit)) {
+    auto touched = facts.pt.attributesTouched(n);
+    if (std::find(touched.begin(), touched.end(), object) != touched.end()) return "by " + facts.describeNode(n);
+  }
+  auto held = state.held_attribute.find(object);
+  if (held == state.held_attribute.end()) return "";
+  return fmt::format("as `{}` by {}",
+                     frontend::attributePath(held->second.first).value_or(facts.pt.object(object).name),
+                     facts.describeNode(held->second.second));
+}
+
+// A stage other than the writer may read an attribute only as a received
+// copy (Note [Mutable state across stages]).
+void checkAttributeHolders(const SplitFacts& facts, const AttributeWriters& attribute_writers,
+                           const std::vector<StageState>& stages) {
+  for (const auto& [object, writer] : attribute_writers) {
+    const MemoryObject& obj = facts.pt.object(object);
+    for (int l = 0; l < facts.num_stages; ++l) {
+      if (l == writer->stage) continue;
+      std::string reader = readerOf(facts, stages[l], object);
+      if (reader.empty()) continue;
+      std::string why;
+      if (l < writer->stage) {
+        why = fmt::format("stage {} runs before stage {} and cannot receive the changed value", l, writer->stage);
+      } else if (!obj.is_tensor) {
+        why = "only tensors travel between stages";
+      } else if (obj.is_parameter) {
+        why = "a parameter changed by forward cannot be sent to another stage";
+      } else {
+        why = "the read is inside a submodule call, an if or a loop, where a stage input cannot replace it";
+      }
+      refuse(fmt::format("{} is changed in place in stage {} ({}) and read in stage {} ({}); {}, so stage {}'s "
+                         "copy would go stale; move the split so that `{}`'s writer and readers are in one stage",
+                         facts.describeObject(object), writer->stage, facts.describeWrite(*writer), l, reader, why, l,
+                         obj.name));
+    }
+  }
+}
+
+// Each way memory reaches a stage, described, with the memory it may be.
+std::vector<std::pair<std::string, std::vector<ObjectId>>> waysIn(const SplitFacts& facts, const StageState& state) {
+  std::vector<std::pair<std::string, std::vector<ObjectId>>> ways;
+  for (int index : state.root_inputs) {
+    const Value* in = facts.graph.inputs()[index + 1];
+    ways.emplace_back("model input " + describeValue(in), facts.pt.pointsTo(in));
+  }
+  for (const Receipt& r : state.receipts) ways.emplace_back(r.description, r.objects);
+  for (const auto& [object, index] : state.rebuilt) {
+    ways.emplace_back(describeValue(state.containers[index].names.back()), std::vector<ObjectId>{object});
+  }
+  std::set<ObjectId> held;
+  for (const Node* n : state.emit) {
+    for (ObjectId o : facts.pt.attributesTouched(n)) held.insert(o);
+  }
+  for (const auto& [object, getattr] : state.held_attribute) held.insert(object);
+  for (ObjectId o : held) ways.emplace_back(facts.describeObject(o), std::vector<ObjectId>{o});
+  return ways;
+}
+
+// Stage `s` must not write memory that reaches it by two ways (see the Note).
+void checkSingleCopy(const SplitFacts& facts, const StageState& state, int s) {
+  const auto ways = waysIn(facts, state);
+  for (const Node* n : facts.inGraphOrder(state.emit)) {
+    if (facts.stage_of.at(n) != s) continue;
+    for (const MemoryWrite& w : facts.pt.writes(n)) {
+      std::vector<std::string> reaching;
+      for (const auto& [description, objects] : ways) {
+        if (std::find(objects.begin(), objects.end(), w.object) != objects.end()) reaching.push_back(description);
+      }
+      if (reaching.size() < 2) continue;
+      refuse(fmt::format("stage {} changes {} in place ({}), but that memory reaches stage {} twice, as {} and as {}; "
+                         "after the split these are two copies and the change would reach only one; move the split "
+                         "so that they are made and changed in one stage",
+                         s, facts.describeObject(w.object), facts.describeWrite(n, w.op), s, reaching[0],
+                         reaching[1]));
+    }
+  }
+}
+
+// ---- the plan ----------------------------------------------------------------
+
+// Sort key of what stage `s` sends: values it makes (graph order, as always),
+// then values it passes on, container elements, attributes.
+std::tuple<int, int, int64_t, std::string> exportKey(const SplitFacts& facts, int s, const Sent& what) {
+  switch (what.kind) {
+    case Sent::Kind::kValue: {
+      auto home = facts.stage_of.find(what.value->node());
+      bool own = home != facts.stage_of.end() && home->second == s && !facts.root_index.count(what.value);
+      return {own ? 0 : 1, facts.positionOf(what.value), static_cast<int64_t>(what.value->offset()), ""};
+    }
+    case Sent::Kind::kListElement:
+    case Sent::Kind::kDictValue:
+      return {2, facts.positionOf(what.value), what.index, ""};
+    case Sent::Kind::kAttribute:
+      return {3, 0, 0, what.fqn};
+  }
+  return {4, 0, 0, ""};
+}
+
+int exportIndex(const std::vector<Sent>& sent, const Sent& what) {
+  return static_cast<int>(std::find(sent.begin(), sent.end(), what) - sent.begin());
+}
+
+// A stage's dataflow in manifest order: model inputs, then what it receives
+// by (sender, index in what the sender sends); rebuilt containers then name
+// their elements by input index. `exports` is every stage's sorted outputs.
+StageDataflow stageDataflow(const SplitFacts& facts, const StageState& state, int k,
+                            const std::vector<std::vector<Sent>>& exports) {
+  StageDataflow out;
+  out.emit = facts.inGraphOrder(state.emit);
+  out.outputs = exports[k];
+  for (int index : state.root_inputs) {
+    StageInputPlan in;
+    in.source = {ValueSource::Kind::kInput, -1, index};
+    in.what.value = facts.graph.inputs()[index + 1];
+    in.binds = {in.what.value};
+    out.inputs.push_back(std::move(in));
+  }
+  std::vector<int> order(state.receipts.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  auto sourceOf = [&](int i) {
+    const Receipt& r = state.receipts[i];
+    return std::make_pair(r.sender, exportIndex(exports[r.sender], r.what));
+  };
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return sourceOf(a) < sourceOf(b); });
+  std::vector<int> input_of_receipt(state.receipts.size());
+  for (int i : order) {
+    const Receipt& r = state.receipts[i];
+    input_of_receipt[i] = static_cast<int>(out.inputs.size());
+    StageInputPlan in;
+    auto [sender, index] = sourceOf(i);
+    in.source = {ValueSource::Kind::kStage, sender, index};
+    in.what = r.what;
+    in.binds = r.binds;
+    out.inputs.push_back(std::move(in));
+  }
+  out.containers = state.containers;
+  for (auto& c : out.containers) {
+    for (int& e : c.elements) e = input_of_receipt[e];
+  }
+  return out;
+}
+
+// The plan from what planning found. `model_outputs` of a stage get their
+// index among what it sends from `output_sent`, one per such output, in order.
+DataflowPlan assemblePlan(const SplitFacts& facts, const std::vector<StageState>& stages,
+                          std::vector<std::vector<Sent>> exports, std::vector<ValueSource> model_outputs,
+                          const std::vector<Sent>& output_sent) {
+  for (int s = 0; s < facts.num_stages; ++s) {
+    std::sort(exports[s].begin(), exports[s].end(),
+              [&](const Sent& a, const Sent& b) { return exportKey(facts, s, a) < exportKey(facts, s, b); });
+  }
+  DataflowPlan plan;
+  for (int k = 0; k < facts.num_stages; ++k) plan.stages.push_back(stageDataflow(facts, stages[k], k, exports));
+  plan.model_outputs = std::move(model_outputs);
+  for (size_t i = 0, next = 0; i < plan.model_outputs.size(); ++i) {
+    ValueSource& src = plan.model_outputs[i];
+    if (src.kind != ValueSource::Kind::kStage) continue;
+    src.index = exportIndex(exports[src.stage], output_sent[next++]);
+  }
+  return plan;
+}
+
+// ---- a carried container's elements ------------------------------------------
+
+// Refuses carrying `v`, read in stage `k` by `user`, as its tensors.
+[[noreturn]] void refuseContainer(const SplitFacts& facts, const Value* v, int k, const Node* user,
+                                  const std::string& why) {
+  const char* what = v->type()->cast<c10::DictType>() ? "dict" : v->type()->cast<c10::ListType>() ? "list" : "value";
+  refuse(fmt::format("{} is read in stage {} by {} after an earlier stage changed it in place; {}; move the split so "
+                     "that the {}'s writers and readers share a stage",
+                     describeValue(v), k, facts.describeNode(user), why, what));
+}
+
+// Applies change `n` to `c`, the contents of `object`; refuses what cannot be replayed.
+void replayChange(const SplitFacts& facts, const Node* n, ObjectId object, bool is_dict, ContainerContents& c,
+                  const Value* v, int k, const Node* user) {
+  auto cannot = [&](const std::string& why) {
+    std::string op = describeOp(n);
+    for (const MemoryWrite& w : facts.pt.writes(n)) {
+      if (w.object == object) op = w.op;
+    }
+    refuseContainer(facts, v, k, user,
+                    fmt::format("stage {} changes it ({}) {}, and only a {} whose {} known when splitting can be "
+                                "sent between stages as its tensors",
+                                facts.stage_of.at(n), facts.describeWrite(n, op), why, is_dict ? "dict" : "list",
+                                is_dict ? "keys are" : "length is"));
+  };
+  if (!n->blocks().empty() || n->kind() == c10::prim::CallMethod || n->kind() == c10::prim::CallFunction) {
+    cannot("where it may change any number of times");
+  }
+  if (n->inputs().empty() || facts.pt.pointsTo(n->input(0)) != std::vector<ObjectId>{object}) {
+    cannot("through a value that may also be another container");
+  }
+  auto is_changed_in_place = [&](const Value* other) {
+    auto objects = facts.pt.reachable(other);
+    return std::any_of(objects.begin(), objects.end(), [&](ObjectId o) { return facts.writes.isWritten(o); });
+  };
+  if (auto why = replayContainerChange(*n, is_dict, c, is_changed_in_place)) cannot(*why);
+}
+
+// The elements of a list or dict literal at the end of stage `last_stage`
+// (Note [Replaying a container's changes]). Refuses what it cannot replay.
+ContainerContents contentsAtEndOf(const SplitFacts& facts, int last_stage, ObjectId object, const Node* creator,
+                                  const Value* v, int k, const Node* user) {
+  ContainerContents c;
+  if (auto why = readContainerLiteral(*creator, c)) refuseContainer(facts, v, k, user, *why);
+  const int start = facts.position.at(creator);
+  for (const Node* n : facts.graph.nodes()) {
+    if (facts.position.at(n) <= start) continue;
+    auto home = facts.stage_of.find(n);
+    if (home == facts.stage_of.end() || home->second > last_stage) continue;
+    const auto& writes = facts.pt.writes(n);
+    auto writes_object = [&](const MemoryWrite& w) { return w.object == object; };
+    if (std::any_of(writes.begin(), writes.end(), writes_object)) {
+      replayChange(facts, n, object, creator->kind() == c10::prim::DictConstruct, c, v, k, user);
+    }
+  }
+  return c;
+}
+
+// Resolves every value each stage reads but does not compute: received,
+// recomputed, or carried as a container's tensors (Note [Mutable state across
+// stages]); then checks what the stages hold and assembles the plan.
 class DataflowPlanner {
  public:
   DataflowPlanner(const frontend::OpenedModel& model, const frontend::ModelDag& dag,
                   const partitioner::Partition& partition)
-      : model_(model), graph_(model.graph()), pt_(model.module(), model.graph()), num_stages_(partition.num_stages) {
+      : facts_(model, dag, partition), stages_(facts_.num_stages), exports_(facts_.num_stages) {
     const size_t num_vertices = boost::num_vertices(dag.graph);
-    for (size_t v = 0; v < num_vertices; ++v) {
-      if (const Node* n = dag.graph[v].node) stage_of_[n] = partition.stage_of_vertex[v];
-    }
-    int position = 0;
-    for (const Node* n : graph_.nodes()) position_[n] = position++;
-    for (size_t i = 1; i < graph_.inputs().size(); ++i) root_index_[graph_.inputs()[i]] = static_cast<int>(i - 1);
-    for (const Node* n : graph_.nodes()) {
-      auto home = stage_of_.find(n);
-      if (home == stage_of_.end()) continue;
-      for (const MemoryWrite& w : pt_.writes(n)) writers_[w.object].push_back({position_.at(n), home->second, n, w.op});
-    }
-    stages_.resize(num_stages_);
-    exports_.resize(num_stages_);
     for (size_t v = 0; v < num_vertices; ++v) {
       const auto& d = dag.graph[v];
       if (!d.node || d.kind == frontend::DagNodeKind::kMarker) continue;
       stages_[partition.stage_of_vertex[v]].emit.insert(d.node);
     }
-    returns_tuple_ = dag.returns_tuple;
   }
 
   DataflowPlan run() {
-    planAttributeWriters();
-    for (int k = 0; k < num_stages_; ++k) {
-      for (const Node* n : emitted(k)) {
+    attribute_writers_ = planAttributeWriters(facts_);
+    for (int k = 0; k < facts_.num_stages; ++k) {
+      for (const Node* n : facts_.inGraphOrder(stages_[k].emit)) {
         for (Value* in : frontend::externalInputs(const_cast<Node*>(n))) resolve(in, k, n);
       }
     }
-    DataflowPlan plan;
-    plan.model_outputs = planModelOutputs();
-    checkAttributeHolders();
-    for (int s = 0; s < num_stages_; ++s) checkSingleCopy(s);
-    finish(plan);
-    return plan;
+    std::vector<ValueSource> model_outputs = planModelOutputs();
+    checkAttributeHolders(facts_, attribute_writers_, stages_);
+    for (int s = 0; s < facts_.num_stages; ++s) checkSingleCopy(facts_, stages_[s], s);
+    return assemblePlan(facts_, stages_, exports_, std::move(model_outputs), output_sent_);
   }
 
  private:
-  struct Writer {
-    int position;
-    int stage;
-    const Node* node;
-    std::string op;
-  };
-
-  // ---- facts --------------------------------------------------------------
-
-  int positionOf(const Value* v) const {
-    if (root_index_.count(v)) return -1;
-    return position_.at(v->node());
-  }
-
-  // "aten::stack at code/__torch__.py:25 in the code of the root module",
-  // "the call to `counter` at code/__torch__.py:12 in the code of the root module".
-  std::string describeNode(const Node* n) const {
-    std::string what = n->kind() == c10::prim::CallMethod
-                           ? fmt::format("the call to {}", quoted(frontend::attributePath(n->input(0)).value_or("?")))
-                           : std::string(n->kind().toQualString());
-    std::string op = describeOp(n);
-    auto at = op.find(" at ");
-    if (at != std::string::npos) what += op.substr(at);
-    return fmt::format("{} in the code of {}", what, quoted(model_.ownerOf(n)));
-  }
-
-  // A write as a user finds it in the code: the op, and the call, if or loop holding it.
-  std::string describeWrite(const Node* top, const std::string& op) const {
-    if (top->kind() == c10::prim::CallMethod || top->kind() == c10::prim::CallFunction) {
-      return fmt::format("{}, reached by {}", op, describeNode(top));  // op: "aten::add_ at ... inside `counter`"
-    }
-    if (!top->blocks().empty()) return fmt::format("{}, inside {}", op, describeNode(top));
-    return describeNode(top);
-  }
-  std::string describeWrite(const Writer& w) const { return describeWrite(w.node, w.op); }
-
-  std::string describeObject(ObjectId o) const {
-    const MemoryObject& obj = pt_.object(o);
-    switch (obj.kind) {
-      case MemoryObject::Kind::kAttribute:
-        return fmt::format("{} `{}`", obj.is_parameter ? "parameter" : obj.is_tensor ? "buffer" : "attribute",
-                           obj.name);
-      case MemoryObject::Kind::kMade:
-        if (obj.value) return fmt::format("{} made by {}", describeValue(obj.value), describeNode(obj.value->node()));
-        return obj.name;
-      case MemoryObject::Kind::kModelInput:
-      case MemoryObject::Kind::kConstant:
-      case MemoryObject::Kind::kOpaque:
-        return obj.name;
-    }
-    return obj.name;
-  }
-
-  // The stages in [0, before) that write any of `objects` after `position`,
-  // with the last such write.
-  std::pair<std::set<int>, const Writer*> writersBetween(const std::vector<ObjectId>& objects, int position,
-                                                         int before) const {
-    std::set<int> stages;
-    const Writer* last = nullptr;
-    for (ObjectId o : objects) {
-      auto it = writers_.find(o);
-      if (it == writers_.end()) continue;
-      for (const Writer& w : it->second) {
-        if (w.position <= position || w.stage >= before) continue;
-        stages.insert(w.stage);
-        if (!last || w.position > last->position) last = &w;
-      }
-    }
-    return {stages, last};
-  }
-
-  // The nodes stage `s` emits, in graph order.
-  std::vector<const Node*> emitted(int s) const {
-    std::vector<const Node*> nodes(stages_[s].emit.begin(), stages_[s].emit.end());
-    std::sort(nodes.begin(), nodes.end(),
-              [&](const Node* a, const Node* b) { return position_.at(a) < position_.at(b); });
-    return nodes;
-  }
-
   bool holdsTensor(int s, const Value* v) const {
-    auto root = root_index_.find(v);
-    if (root != root_index_.end()) return stages_[s].root_inputs.count(root->second) != 0;
-    auto home = stage_of_.find(v->node());
-    if (home != stage_of_.end() && home->second == s) return true;
+    auto root = facts_.root_index.find(v);
+    if (root != facts_.root_index.end()) return stages_[s].root_inputs.count(root->second) != 0;
+    auto home = facts_.stage_of.find(v->node());
+    if (home != facts_.stage_of.end() && home->second == s) return true;
     return stages_[s].received_value.count(v) != 0;
   }
 
-  [[noreturn]] void refuse(const std::string& message) const { throw StageBuildError(message); }
-
-  // ---- module attributes ---------------------------------------------------
-
-  void planAttributeWriters() {
-    for (const auto& [object, writers] : writers_) {
-      if (!pt_.object(object).persistent()) continue;
-      std::map<int, const Writer*> by_stage;
-      for (const Writer& w : writers) by_stage.emplace(w.stage, &w);
-      if (by_stage.size() > 1) {
-        auto first = by_stage.begin();
-        auto second = std::next(first);
-        refuse(fmt::format("{} is changed in place in stage {} ({}) and in stage {} ({}); each stage would keep its "
-                           "own copy and the copies would drift apart; move the split so that every writer of `{}` "
-                           "is in one stage",
-                           describeObject(object), first->first, describeWrite(*first->second), second->first,
-                           describeWrite(*second->second), pt_.object(object).name));
-      }
-      attribute_writer_[object] = by_stage.begin()->second;
-    }
-  }
-
-  // A stage other than the writer may read an attribute only as a received
-  // copy (Note [Mutable state across stages]).
-  void checkAttributeHolders() const {
-    for (const auto& [object, writer] : attribute_writer_) {
-      const MemoryObject& obj = pt_.object(object);
-      for (int l = 0; l < num_stages_; ++l) {
-        if (l == writer->stage) continue;
-        std::string reader;
-        for (const Node* n : emitted(l)) {
-          auto touched = pt_.attributesTouched(n);
-          if (std::find(touched.begin(), touched.end(), object) != touched.end()) {
-            reader = "by " + describeNode(n);
-            break;
-          }
-        }
-        auto held = stages_[l].held_attribute.find(object);
-        if (reader.empty() && held != stages_[l].held_attribute.end()) {
-          reader = fmt::format("as `{}` by {}", frontend::attributePath(held->second.first).value_or(obj.name),
-                               describeNode(held->second.second));
-        }
-        if (reader.empty()) continue;
-        std::string why;
-        if (l < writer->stage) {
-          why = fmt::format("stage {} runs before stage {} and cannot receive the changed value", l, writer->stage);
-        } else if (!obj.is_tensor) {
-          why = "only tensors travel between stages";
-        } else if (obj.is_parameter) {
-          why = "a parameter changed by forward cannot be sent to another stage";
-        } else {
-          why = "the read is inside a submodule call, an if or a loop, where a stage input cannot replace it";
-        }
-        refuse(fmt::format("{} is changed in place in stage {} ({}) and read in stage {} ({}); {}, so stage {}'s "
-                           "copy would go stale; move the split so that `{}`'s writer and readers are in one stage",
-                           describeObject(object), writer->stage, describeWrite(*writer), l, reader, why, l,
-                           obj.name));
-      }
-    }
-  }
-
   bool sendsAttribute(ObjectId object, int k) const {
-    auto it = attribute_writer_.find(object);
-    if (it == attribute_writer_.end() || it->second->stage >= k) return false;
-    const MemoryObject& obj = pt_.object(object);
+    auto it = attribute_writers_.find(object);
+    if (it == attribute_writers_.end() || it->second->stage >= k) return false;
+    const MemoryObject& obj = facts_.pt.object(object);
     return obj.kind == MemoryObject::Kind::kAttribute && obj.is_tensor && !obj.is_parameter;
   }
 
@@ -343,7 +516,7 @@ class DataflowPlanner {
     r.what.kind = Sent::Kind::kValue;
     r.what.value = v;
     r.binds = {v};
-    r.objects = pt_.pointsTo(v);
+    r.objects = facts_.pt.pointsTo(v);
     r.description = describeValue(v);
     stages_[k].received_value[v] = addReceipt(k, std::move(r));
   }
@@ -356,9 +529,9 @@ class DataflowPlanner {
       return;
     }
     Receipt r;
-    r.sender = attribute_writer_.at(object)->stage;
+    r.sender = attribute_writers_.at(object)->stage;
     r.what.kind = Sent::Kind::kAttribute;
-    r.what.fqn = frontend::attributePath(getattr).value_or(pt_.object(object).name);
+    r.what.fqn = frontend::attributePath(getattr).value_or(facts_.pt.object(object).name);
     r.binds = {getattr};
     r.objects = {object};
     r.description = "`" + r.what.fqn + "`";
@@ -366,33 +539,33 @@ class DataflowPlanner {
   }
 
   void resolve(Value* v, int k, const Node* user) {
-    if (v == graph_.inputs()[0]) return;
-    auto root = root_index_.find(v);
-    if (root != root_index_.end()) return resolveRootInput(v, root->second, k, user);
+    if (v == facts_.graph.inputs()[0]) return;
+    auto root = facts_.root_index.find(v);
+    if (root != facts_.root_index.end()) return resolveRootInput(v, root->second, k, user);
     Node* producer = v->node();
     if (frontend::isFreeNode(producer)) {
-      if (producer->kind() == c10::prim::GetAttr && producer->owningBlock() == graph_.block()) {
-        ObjectId attribute = pt_.attributeOf(v);
+      if (producer->kind() == c10::prim::GetAttr && producer->owningBlock() == facts_.graph.block()) {
+        ObjectId attribute = facts_.pt.attributeOf(v);
         if (attribute >= 0 && sendsAttribute(attribute, k)) return receiveAttribute(k, attribute, v);
         if (attribute >= 0) stages_[k].held_attribute.emplace(attribute, std::make_pair(v, user));
       }
       for (Value* in : producer->inputs()) resolve(in, k, user);
       return;
     }
-    auto home = stage_of_.find(producer);
-    PIPEFORGE_CHECK(home != stage_of_.end(), "value " + describeValue(v) + " has no stage");
+    auto home = facts_.stage_of.find(producer);
+    PIPEFORGE_CHECK(home != facts_.stage_of.end(), "value " + describeValue(v) + " has no stage");
     const int p = home->second;
     if (p == k || stages_[k].emit.count(producer)) return;
     if (isTensor(v)) {
-      auto [writer_stages, last] = writersBetween(pt_.reachable(v), position_.at(producer), k);
+      auto [writer_stages, last] = facts_.writes.between(facts_.pt.reachable(v), facts_.position.at(producer), k);
       int sender = writer_stages.empty() ? p : std::max(p, *writer_stages.rbegin());
       if (sender != p && !holdsTensor(sender, v)) refuseWriteThroughOtherValue(v, p, k, sender, last);
       return receiveTensor(k, v, sender);
     }
-    auto points_to = pt_.pointsTo(v);
+    auto points_to = facts_.pt.pointsTo(v);
     // Every value naming one container (`feats`, and `feats += [h]`'s result)
     // is judged from where the container was made, so they all agree.
-    int since = position_.at(producer);
+    int since = facts_.position.at(producer);
     if (points_to.size() == 1) {
       auto rebuilt = stages_[k].rebuilt.find(points_to.front());
       if (rebuilt != stages_[k].rebuilt.end()) {
@@ -400,18 +573,18 @@ class DataflowPlanner {
         if (std::find(names.begin(), names.end(), v) == names.end()) names.push_back(v);
         return;
       }
-      const MemoryObject& obj = pt_.object(points_to.front());
-      if (obj.kind == MemoryObject::Kind::kMade && obj.value && position_.count(obj.value->node())) {
-        since = std::min(since, position_.at(obj.value->node()));
+      const MemoryObject& obj = facts_.pt.object(points_to.front());
+      if (obj.kind == MemoryObject::Kind::kMade && obj.value && facts_.position.count(obj.value->node())) {
+        since = std::min(since, facts_.position.at(obj.value->node()));
       }
     }
-    auto [writer_stages, last] = writersBetween(pt_.reachable(v), since, k);
+    auto [writer_stages, last] = facts_.writes.between(facts_.pt.reachable(v), since, k);
     if (writer_stages.empty()) return recompute(v, k, user);
     carryContainer(v, k, user, *writer_stages.rbegin(), last);
   }
 
   void resolveRootInput(Value* v, int index, int k, const Node* user) {
-    auto [writer_stages, last] = writersBetween(pt_.reachable(v), -1, k);
+    auto [writer_stages, last] = facts_.writes.between(facts_.pt.reachable(v), -1, k);
     if (writer_stages.empty()) {
       stages_[k].root_inputs.insert(index);
       return;
@@ -421,7 +594,7 @@ class DataflowPlanner {
       refuse(fmt::format("model input {} is changed in place in stage {} ({}) and read in stage {} by {}; only "
                          "tensors can be sent between stages; move the split so that its writers and readers share a "
                          "stage",
-                         describeValue(v), last->stage, describeWrite(*last), k, describeNode(user)));
+                         describeValue(v), last->stage, facts_.describeWrite(*last), k, facts_.describeNode(user)));
     }
     if (!holdsTensor(sender, v)) refuseWriteThroughOtherValue(v, -1, k, sender, last);
     receiveTensor(k, v, sender);
@@ -432,37 +605,37 @@ class DataflowPlanner {
     refuse(fmt::format("tensor {} {} and read in stage {}, but stage {} changes its memory in place through another "
                        "value ({}) and does not hold it, so no stage can send the changed tensor; move the split so "
                        "that the writer and the readers of %{} share a stage",
-                       describeValue(v), made, k, sender, describeWrite(*last), v->debugName()));
+                       describeValue(v), made, k, sender, facts_.describeWrite(*last), v->debugName()));
   }
 
   // A non-tensor value no earlier stage changed: compute it again in stage k.
   void recompute(Value* v, int k, const Node* user) {
     Node* producer = v->node();
-    const int p = stage_of_.at(producer);
+    const int p = facts_.stage_of.at(producer);
     if (!producer->blocks().empty() || producer->hasSideEffects()) {
       // Named by the code that made it, not by its graph id: that is what the user can find.
       refuse(fmt::format("a {} made in stage {} by {} is used in stage {} by {}, but only tensors can cross stages and "
                          "it cannot be recomputed there ({}); move the split point so that its producer and its users "
                          "share a stage",
-                         v->type()->repr_str(), p, describeNode(producer), k, describeNode(user),
+                         v->type()->repr_str(), p, facts_.describeNode(producer), k, facts_.describeNode(user),
                          producer->blocks().empty() ? "a module call or an op with side effects runs only once"
                                                     : "it comes out of an if or a loop"));
     }
-    const auto& writes = pt_.writes(producer);
+    const auto& writes = facts_.pt.writes(producer);
     if (!writes.empty()) {
       refuse(fmt::format("value {} is made in stage {} by {}, which also changes {} in place, and is used in stage {} "
                          "by {}; only tensors cross stages, and computing it again there would repeat the change; move "
                          "the split so that %{} and its users share a stage",
-                         describeValue(v), p, describeNode(producer), describeObject(writes.front().object), k,
-                         describeNode(user), v->debugName()));
+                         describeValue(v), p, facts_.describeNode(producer),
+                         facts_.describeObject(writes.front().object), k, facts_.describeNode(user), v->debugName()));
     }
-    auto [writer_stages, last] = writersBetween(pt_.reads(producer), position_.at(producer), k);
+    auto [writer_stages, last] = facts_.writes.between(facts_.pt.reads(producer), facts_.position.at(producer), k);
     if (!writer_stages.empty()) {
       refuse(fmt::format("value {} is made in stage {} by {} and used in stage {} by {}; only tensors cross stages, so "
                          "stage {} would compute it again, but {}, which it reads, is changed in between in stage {} "
                          "({}); move the split so that %{} and its users share a stage",
-                         describeValue(v), p, describeNode(producer), k, describeNode(user), k,
-                         describeObject(firstWritten(producer, last)), last->stage, describeWrite(*last),
+                         describeValue(v), p, facts_.describeNode(producer), k, facts_.describeNode(user), k,
+                         facts_.describeObject(firstWritten(producer, last)), last->stage, facts_.describeWrite(*last),
                          v->debugName()));
     }
     stages_[k].emit.insert(producer);
@@ -471,8 +644,8 @@ class DataflowPlanner {
 
   // The first object `producer` reads that `writer` writes (for messages).
   ObjectId firstWritten(const Node* producer, const Writer* writer) const {
-    auto reads = pt_.reads(producer);
-    for (const MemoryWrite& w : pt_.writes(writer->node)) {
+    auto reads = facts_.pt.reads(producer);
+    for (const MemoryWrite& w : facts_.pt.writes(writer->node)) {
       if (std::find(reads.begin(), reads.end(), w.object) != reads.end()) return w.object;
     }
     return reads.front();
@@ -480,50 +653,37 @@ class DataflowPlanner {
 
   // ---- containers ----------------------------------------------------------
 
-  struct Contents {
-    std::vector<const Value*> elements;
-    std::vector<const Value*> keys;             // dicts
-    std::vector<std::string> key_text;          // dicts: constantKey of each key
-  };
-
-  [[noreturn]] void refuseContainer(const Value* v, int k, const Node* user, const std::string& why) const {
-    const char* what = v->type()->cast<c10::DictType>() ? "dict" : v->type()->cast<c10::ListType>() ? "list" : "value";
-    refuse(fmt::format("{} is read in stage {} by {} after an earlier stage changed it in place; {}; move the split so "
-                       "that the {}'s writers and readers share a stage",
-                       describeValue(v), k, describeNode(user), why, what));
-  }
-
   void carryContainer(Value* v, int k, const Node* user, int sender, const Writer* last) {
-    auto points_to = pt_.pointsTo(v);
+    auto points_to = facts_.pt.pointsTo(v);
     if (points_to.size() != 1) {
-      refuseContainer(v, k, user,
+      refuseContainer(facts_, v, k, user,
                       fmt::format("it may be one of {} different containers, so it cannot be rebuilt from its "
                                   "elements",
                                   points_to.size()));
     }
     const ObjectId object = points_to.front();
-    const MemoryObject& obj = pt_.object(object);
+    const MemoryObject& obj = facts_.pt.object(object);
     const Node* creator = obj.kind == MemoryObject::Kind::kMade && obj.value ? obj.value->node() : nullptr;
     const bool is_list = creator && creator->kind() == c10::prim::ListConstruct;
     const bool is_dict = creator && creator->kind() == c10::prim::DictConstruct;
     if (!is_list && !is_dict) {
-      refuseContainer(v, k, user,
+      refuseContainer(facts_, v, k, user,
                       fmt::format("only a list or dict made by a literal in forward can be sent as its tensors, and "
                                   "this is {}",
-                                  describeObject(object)));
+                                  facts_.describeObject(object)));
     }
     if ((is_list && !isTensorList(v->type())) || (is_dict && !isTensorDict(v->type()))) {
-      refuseContainer(v, k, user,
+      refuseContainer(facts_, v, k, user,
                       fmt::format("stage {} changes it ({}), and only lists of tensors and dicts from str or int to "
                                   "tensors can be sent between stages",
-                                  last->stage, describeWrite(*last)));
+                                  last->stage, facts_.describeWrite(*last)));
     }
     // The sender holds the container if it made it (or made it again) or rebuilt it.
     if (!stages_[sender].emit.count(creator) && !stages_[sender].rebuilt.count(object)) {
-      refuseContainer(v, k, user,
-                      fmt::format("stage {} changes it ({}) without holding it", sender, describeWrite(*last)));
+      refuseContainer(facts_, v, k, user,
+                      fmt::format("stage {} changes it ({}) without holding it", sender, facts_.describeWrite(*last)));
     }
-    Contents contents = contentsAtEndOf(sender, object, creator, v, k, user);
+    ContainerContents contents = contentsAtEndOf(facts_, sender, object, creator, v, k, user);
     RebuiltContainer rebuilt;
     rebuilt.is_dict = is_dict;
     rebuilt.names = {creator->output()};
@@ -535,7 +695,7 @@ class DataflowPlanner {
       r.what.value = creator->output();
       r.what.index = static_cast<int64_t>(i);
       if (is_dict) r.what.key = contents.keys[i];
-      r.objects = pt_.pointsTo(contents.elements[i]);
+      r.objects = facts_.pt.pointsTo(contents.elements[i]);
       r.description = is_dict ? fmt::format("{}[{}]", describeValue(v), contents.key_text[i].substr(2))
                               : fmt::format("{}[{}]", describeValue(v), i);
       rebuilt.elements.push_back(addReceipt(k, std::move(r)));
@@ -545,153 +705,21 @@ class DataflowPlanner {
     stages_[k].containers.push_back(std::move(rebuilt));
   }
 
-  // Replays the changes to a list or dict literal up to the end of stage
-  // `last_stage`, to know its elements there. Refuses what it cannot replay.
-  Contents contentsAtEndOf(int last_stage, ObjectId object, const Node* creator, const Value* v, int k,
-                           const Node* user) const {
-    const bool is_dict = creator->kind() == c10::prim::DictConstruct;
-    Contents c;
-    if (is_dict) {
-      for (size_t i = 0; i + 1 < creator->inputs().size(); i += 2) {
-        auto key = constantKey(creator->input(i));
-        if (!key) refuseContainer(v, k, user, "its literal has a key that is not a constant");
-        c.keys.push_back(creator->input(i));
-        c.key_text.push_back(*key);
-        c.elements.push_back(creator->input(i + 1));
-      }
-    } else {
-      c.elements.assign(creator->inputs().begin(), creator->inputs().end());
-    }
-    const int start = position_.at(creator);
-    for (const Node* n : graph_.nodes()) {
-      if (position_.at(n) <= start) continue;
-      auto home = stage_of_.find(n);
-      if (home == stage_of_.end() || home->second > last_stage) continue;
-      const auto& writes = pt_.writes(n);
-      bool changes = std::any_of(writes.begin(), writes.end(), [&](const MemoryWrite& w) { return w.object == object; });
-      if (changes) replay(n, object, is_dict, c, v, k, user);
-
-    }
-    return c;
-  }
-
-  void replay(const Node* n, ObjectId object, bool is_dict, Contents& c, const Value* v, int k,
-              const Node* user) const {
-    auto cannot = [&](const std::string& why) {
-      std::string op = describeOp(n);
-      for (const MemoryWrite& w : pt_.writes(n)) {
-        if (w.object == object) op = w.op;
-      }
-      refuseContainer(v, k, user,
-                      fmt::format("stage {} changes it ({}) {}, and only a {} whose {} known when splitting can be "
-                                  "sent between stages as its tensors",
-                                  stage_of_.at(n), describeWrite(n, op), why, is_dict ? "dict" : "list",
-                                  is_dict ? "keys are" : "length is"));
-    };
-    if (!n->blocks().empty() || n->kind() == c10::prim::CallMethod || n->kind() == c10::prim::CallFunction) {
-      cannot("where it may change any number of times");
-    }
-    if (n->inputs().empty() || pt_.pointsTo(n->input(0)) != std::vector<ObjectId>{object}) {
-      cannot("through a value that may also be another container");
-    }
-    const std::string op = n->kind().toQualString();
-    auto size = static_cast<int64_t>(c.elements.size());
-    auto index = [&](size_t input, int64_t fallback, bool inclusive_end) -> int64_t {
-      std::optional<int64_t> i = input < n->inputs().size() ? constantInt(n->input(input)) : fallback;
-      if (!i) cannot("with an index that is not a constant");
-      int64_t at = *i < 0 ? *i + size : *i;
-      if (inclusive_end) return std::clamp<int64_t>(at, 0, size);
-      if (at < 0 || at >= size) cannot(fmt::format("with index {} outside its {} elements", *i, size));
-      return at;
-    };
-    auto key = [&](size_t input) {
-      auto text = input < n->inputs().size() ? constantKey(n->input(input)) : std::nullopt;
-      if (!text) cannot("with a key that is not a constant");
-      auto it = std::find(c.key_text.begin(), c.key_text.end(), *text);
-      return std::make_pair(*text, static_cast<int64_t>(it - c.key_text.begin()));
-    };
-    auto erase = [&](int64_t at) {
-      c.elements.erase(c.elements.begin() + at);
-      if (is_dict) {
-        c.keys.erase(c.keys.begin() + at);
-        c.key_text.erase(c.key_text.begin() + at);
-      }
-    };
-    if (op == "aten::clear") {
-      c = Contents{};
-      return;
-    }
-    if (is_dict) {
-      if (op == "aten::_set_item" || op == "aten::setdefault") {
-        auto [text, at] = key(1);
-        if (at < size) {
-          if (op == "aten::_set_item") c.elements[at] = n->input(2);
-          return;
-        }
-        c.keys.push_back(n->input(1));
-        c.key_text.push_back(text);
-        c.elements.push_back(n->input(2));
-        return;
-      }
-      if (op == "aten::pop" || op == "aten::Delete") {
-        auto [text, at] = key(1);
-        if (at < size) erase(at);
-        return;
-      }
-      cannot("in a way whose effect on its keys is not known");
-    }
-    if (op == "aten::append") {
-      c.elements.push_back(n->input(1));
-      return;
-    }
-    if (op == "aten::insert") {
-      int64_t at = index(1, 0, /*inclusive_end=*/true);
-      c.elements.insert(c.elements.begin() + at, n->input(2));
-      return;
-    }
-    if (op == "aten::pop" || op == "aten::Delete") {
-      erase(index(1, -1, /*inclusive_end=*/false));
-      return;
-    }
-    if (op == "aten::_set_item") {
-      c.elements[index(1, 0, /*inclusive_end=*/false)] = n->input(2);
-      return;
-    }
-    if (op == "aten::reverse") {
-      std::reverse(c.elements.begin(), c.elements.end());
-      return;
-    }
-    if (op == "aten::extend" || op == "aten::add_") {
-      const Value* other = n->input(1);
-      auto other_objects = pt_.reachable(other);
-      bool unchanged = std::none_of(other_objects.begin(), other_objects.end(), [&](ObjectId o) {
-        auto it = writers_.find(o);
-        return it != writers_.end() && !it->second.empty();
-      });
-      if (other->node()->kind() != c10::prim::ListConstruct || !unchanged) {
-        cannot("with a list whose length is not known when splitting");
-      }
-      c.elements.insert(c.elements.end(), other->node()->inputs().begin(), other->node()->inputs().end());
-      return;
-    }
-    cannot("in a way whose effect on its length is not known");
-  }
-
   // ---- model outputs -------------------------------------------------------
 
   std::vector<ValueSource> planModelOutputs() {
     std::vector<Value*> outputs;
-    Value* out = graph_.outputs()[0];
-    if (returns_tuple_) {
+    Value* out = facts_.graph.outputs()[0];
+    if (facts_.returns_tuple) {
       outputs.assign(out->node()->inputs().begin(), out->node()->inputs().end());
     } else {
-      outputs.assign(graph_.outputs().begin(), graph_.outputs().end());
+      outputs.assign(facts_.graph.outputs().begin(), facts_.graph.outputs().end());
     }
     std::vector<ValueSource> sources;
     for (size_t i = 0; i < outputs.size(); ++i) {
       Value* v = outputs[i];
-      auto root = root_index_.find(v);
-      if (root == root_index_.end()) {
+      auto root = facts_.root_index.find(v);
+      if (root == facts_.root_index.end()) {
         if (!isTensor(v)) {
           refuse(fmt::format("model output {} is {}; pipeforge splits models whose outputs are tensors or a tuple of "
                              "tensors",
@@ -701,14 +729,15 @@ class DataflowPlanner {
           refuse(fmt::format("model output {} is a parameter or constant read; return a computed tensor", i));
         }
       }
-      const int p = root == root_index_.end() ? stage_of_.at(v->node()) : -1;
-      auto [writer_stages, last] = writersBetween(pt_.reachable(v), positionOf(v), num_stages_);
+      const int p = root == facts_.root_index.end() ? facts_.stage_of.at(v->node()) : -1;
+      auto [writer_stages, last] =
+          facts_.writes.between(facts_.pt.reachable(v), facts_.positionOf(v), facts_.num_stages);
       int sender = writer_stages.empty() ? p : std::max(p, *writer_stages.rbegin());
       if (sender < 0) {
         sources.push_back({ValueSource::Kind::kInput, -1, root->second});
         continue;
       }
-      if (sender != p && !holdsTensor(sender, v)) refuseWriteThroughOtherValue(v, p, num_stages_, sender, last);
+      if (sender != p && !holdsTensor(sender, v)) refuseWriteThroughOtherValue(v, p, facts_.num_stages, sender, last);
       Sent what;
       what.kind = Sent::Kind::kValue;
       what.value = v;
@@ -719,126 +748,8 @@ class DataflowPlanner {
     return sources;
   }
 
-  // ---- copies --------------------------------------------------------------
-
-  // A stage must not write memory that reaches it by two ways (see the Note).
-  void checkSingleCopy(int s) const {
-    const StageState& state = stages_[s];
-    std::vector<std::pair<std::string, std::vector<ObjectId>>> ways;
-    for (int index : state.root_inputs) {
-      const Value* in = graph_.inputs()[index + 1];
-      ways.emplace_back("model input " + describeValue(in), pt_.pointsTo(in));
-    }
-    for (const Receipt& r : state.receipts) ways.emplace_back(r.description, r.objects);
-    for (const auto& [object, index] : state.rebuilt) {
-      ways.emplace_back(describeValue(state.containers[index].names.back()), std::vector<ObjectId>{object});
-    }
-    std::set<ObjectId> held;
-    for (const Node* n : state.emit) {
-      for (ObjectId o : pt_.attributesTouched(n)) held.insert(o);
-    }
-    for (const auto& [object, getattr] : state.held_attribute) held.insert(object);
-    for (ObjectId o : held) ways.emplace_back(describeObject(o), std::vector<ObjectId>{o});
-
-    for (const Node* n : emitted(s)) {
-      if (stage_of_.at(n) != s) continue;
-      for (const MemoryWrite& w : pt_.writes(n)) {
-        std::vector<std::string> reaching;
-        for (const auto& [description, objects] : ways) {
-          if (std::find(objects.begin(), objects.end(), w.object) != objects.end()) reaching.push_back(description);
-        }
-        if (reaching.size() < 2) continue;
-        refuse(fmt::format("stage {} changes {} in place ({}), but that memory reaches stage {} twice, as {} and as {}; "
-                           "after the split these are two copies and the change would reach only one; move the split "
-                           "so that they are made and changed in one stage",
-                           s, describeObject(w.object), describeWrite(n, w.op), s, reaching[0], reaching[1]));
-      }
-    }
-  }
-
-  // ---- the plan ------------------------------------------------------------
-
-  // Sort key of what a stage sends: values it makes (graph order, as always),
-  // then values it passes on, container elements, attributes.
-  std::tuple<int, int, int64_t, std::string> exportKey(int s, const Sent& what) const {
-    switch (what.kind) {
-      case Sent::Kind::kValue: {
-        auto home = stage_of_.find(what.value->node());
-        bool own = home != stage_of_.end() && home->second == s && !root_index_.count(what.value);
-        return {own ? 0 : 1, positionOf(what.value), static_cast<int64_t>(what.value->offset()), ""};
-      }
-      case Sent::Kind::kListElement:
-      case Sent::Kind::kDictValue:
-        return {2, positionOf(what.value), what.index, ""};
-      case Sent::Kind::kAttribute:
-        return {3, 0, 0, what.fqn};
-    }
-    return {4, 0, 0, ""};
-  }
-
-  void finish(DataflowPlan& plan) {
-    plan.stages.resize(num_stages_);
-    for (int s = 0; s < num_stages_; ++s) {
-      auto& list = exports_[s];
-      std::sort(list.begin(), list.end(),
-                [&](const Sent& a, const Sent& b) { return exportKey(s, a) < exportKey(s, b); });
-      plan.stages[s].outputs = list;
-    }
-    auto exportIndex = [&](int s, const Sent& what) {
-      const auto& list = exports_[s];
-      return static_cast<int>(std::find(list.begin(), list.end(), what) - list.begin());
-    };
-    for (int k = 0; k < num_stages_; ++k) {
-      StageState& state = stages_[k];
-      StageDataflow& out = plan.stages[k];
-      out.emit = emitted(k);
-      for (int index : state.root_inputs) {
-        StageInputPlan in;
-        in.source = {ValueSource::Kind::kInput, -1, index};
-        in.what.value = graph_.inputs()[index + 1];
-        in.binds = {in.what.value};
-        out.inputs.push_back(std::move(in));
-      }
-      std::vector<int> order(state.receipts.size());
-      for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-      auto sourceOf = [&](int i) {
-        const Receipt& r = state.receipts[i];
-        return std::make_pair(r.sender, exportIndex(r.sender, r.what));
-      };
-      std::sort(order.begin(), order.end(), [&](int a, int b) { return sourceOf(a) < sourceOf(b); });
-      std::vector<int> input_of_receipt(state.receipts.size());
-      for (int i : order) {
-        const Receipt& r = state.receipts[i];
-        input_of_receipt[i] = static_cast<int>(out.inputs.size());
-        StageInputPlan in;
-        auto [sender, index] = sourceOf(i);
-        in.source = {ValueSource::Kind::kStage, sender, index};
-        in.what = r.what;
-        in.binds = r.binds;
-        out.inputs.push_back(std::move(in));
-      }
-      out.containers = state.containers;
-      for (auto& c : out.containers) {
-        for (int& e : c.elements) e = input_of_receipt[e];
-      }
-    }
-    for (size_t i = 0, next = 0; i < plan.model_outputs.size(); ++i) {
-      ValueSource& src = plan.model_outputs[i];
-      if (src.kind != ValueSource::Kind::kStage) continue;
-      src.index = exportIndex(src.stage, output_sent_[next++]);
-    }
-  }
-
-  const frontend::OpenedModel& model_;
-  Graph& graph_;
-  PointsTo pt_;
-  const int num_stages_;
-  bool returns_tuple_ = false;
-  std::unordered_map<const Node*, int> stage_of_;  // home stage of every node that does work
-  std::unordered_map<const Node*, int> position_;  // top-level nodes, graph order
-  std::unordered_map<const Value*, int> root_index_;
-  std::map<ObjectId, std::vector<Writer>> writers_;  // graph order
-  std::map<ObjectId, const Writer*> attribute_writer_;
+  const SplitFacts facts_;
+  AttributeWriters attribute_writers_;
   std::vector<StageState> stages_;
   std::vector<std::vector<Sent>> exports_;
   std::vector<Sent> output_sent_;  // model outputs sent by stages, in order

@@ -24,6 +24,55 @@ std::string errorOf(const std::string& text) {
   return "accepted";
 }
 
+// stageJson("stage_0.pt") with `fields` added at its top level.
+std::string withFields(const std::string& fields) {
+  std::string text = stageJson("stage_0.pt");
+  text.insert(text.size() - 1, ", " + fields);
+  return text;
+}
+
+TEST(Manifest, InputDimsAreRangesOnePerInput) {
+  PipeManifest m = manifestFromJson(withFields(R"("input_dims": [[[1, 8], [3, null]]])"), "p.json");
+  ASSERT_EQ(m.input_dims.size(), 1u);
+  ASSERT_EQ(m.input_dims[0].size(), 2u);
+  EXPECT_EQ(m.input_dims[0][0].min, 1);
+  EXPECT_EQ(m.input_dims[0][0].max, 8);
+  EXPECT_EQ(m.input_dims[0][1].min, 3);
+  EXPECT_EQ(m.input_dims[0][1].max, -1) << "null: unbounded";
+  EXPECT_EQ(errorOf(withFields(R"("input_dims": [[[1]]])")), "p.json: input_dims entries must be [min, max] pairs");
+  EXPECT_EQ(errorOf(withFields(R"("input_dims": [[[4, 2]]])")),
+            "p.json: input_dims has the range [4, 2]; re-run `pipeforge split`");
+  EXPECT_EQ(errorOf(withFields(R"("input_dims": [])")),
+            "p.json: input_dims lists 0 inputs but the model has 1; re-run `pipeforge split`");
+}
+
+TEST(Manifest, InputDtypesListEveryInputByName) {
+  EXPECT_EQ(errorOf(withFields(R"("input_dtypes": ["float32", "float32"])")),
+            "p.json: input_dtypes lists 2 inputs but the model has 1; re-run `pipeforge split`");
+  const std::string e = errorOf(withFields(R"("input_dtypes": ["floaty"])"));
+  EXPECT_EQ(e.rfind("p.json: input_dtypes has \"floaty\", which is not a dtype (", 0), 0u) << e;
+}
+
+TEST(Manifest, StageFormatIsTorchScriptOrPt2) {
+  EXPECT_EQ(errorOf(withFields(R"("stage_format": "onnx")")),
+            "p.json: stage_format is \"onnx\"; this version reads TorchScript stages (no stage_format) and \"pt2\"; "
+            "re-run `pipeforge split` with this version");
+  EXPECT_EQ(errorOf(withFields(R"("stage_format": "pt2")")),
+            "p.json: stage_format is \"pt2\" but not every stage file ends in .pt2; re-run `pipeforge split`");
+}
+
+TEST(Manifest, StageEntriesAndCountsAgree) {
+  std::string bad_digest = stageJson("stage_0.pt");
+  bad_digest.insert(bad_digest.size() - 3, R"(, "sha256": "abc")");
+  EXPECT_EQ(errorOf(bad_digest), "p.json: stage 0 has sha256 \"abc\", not 64 hex digits; re-run `pipeforge split`");
+  std::string two = stageJson("stage_0.pt");
+  two.replace(two.find("\"num_stages\": 1"), 15, "\"num_stages\": 2");
+  EXPECT_EQ(errorOf(two), "p.json: num_stages is 2 but 1 stages are listed");
+  std::string renumbered = stageJson("stage_0.pt");
+  renumbered.replace(renumbered.find("\"index\": 0, \"file\""), 10, "\"index\": 1");
+  EXPECT_EQ(errorOf(renumbered), "p.json: stage at position 0 has index 1");
+}
+
 TEST(Manifest, StageFilesStayInsideTheSplitFolder) {
   EXPECT_EQ(manifestFromJson(stageJson("stage_0.pt"), "p.json").stages[0].file, "stage_0.pt");
   EXPECT_EQ(manifestFromJson(stageJson("sub/stage_0.pt"), "p.json").stages[0].file, "sub/stage_0.pt");
