@@ -18,6 +18,7 @@
 #include "frontend/module_paths.h"
 #include "frontend/pipe_split_op.h"
 #include "frontend/pt2_archive.h"
+#include "frontend/pt2_operators.h"
 #include "frontend/region_ops.h"
 
 // Note [PT2 as nested TorchScript]
@@ -72,56 +73,13 @@ using torch::jit::Graph;
 using torch::jit::Node;
 using torch::jit::Value;
 
-constexpr const char* kOpsPrefix = "torch.ops.";
-constexpr const char* kHigherOrderPrefix = "torch.ops.higher_order.";
-
-bool isMarkerTarget(const std::string& target) {
-  return target == "torch.ops.pippy._pipe_split.default" || target == "torch.ops.pipeforge.pipe_split.default";
-}
-
-struct OpName {
-  std::string ns, name, overload;
-  std::string qualified() const { return ns + "::" + name; }
-  std::string display() const { return qualified() + "." + overload; }
-};
-
-// "torch.ops.aten.add.Tensor" -> {aten, add, Tensor}.
-std::optional<OpName> parseOpTarget(const std::string& target) {
-  if (target.rfind(kOpsPrefix, 0) != 0) return std::nullopt;
-  std::string rest = target.substr(std::string(kOpsPrefix).size());
-  auto first = rest.find('.');
-  auto last = rest.rfind('.');
-  if (first == std::string::npos || first == last) return std::nullopt;
-  return OpName{rest.substr(0, first), rest.substr(first + 1, last - first - 1), rest.substr(last + 1)};
-}
-
-bool operatorExists(const OpName& op) {
+bool operatorExists(const Pt2OpName& op) {
   std::string overload = op.overload == "default" ? "" : op.overload;
   if (c10::Dispatcher::singleton().findSchema({op.qualified(), overload})) return true;
   for (const auto& candidate : torch::jit::getAllOperatorsFor(c10::Symbol::fromQualString(op.qualified()))) {
     if (candidate->schema().overload_name() == overload) return true;
   }
   return false;
-}
-
-// Python's symbolic-shape helpers in export graphs, as TorchScript builtins.
-const std::map<std::string, std::string>& symbolicOps() {
-  static const std::map<std::string, std::string> table = {
-      {"_operator.add", "aten::add"},       {"_operator.sub", "aten::sub"},
-      {"_operator.mul", "aten::mul"},       {"_operator.floordiv", "aten::floordiv"},
-      {"_operator.mod", "aten::remainder"}, {"_operator.truediv", "aten::div"},
-      {"_operator.neg", "aten::neg"},       {"_operator.pow", "aten::pow"},
-      {"_operator.eq", "aten::eq"},         {"_operator.ne", "aten::ne"},
-      {"_operator.lt", "aten::lt"},         {"_operator.le", "aten::le"},
-      {"_operator.gt", "aten::gt"},         {"_operator.ge", "aten::ge"},
-      {"_operator.and_", "aten::__and__"},  {"_operator.or_", "aten::__or__"},
-      {"_operator.not_", "aten::__not__"},  {"torch.sym_not", "aten::__not__"},
-      {"torch.sym_max", "prim::max"},       {"torch.sym_min", "prim::min"},
-      {"torch.sym_float", "aten::Float"},   {"torch.sym_int", "aten::Int"},
-      {"math.trunc", "aten::Int"},          {"math.ceil", "aten::ceil"},
-      {"math.floor", "aten::floor"},        {"math.sqrt", "aten::sqrt"},
-  };
-  return table;
 }
 
 std::string parentOf(const std::string& fqn) {
@@ -217,7 +175,7 @@ class Importer {
   torch::jit::Module run() {
     ensurePipeSplitRegistered();
     ensureRegionOpsRegistered();
-    checkOperators(graph_);
+    checkOperators();
     checkSignature();
     buildModules();
     buildRegions();
@@ -234,54 +192,14 @@ class Importer {
 
   // --- checks ---------------------------------------------------------------
 
-  void collectMissing(const json& graph, std::set<std::string>& missing) const {
-    for (const auto& node : graph.at("nodes")) {
-      std::string target = node.at("target").get<std::string>();
-      for (const auto& in : node.at("inputs")) {
-        if (in.at("arg").contains("as_graph")) collectMissing(in.at("arg").at("as_graph").at("graph"), missing);
-      }
-      if (isMarkerTarget(target) || target.rfind(kHigherOrderPrefix, 0) == 0) continue;
-      if (auto op = parseOpTarget(target)) {
-        if (!operatorExists(*op)) missing.insert(op->display());
-      }
-    }
-  }
-
   // Note [Python-only custom ops]: an op registered with torch.library in
   // Python (transformers' MoE layers call transformers::grouped_mm_fallback on
   // CPU) has no kernel in LibTorch, so no stage could run it. It is refused
   // when the model is read, which `pipeforge train` does before any rank
   // starts, naming the export-side fix where one is known.
-  void checkOperators(const json& graph) const {
-    std::set<std::string> missing;
-    collectMissing(graph, missing);
-    if (missing.empty()) return;
-    std::vector<std::string> aten, custom;
-    for (const auto& m : missing) {
-      const std::string ns = m.substr(0, m.find("::"));
-      (ns == "aten" || ns == "prims" || ns == "quantized" || ns == "_quantized" ? aten : custom).push_back(m);
-    }
-    if (!custom.empty()) {
-      static const std::map<std::string, std::string> kFixes = {
-          {"transformers::grouped_mm_fallback",
-           "export the model with experts_implementation=\"batched_mm\" in its config (transformers' MoE layers then "
-           "export to aten.bmm)"},
-      };
-      std::string fix;
-      for (const auto& op : custom) {
-        auto known = kFixes.find(op.substr(0, op.rfind('.')));
-        if (known != kFixes.end()) fix = known->second;
-      }
-      if (fix.empty()) {
-        fix = "register the op in C++ (TORCH_LIBRARY) and link it into pipeforge, or export the model without it";
-      }
-      fail(fmt::format("the graph calls {} {} that this LibTorch ({}) does not have: a custom op defined only in "
-                       "Python (torch.library) has no C++ kernel, so no stage can run it; {}",
-                       custom.size() == 1 ? "the custom op" : "custom ops", fmt::join(custom, ", "), TORCH_VERSION, fix));
-    }
-    fail(fmt::format("the graph calls operators that this LibTorch ({}) does not have: {}; the model was exported by "
-                     "a newer torch than the LibTorch pipeforge links: re-export with torch {}",
-                     TORCH_VERSION, fmt::join(aten, ", "), TORCH_VERSION));
+  void checkOperators() const {
+    std::set<std::string> missing = missingPt2Operators(graph_, operatorExists);
+    if (!missing.empty()) fail(missingOperatorsMessage(missing, TORCH_VERSION));
   }
 
   void checkSignature() {
@@ -495,7 +413,7 @@ class Importer {
     static const std::set<std::string> kSizeOps = {
         "torch.ops.aten.sym_size.int", "torch.ops.aten.sym_numel.default", "torch.ops.aten.sym_stride.int",
         "torch.ops.aten.sym_storage_offset.default"};
-    if (!kSizeOps.count(target) && !symbolicOps().count(target)) return false;
+    if (!kSizeOps.count(target) && !pt2SymbolicOps().count(target)) return false;
     auto defs = pt2NodeDefs(node);
     if (defs.empty()) return false;
     for (const auto& def : defs) {
@@ -753,7 +671,7 @@ class Importer {
     std::string target = node.at("target").get<std::string>();
     std::string where = describe(node);
     Graph& g = *scope.graph;
-    if (isMarkerTarget(target)) {
+    if (isPt2MarkerTarget(target)) {
       g.insertNode(g.create(c10::Symbol::fromQualString(kPipeSplitOpName), {}, 0));
       return;
     }
@@ -773,18 +691,18 @@ class Importer {
       emitRegion(scope, node, RegionKind::kAutocast);
       return;
     }
-    if (target.rfind(kHigherOrderPrefix, 0) == 0) refuseHigherOrder(node, where);
+    if (isPt2HigherOrderTarget(target)) refuseHigherOrder(node, where);
     std::string symbol;
     std::vector<torch::jit::NamedValue> args;
     std::vector<torch::jit::NamedValue> kwargs;
-    if (auto op = parseOpTarget(target)) {
+    if (auto op = parsePt2OpTarget(target)) {
       symbol = op->qualified();
       // By name: export leaves out arguments equal to their default, so
       // positions are not reliable; schema matching fills the defaults.
       for (const auto& in : node.at("inputs")) {
         kwargs.emplace_back(in.at("name").get<std::string>(), argument(scope, in.at("arg"), where));
       }
-    } else if (auto sym = symbolicOps().find(target); sym != symbolicOps().end()) {
+    } else if (auto sym = pt2SymbolicOps().find(target); sym != pt2SymbolicOps().end()) {
       symbol = sym->second;
       for (const auto& in : node.at("inputs")) args.emplace_back(argument(scope, in.at("arg"), where));
     } else {
@@ -1067,7 +985,7 @@ class Importer {
 
   // Higher-order ops other than the ones above: what each is and how to export without it.
   [[noreturn]] void refuseHigherOrder(const json& node, const std::string& where) const {
-    std::string op = node.at("target").get<std::string>().substr(std::string(kHigherOrderPrefix).size());
+    std::string op = node.at("target").get<std::string>().substr(std::string(kPt2HigherOrderPrefix).size());
     std::string fix;
     if (op == "flex_attention" || op == "flex_attention_backward") {
       fix = "export the model with attn_implementation=\"sdpa\" (or \"eager\") in its config";
