@@ -9,7 +9,6 @@
 #include <torch/script.h>
 #include <torch/version.h>
 
-#include <climits>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -19,6 +18,7 @@
 #include "frontend/pipe_split_op.h"
 #include "frontend/pt2_archive.h"
 #include "frontend/pt2_operators.h"
+#include "frontend/pt2_regions.h"
 #include "frontend/region_ops.h"
 
 // Note [PT2 as nested TorchScript]
@@ -139,19 +139,6 @@ double floatOf(const json& j) {
   return j.get<double>();
 }
 
-// One maximal run of nodes inside one module call.
-struct Region {
-  std::string path;
-  std::string key;
-  std::string type;
-  int parent = -1;
-  std::vector<std::pair<bool, int>> items;  // (is_region, node position or region index)
-  int first = INT_MAX;
-  int last = -1;
-  std::vector<std::string> inputs;
-  std::vector<std::string> outputs;
-};
-
 // Where a graph is being written: the method's module and its value names.
 struct Scope {
   Graph* graph = nullptr;
@@ -214,8 +201,8 @@ class Importer {
         case Pt2InputKind::kBuffer:
         case Pt2InputKind::kTensorConstant:
           archive_.tensor(in.target);  // throws when the payload is missing
-          placeholder_fqn_[in.value] = in.target;
-          fqn_placeholder_[in.target] = in.value;
+          values_.placeholder_fqn[in.value] = in.target;
+          values_.fqn_placeholder[in.target] = in.value;
           break;
         case Pt2InputKind::kConstantInput:
           break;  // baked into the graph by export; not a runtime input
@@ -233,13 +220,13 @@ class Importer {
           if (out.value.empty()) {
             fail(fmt::format("forward's output {} is {}, not a tensor; pipeforge splits models whose outputs are "
                              "tensors: return only tensors from forward (compute sizes outside the model)",
-                             user_outputs_.size(), out.literal));
+                             values_.user_outputs.size(), out.literal));
           }
-          user_outputs_.push_back(out.value);
+          values_.user_outputs.push_back(out.value);
           break;
         case Pt2OutputKind::kBufferMutation:
         case Pt2OutputKind::kParameterMutation:
-          mutations_[out.value] = out.target;
+          values_.mutations[out.value] = out.target;
           break;
         case Pt2OutputKind::kLossOutput:
         case Pt2OutputKind::kGradientToParameter:
@@ -290,182 +277,21 @@ class Importer {
     // Tied names: FQNs holding the same tensor object.
     for (const auto& a : archive_.tensors()) {
       for (const auto& b : archive_.tensors()) {
-        if (archive_.tensor(a.fqn).is_same(archive_.tensor(b.fqn))) aliases_[a.fqn].push_back(b.fqn);
+        if (archive_.tensor(a.fqn).is_same(archive_.tensor(b.fqn))) values_.aliases[a.fqn].push_back(b.fqn);
       }
     }
   }
 
   // --- regions --------------------------------------------------------------
 
+  // Which nodes become which module's method (pt2_regions.h).
   void buildRegions() {
-    const auto& nodes = archive_.nodes();
-    regions_.push_back(Region{});
-    std::vector<int> open{0};
-    for (int pos = 0; pos < static_cast<int>(nodes.size()); ++pos) {
-      const auto& stack = nodes[pos].module_stack;
-      if (!stack.empty()) {
-        // The calls this node runs in that can be reached by attribute chains
-        // from their caller; a frame for a module that is not a descendant of
-        // its caller (a shared module called from elsewhere) is folded into the caller.
-        std::vector<const Pt2ModuleFrame*> frames;
-        for (const auto& f : stack) {
-          const std::string& caller = frames.empty() ? std::string() : frames.back()->path;
-          if (f.path.empty() || f.path == caller || !isWithin(f.path, caller)) continue;
-          frames.push_back(&f);
-        }
-        size_t keep = 0;
-        while (keep < frames.size() && keep + 1 < open.size() &&
-               regions_[open[keep + 1]].key == frames[keep]->key + "|" + frames[keep]->path) {
-          ++keep;
-        }
-        open.resize(keep + 1);
-        for (size_t i = keep; i < frames.size(); ++i) {
-          Region r;
-          r.path = frames[i]->path;
-          r.key = frames[i]->key + "|" + frames[i]->path;
-          r.type = frames[i]->type;
-          r.parent = open.back();
-          regions_.push_back(r);
-          int index = static_cast<int>(regions_.size()) - 1;
-          regions_[open.back()].items.push_back({true, index});
-          open.push_back(index);
-        }
-      }
-      regions_[open.back()].items.push_back({false, pos});
-      region_of_pos_.push_back(open.back());
-      for (int r : open) {
-        regions_[r].first = std::min(regions_[r].first, pos);
-        regions_[r].last = std::max(regions_[r].last, pos);
-      }
+    try {
+      regions_ = groupPt2Regions(graph_, archive_.nodes(), values_);
+    } catch (Pt2Error& e) {
+      e.addContext("'" + archive_.path() + "'");
+      throw;
     }
-
-    // Where each value is made and last read (user outputs: read at the end).
-    // Mutation outputs are not: they are written back where they are made.
-    const json& graph_nodes = graph_.at("nodes");
-    std::unordered_map<std::string, int> def_pos;
-    std::unordered_map<std::string, int> last_use;
-    std::vector<std::vector<std::string>> uses(nodes.size());
-    for (int pos = 0; pos < static_cast<int>(nodes.size()); ++pos) {
-      for (const auto& d : pt2NodeDefs(graph_nodes.at(pos))) def_pos[d] = pos;
-    }
-    def_pos_ = def_pos;
-    for (int pos = 0; pos < static_cast<int>(nodes.size()); ++pos) {
-      uses[pos] = expandedUses(pos);
-      for (const auto& u : uses[pos]) last_use[u] = std::max(last_use[u], pos);
-    }
-    // A functional buffer update is written back (aten::copy_) after the node
-    // that computes it and after the last read of the old value, whichever is
-    // later; the node there reads both.
-    for (const auto& [value, target] : mutations_) {
-      std::string buffer = placeholderFor(target);
-      auto made = def_pos.find(value);
-      if (made == def_pos.end()) fail("mutation output '" + value + "' is not computed by any node");
-      auto read = last_use.find(buffer);
-      int at = std::max(made->second, read == last_use.end() ? -1 : read->second);
-      writes_[at].push_back(value);
-      for (const auto& u : {value, buffer}) {
-        uses[at].push_back(u);
-        last_use[u] = std::max(last_use[u], at);
-      }
-    }
-    for (const auto& out : user_outputs_) last_use[out] = INT_MAX;
-
-    for (size_t r = 1; r < regions_.size(); ++r) {
-      Region& region = regions_[r];
-      std::set<std::string> seen;
-      for (int pos = region.first; pos <= region.last; ++pos) {
-        for (const auto& u : uses[pos]) {
-          if (seen.count(u)) continue;
-          auto d = def_pos.find(u);
-          bool outside = d == def_pos.end() || d->second < region.first;
-          if (!outside) continue;
-          auto fqn = placeholder_fqn_.find(u);
-          if (fqn != placeholder_fqn_.end() && reachableAlias(fqn->second, region.path)) continue;
-          seen.insert(u);
-          region.inputs.push_back(u);
-        }
-      }
-      for (int pos = region.first; pos <= region.last; ++pos) {
-        for (const auto& d : pt2NodeDefs(graph_nodes.at(pos))) {
-          if (isFloating(d)) continue;  // Note [Symbolic sizes are recomputed, not returned]
-          auto lu = last_use.find(d);
-          if (lu != last_use.end() && lu->second > region.last) region.outputs.push_back(d);
-        }
-      }
-    }
-  }
-
-  // Note [Symbolic sizes are recomputed, not returned]
-  // A size that one module call computes and code after the call reads (a
-  // decomposed Llama computes batch * seq once, in layers.0's q_proj, and
-  // every later layer reuses it) would make that call's method return an
-  // int next to its tensors. Stages receive only tensors, and a method call
-  // cannot be recomputed in a later stage, so such a split would be refused
-  // at every cut. Sizes are pure functions of tensors' shapes, so none is
-  // returned from a call: code outside the call that reads one computes it
-  // again from what it has (the root's sym_size of the inputs, passed down as
-  // arguments), and a call receives what it needs for that instead of the size.
-  bool isFloating(const std::string& value) const {
-    auto d = def_pos_.find(value);
-    if (d == def_pos_.end()) return false;
-    const json& node = graph_.at("nodes").at(d->second);
-    const std::string target = node.at("target").get<std::string>();
-    static const std::set<std::string> kSizeOps = {
-        "torch.ops.aten.sym_size.int", "torch.ops.aten.sym_numel.default", "torch.ops.aten.sym_stride.int",
-        "torch.ops.aten.sym_storage_offset.default"};
-    if (!kSizeOps.count(target) && !pt2SymbolicOps().count(target)) return false;
-    auto defs = pt2NodeDefs(node);
-    if (defs.empty()) return false;
-    for (const auto& def : defs) {
-      bool symbolic = false;
-      for (const char* table : {"sym_int_values", "sym_bool_values", "sym_float_values"}) {
-        if (graph_.contains(table) && graph_.at(table).contains(def)) symbolic = true;
-      }
-      if (!symbolic) return false;
-    }
-    return true;
-  }
-
-  // Whether code at node position `pos` runs inside region `r`'s call.
-  bool regionContains(int r, int pos) const {
-    return r == 0 || (regions_[r].first <= pos && pos <= regions_[r].last);
-  }
-
-  // What node `pos` reads, with each floating size made outside the
-  // innermost call that holds `pos` replaced by what computing it reads.
-  std::vector<std::string> expandedUses(int pos) const {
-    std::vector<std::string> out;
-    std::set<std::string> seen;
-    std::function<void(const std::string&)> add = [&](const std::string& u) {
-      if (!seen.insert(u).second) return;
-      if (isFloating(u)) {
-        int d = def_pos_.at(u);
-        if (!regionContains(region_of_pos_.at(d), pos)) {
-          for (const auto& w : pt2NodeUses(graph_.at("nodes").at(d))) add(w);
-          return;
-        }
-      }
-      out.push_back(u);
-    };
-    for (const auto& u : pt2NodeUses(graph_.at("nodes").at(pos))) add(u);
-    return out;
-  }
-
-  std::string placeholderFor(const std::string& fqn) const {
-    auto it = fqn_placeholder_.find(fqn);
-    if (it == fqn_placeholder_.end()) fail("a mutation output names '" + fqn + "', which is not a graph input");
-    return it->second;
-  }
-
-  // An FQN naming `fqn`'s tensor that lies inside module `path` (fqn itself first).
-  std::optional<std::string> reachableAlias(const std::string& fqn, const std::string& path) const {
-    if (isWithin(fqn, path)) return fqn;
-    auto it = aliases_.find(fqn);
-    if (it == aliases_.end()) return std::nullopt;
-    for (const auto& alias : it->second) {
-      if (isWithin(alias, path)) return alias;
-    }
-    return std::nullopt;
   }
 
   // --- emission -------------------------------------------------------------
@@ -504,9 +330,9 @@ class Importer {
     auto it = scope.env.find(name);
     if (it != scope.env.end()) return it->second;
     if (scope.top_level) {
-      auto fqn = placeholder_fqn_.find(name);
-      if (fqn != placeholder_fqn_.end()) {
-        auto alias = reachableAlias(fqn->second, scope.path);
+      auto fqn = values_.placeholder_fqn.find(name);
+      if (fqn != values_.placeholder_fqn.end()) {
+        auto alias = reachableAlias(values_, fqn->second, scope.path);
         if (alias) {
           Value* v = attributeChain(scope, relativePath(*alias, scope.path));
           scope.env[name] = v;
@@ -514,9 +340,9 @@ class Importer {
         }
       }
     }
-    if (scope.top_level && isFloating(name)) {
+    if (scope.top_level && isPt2FloatingSize(graph_, regions_.def_pos, name)) {
       // Note [Symbolic sizes are recomputed, not returned]: computed again here.
-      emitNode(scope, graph_.at("nodes").at(def_pos_.at(name)));
+      emitNode(scope, graph_.at("nodes").at(regions_.def_pos.at(name)));
       auto made = scope.env.find(name);
       if (made != scope.env.end()) return made->second;
     }
@@ -725,8 +551,8 @@ class Importer {
   std::optional<std::string> commonOwner(const std::vector<std::string>& names, const std::string& within) const {
     std::optional<std::string> common;
     for (const auto& n : names) {
-      auto fqn = placeholder_fqn_.find(n);
-      if (fqn == placeholder_fqn_.end()) continue;
+      auto fqn = values_.placeholder_fqn.find(n);
+      if (fqn == values_.placeholder_fqn.end()) continue;
       std::string owner = parentOf(fqn->second);
       if (!common) {
         common = owner;
@@ -784,9 +610,9 @@ class Importer {
       const std::string& sub_name = sub_names[i];
       if (!used.count(sub_name)) continue;
       const Operand& operand = operands[i];
-      auto fqn = operand.value ? placeholder_fqn_.end() : placeholder_fqn_.find(operand.name);
-      if (owner && fqn != placeholder_fqn_.end()) {
-        if (auto alias = reachableAlias(fqn->second, *owner)) {
+      auto fqn = operand.value ? values_.placeholder_fqn.end() : values_.placeholder_fqn.find(operand.name);
+      if (owner && fqn != values_.placeholder_fqn.end()) {
+        if (auto alias = reachableAlias(values_, fqn->second, *owner)) {
           inner.env[sub_name] = attributeChain(inner, relativePath(*alias, *owner));
           continue;
         }
@@ -1093,23 +919,23 @@ class Importer {
     return {unpack->outputs().begin(), unpack->outputs().end()};
   }
 
-  void emitItems(Scope& scope, const Region& region) {
+  void emitItems(Scope& scope, const Pt2Region& region) {
     const json& graph_nodes = graph_.at("nodes");
     for (const auto& [is_region, index] : region.items) {
       if (is_region) {
-        emitCall(scope, regions_[index]);
+        emitCall(scope, regions_.regions[index]);
         continue;
       }
       const json& node = graph_nodes.at(index);
       Node* end = scope.graph->insertPoint();
       Node* before = end->prev();
       emitNode(scope, node);
-      auto writes = writes_.find(index);
-      if (writes != writes_.end()) {
-        for (const auto& value : writes->second) {
+      auto writes = regions_.writes.find(index);
+      if (writes != regions_.writes.end()) {
+        for (const auto& write : writes->second) {
           // Functional IR: the new buffer value is written back in place.
-          Value* buffer = resolve(scope, placeholderFor(mutations_.at(value)));
-          scope.graph->insert(c10::aten::copy_, {buffer, resolve(scope, value)});
+          Value* buffer = resolve(scope, write.buffer);
+          scope.graph->insert(c10::aten::copy_, {buffer, resolve(scope, write.value)});
         }
       }
       torch::jit::SourceRange range = sourceRangeOf(node);
@@ -1155,7 +981,7 @@ class Importer {
     }
   }
 
-  void emitCall(Scope& scope, const Region& region) {
+  void emitCall(Scope& scope, const Pt2Region& region) {
     auto graph = std::make_shared<Graph>();
     Scope inner;
     inner.graph = graph.get();
@@ -1213,9 +1039,9 @@ class Importer {
       }
       scope.env[name] = in;
     }
-    emitItems(scope, regions_[0]);
+    emitItems(scope, regions_.regions[0]);
     std::vector<Value*> outs;
-    for (const auto& name : user_outputs_) outs.push_back(resolve(scope, name));
+    for (const auto& name : values_.user_outputs) outs.push_back(resolve(scope, name));
     if (outs.size() == 1 && !returnsTuple()) {
       graph->registerOutput(outs[0]);
     } else {
@@ -1241,16 +1067,9 @@ class Importer {
   std::shared_ptr<torch::jit::CompilationUnit> cu_;
   std::map<std::string, torch::jit::Module> modules_;
   std::map<std::string, std::string> types_;
-  std::map<std::string, std::vector<std::string>> aliases_;
-  std::unordered_map<std::string, std::string> placeholder_fqn_;
-  std::unordered_map<std::string, std::string> fqn_placeholder_;
   std::vector<std::string> user_inputs_;
-  std::vector<std::string> user_outputs_;
-  std::map<std::string, std::string> mutations_;  // graph value -> buffer/parameter FQN it becomes
-  std::map<int, std::vector<std::string>> writes_;  // node position -> mutation values written back after it
-  std::vector<Region> regions_;
-  std::vector<int> region_of_pos_;                    // node position -> innermost region holding it
-  std::unordered_map<std::string, int> def_pos_;       // value -> position of the node that makes it
+  Pt2GraphValues values_;
+  Pt2Regions regions_;
   std::map<std::string, int> method_counts_;
   std::map<std::string, std::shared_ptr<torch::jit::Source>> sources_;  // "file:line" -> its Source
 };
