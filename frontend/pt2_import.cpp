@@ -9,6 +9,7 @@
 #include <torch/script.h>
 #include <torch/version.h>
 
+#include <limits>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -17,6 +18,7 @@
 #include "frontend/module_paths.h"
 #include "frontend/pipe_split_op.h"
 #include "frontend/pt2_archive.h"
+#include "frontend/pt2_arguments.h"
 #include "frontend/pt2_operators.h"
 #include "frontend/pt2_regions.h"
 #include "frontend/region_ops.h"
@@ -126,17 +128,6 @@ std::string typeName(const std::string& python_type) {
   for (const auto& part : pathParts(python_type)) out += "." + identifier(part);
   if (python_type.empty()) out += std::string(".") + kPt2ClassNotRecorded;
   return out;
-}
-
-double floatOf(const json& j) {
-  if (j.is_string()) {
-    std::string s = j.get<std::string>();
-    if (s == "Infinity" || s == "inf") return std::numeric_limits<double>::infinity();
-    if (s == "-Infinity" || s == "-inf") return -std::numeric_limits<double>::infinity();
-    if (s == "NaN" || s == "nan") return std::numeric_limits<double>::quiet_NaN();
-    throw Pt2Error("float argument '" + s + "' is not a number");
-  }
-  return j.get<double>();
 }
 
 // Where a graph is being written: the method's module and its value names.
@@ -296,30 +287,6 @@ class Importer {
 
   // --- emission -------------------------------------------------------------
 
-  // torch/_export/serde/schema.py MemoryFormat and Layout -> c10.
-  c10::MemoryFormat memoryFormatOf(int code, const std::string& where) const {
-    switch (code) {
-      case 1: return c10::MemoryFormat::Contiguous;
-      case 2: return c10::MemoryFormat::ChannelsLast;
-      case 3: return c10::MemoryFormat::ChannelsLast3d;
-      case 4: return c10::MemoryFormat::Preserve;
-      default: fail(fmt::format("{}: unknown memory format code {}", where, code));
-    }
-  }
-
-  c10::Layout layoutOf(int code, const std::string& where) const {
-    switch (code) {
-      case 1: return c10::kSparse;
-      case 2: return c10::kSparseCsr;
-      case 3: return c10::kSparseCsc;
-      case 4: return c10::kSparseBsr;
-      case 5: return c10::kSparseBsc;
-      case 6: return c10::kMkldnn;
-      case 7: return c10::kStrided;
-      default: fail(fmt::format("{}: unknown layout code {}", where, code));
-    }
-  }
-
   Value* attributeChain(Scope& scope, const std::string& relative) {
     Value* v = scope.self;
     for (const auto& part : pathParts(relative)) v = scope.graph->insertGetAttr(v, part);
@@ -352,101 +319,11 @@ class Importer {
          "malformed: re-export the model with torch.export.save");
   }
 
-  Value* constantList(Scope& scope, const json& list, const c10::TypePtr& elem,
-                      const std::function<Value*(const json&)>& one) {
-    std::vector<Value*> values;
-    for (const auto& e : list) values.push_back(one(e));
-    return scope.graph->insertNode(scope.graph->createList(elem, values))->output();
-  }
-
-  Value* symValue(Scope& scope, const json& sym) {
-    if (sym.contains("as_name")) return resolve(scope, sym.at("as_name").get<std::string>());
-    if (sym.contains("as_int")) {
-      return scope.graph->insertConstant(pt2Int64(sym.at("as_int"), located("a symbolic int")));
-    }
-    if (sym.contains("as_bool")) return scope.graph->insertConstant(sym.at("as_bool").get<bool>());
-    if (sym.contains("as_float")) return scope.graph->insertConstant(floatOf(sym.at("as_float")));
-    fail("unknown symbolic value " + sym.dump());
-  }
-
   // An Argument as a TorchScript value (constants inserted where needed).
   Value* argument(Scope& scope, const json& arg, const std::string& where) {
-    if (!arg.is_object() || arg.size() != 1) fail(where + ": malformed argument " + arg.dump());
-    // Not `const auto& [tag, v] = *arg.items().begin()`: that binds to a
-    // temporary iterator and reads it after it is gone (found by fuzz_pt2_json).
-    const std::string tag = arg.begin().key();
-    const json& v = arg.begin().value();
-    Graph& g = *scope.graph;
-    if (tag == "as_none") return g.insertConstant(c10::IValue());
-    if (tag == "as_tensor") return resolve(scope, v.at("name").get<std::string>());
-    if (tag == "as_int") return g.insertConstant(pt2Int64(v, located(where + ": an int argument")));
-    // The schema numbers these enums its own way; TorchScript wants c10's.
-    if (tag == "as_scalar_type") {
-      int code = pt2Int(v, located(where + ": a dtype code"));
-      return g.insertConstant(static_cast<int64_t>(c10ScalarTypeOf(code, where)));
-    }
-    if (tag == "as_memory_format") {
-      int code = pt2Int(v, located(where + ": a memory format code"));
-      return g.insertConstant(static_cast<int64_t>(memoryFormatOf(code, where)));
-    }
-    if (tag == "as_layout") {
-      int code = pt2Int(v, located(where + ": a layout code"));
-      return g.insertConstant(static_cast<int64_t>(layoutOf(code, where)));
-    }
-    if (tag == "as_float") return g.insertConstant(floatOf(v));
-    if (tag == "as_bool") return g.insertConstant(v.get<bool>());
-    if (tag == "as_string") return g.insertConstant(v.get<std::string>());
-    if (tag == "as_ints") {
-      c10::List<int64_t> ints;
-      for (const auto& i : v) ints.push_back(pt2Int64(i, located(where + ": an int list argument")));
-      return g.insertConstant(ints);
-    }
-    if (tag == "as_floats") {
-      std::vector<double> fs;
-      for (const auto& f : v) fs.push_back(floatOf(f));
-      return g.insertConstant(c10::List<double>(fs));
-    }
-    if (tag == "as_bools") {
-      c10::List<bool> bs;
-      for (const auto& b : v) bs.push_back(b.get<bool>());
-      return g.insertConstant(bs);
-    }
-    if (tag == "as_strings") return g.insertConstant(c10::List<std::string>(v.get<std::vector<std::string>>()));
-    if (tag == "as_device") {
-      std::string device = v.at("type").get<std::string>();
-      if (v.contains("index") && !v.at("index").is_null()) {
-        device += ":" + std::to_string(pt2Int(v.at("index"), located(where + ": a device index")));
-      }
-      return g.insertConstant(c10::Device(device));
-    }
-    if (tag == "as_sym_int" || tag == "as_sym_bool" || tag == "as_sym_float") return symValue(scope, v);
-    if (tag == "as_sym_ints") {
-      return constantList(scope, v, c10::IntType::get(), [&](const json& e) { return symValue(scope, e); });
-    }
-    if (tag == "as_sym_bools") {
-      return constantList(scope, v, c10::BoolType::get(), [&](const json& e) { return symValue(scope, e); });
-    }
-    if (tag == "as_sym_floats") {
-      return constantList(scope, v, c10::FloatType::get(), [&](const json& e) { return symValue(scope, e); });
-    }
-    if (tag == "as_tensors") {
-      return constantList(scope, v, c10::TensorType::get(),
-                          [&](const json& e) { return resolve(scope, e.at("name").get<std::string>()); });
-    }
-    if (tag == "as_optional_tensor") {
-      return v.contains("as_tensor") ? resolve(scope, v.at("as_tensor").at("name").get<std::string>())
-                                     : g.insertConstant(c10::IValue());
-    }
-    if (tag == "as_optional_tensors") {
-      return constantList(scope, v, c10::OptionalType::create(c10::TensorType::get()), [&](const json& e) {
-        return e.contains("as_tensor") ? resolve(scope, e.at("as_tensor").at("name").get<std::string>())
-                                       : g.insertConstant(c10::IValue());
-      });
-    }
-    if (tag == "as_complex") {
-      return g.insertConstant(c10::complex<double>(floatOf(v.at("real")), floatOf(v.at("imag"))));
-    }
-    fail(where + ": argument kind '" + tag + "' cannot be expressed in TorchScript; export without it");
+    Pt2ArgumentScope reading{scope.graph, [this, &scope](const std::string& name) { return resolve(scope, name); },
+                             archive_.path()};
+    return readPt2Argument(reading, arg, where);
   }
 
   // Names the PT2 outputs of `node` on the values TorchScript produced.
