@@ -19,6 +19,7 @@
 #include "frontend/pipe_split_op.h"
 #include "frontend/pt2_archive.h"
 #include "frontend/pt2_arguments.h"
+#include "frontend/pt2_higher_order.h"
 #include "frontend/pt2_operators.h"
 #include "frontend/pt2_regions.h"
 #include "frontend/region_ops.h"
@@ -387,14 +388,14 @@ class Importer {
       return;
     }
     if (target == "torch.ops.higher_order.wrap_with_set_grad_enabled") {
-      emitRegion(scope, node, RegionKind::kGradMode);
+      emitRegion(scope, node, Pt2RegionKind::kGradMode);
       return;
     }
     if (target == "torch.ops.higher_order.wrap_with_autocast") {
-      emitRegion(scope, node, RegionKind::kAutocast);
+      emitRegion(scope, node, Pt2RegionKind::kAutocast);
       return;
     }
-    if (isPt2HigherOrderTarget(target)) refuseHigherOrder(node, where);
+    if (isPt2HigherOrderTarget(target)) fail(unsupportedHigherOrderMessage(node, where));
     std::string symbol;
     std::vector<torch::jit::NamedValue> args;
     std::vector<torch::jit::NamedValue> kwargs;
@@ -583,14 +584,13 @@ class Importer {
   // at a no-grad one exactly as in eager PyTorch, because the same thread
   // state is set around the same ops. Stage files copy the original
   // higher-order node (Note [PT2 stage files]), so they load in PyTorch as is.
-  enum class RegionKind { kGradMode, kAutocast };
 
-  void emitRegion(Scope& scope, const json& node, RegionKind kind) {
+  void emitRegion(Scope& scope, const json& node, Pt2RegionKind kind) {
     std::string where = describe(node);
     const json& inputs = node.at("inputs");
-    const size_t body_at = kind == RegionKind::kGradMode ? 1 : 4;
+    const size_t body_at = pt2RegionBodyInput(kind);
     if (inputs.size() <= body_at || !inputs[body_at].at("arg").contains("as_graph")) {
-      fail(where + (kind == RegionKind::kGradMode
+      fail(where + (kind == Pt2RegionKind::kGradMode
                         ? ": expected wrap_with_set_grad_enabled(enable, body, *operands)"
                         : ": expected wrap_with_autocast(device_type, dtype, enabled, cache_enabled, body, *operands)"));
     }
@@ -604,14 +604,14 @@ class Importer {
     Graph& g = *scope.graph;
     const size_t num_outputs = node.at("outputs").size();
     Node* region = g.insertNode(g.create(c10::prim::If, {g.insertConstant(true)}, num_outputs));
-    region->s_(c10::Symbol::attr(kPt2RegionAttribute), regionDescription(node, kind, scope.path));
+    region->s_(c10::Symbol::attr(kPt2RegionAttribute), describePt2Region(node, kind, scope.path));
     std::vector<c10::TypePtr> types(num_outputs);
     {
       torch::jit::Block* body = region->addBlock();
       torch::jit::WithInsertPoint guard(body);
       Scope inner = scope;  // values made in the region stay in it
       std::function<void()> leave;
-      if (kind == RegionKind::kGradMode) {
+      if (kind == Pt2RegionKind::kGradMode) {
         Value* enable = argument(inner, inputs[0].at("arg"), where);
         Value* previous = g.insert(c10::Symbol::fromQualString("aten::is_grad_enabled"), {});
         insertStatement(g, "aten::set_grad_enabled", {enable});
@@ -625,7 +625,7 @@ class Importer {
         leave = [&g, device, previous] { insertStatement(g, kAutocastExitOpName, {device, previous}); };
       }
       auto results = emitBranch(inner, inputs[body_at].at("arg").at("as_graph").at("graph"), operands,
-                                kind == RegionKind::kGradMode ? "pt2_grad_region" : "pt2_autocast_region", where);
+                                kind == Pt2RegionKind::kGradMode ? "pt2_grad_region" : "pt2_autocast_region", where);
       leave();
       if (results.size() != num_outputs) {
         fail(fmt::format("{}: the region returns {} values but the node has {} outputs", where, results.size(),
@@ -662,50 +662,6 @@ class Importer {
     Value* packed = g.insert(c10::Symbol::fromQualString(op), args);
     Node* n = packed ? packed->node() : nullptr;
     if (n && n->kind() == c10::prim::TupleConstruct && n->inputs().empty() && !packed->hasUses()) n->destroy();
-  }
-
-  // "a torch.no_grad() region of model.rotary_emb (modeling_llama.py:98)", for refusals.
-  std::string regionDescription(const json& node, RegionKind kind, const std::string& path) const {
-    std::string what;
-    if (kind == RegionKind::kAutocast) {
-      what = "a torch.autocast region";
-    } else {
-      const json& enable = node.at("inputs").at(0).at("arg");
-      bool on = enable.contains("as_bool") && enable.at("as_bool").is_boolean() && enable.at("as_bool").get<bool>();
-      what = on ? "a torch.enable_grad() region" : "a torch.no_grad() region";
-    }
-    what += path.empty() ? " of forward" : " of " + path;
-    // Export records no stack trace on the higher-order node itself: the
-    // region's first body node with one says where it is.
-    std::string line = pt2SourceLine(node);
-    const json& body = node.at("inputs").at(kind == RegionKind::kGradMode ? 1 : 4).at("arg").at("as_graph").at("graph");
-    for (const auto& inner : body.at("nodes")) {
-      if (!line.empty()) break;
-      line = pt2SourceLine(inner);
-    }
-    return line.empty() ? what : what + " (" + line + ")";
-  }
-
-  // Higher-order ops other than the ones above: what each is and how to export without it.
-  [[noreturn]] void refuseHigherOrder(const json& node, const std::string& where) const {
-    std::string op = node.at("target").get<std::string>().substr(std::string(kPt2HigherOrderPrefix).size());
-    std::string fix;
-    if (op == "flex_attention" || op == "flex_attention_backward") {
-      fix = "export the model with attn_implementation=\"sdpa\" (or \"eager\") in its config";
-    } else if (op == "tag_activation_checkpoint" || op == "checkpoint") {
-      fix = "export without activation checkpointing (model.gradient_checkpointing_disable(), or no "
-            "torch.utils.checkpoint in forward) and set pipeline.activation_checkpointing in the training config "
-            "instead";
-    } else if (op == "auto_functionalized" || op == "auto_functionalized_v2" || op == "with_effects") {
-      fix = "the model calls a custom op that mutates its inputs or has side effects; export with ops that return "
-            "new tensors";
-    } else {
-      fix = "rewrite that part of forward without it, or keep it out of the exported model";
-    }
-    std::string line = pt2SourceLine(node);
-    fail(fmt::format("{}{}: the higher-order op '{}' is not supported (cond, while_loop, "
-                     "wrap_with_set_grad_enabled and wrap_with_autocast are); {}",
-                     where, line.empty() ? "" : " at " + line, op, fix));
   }
 
   Value* toBool(Scope& scope, Value* v) {
