@@ -20,6 +20,7 @@
 #include "frontend/pt2_archive.h"
 #include "frontend/pt2_arguments.h"
 #include "frontend/pt2_higher_order.h"
+#include "frontend/pt2_names.h"
 #include "frontend/pt2_operators.h"
 #include "frontend/pt2_regions.h"
 #include "frontend/region_ops.h"
@@ -93,42 +94,6 @@ std::string parentOf(const std::string& fqn) {
 std::string leafOf(const std::string& fqn) {
   auto dot = fqn.rfind('.');
   return dot == std::string::npos ? fqn : fqn.substr(dot + 1);
-}
-
-std::vector<std::string> pathParts(const std::string& path) {
-  std::vector<std::string> parts;
-  if (path.empty()) return parts;
-  size_t start = 0;
-  while (true) {
-    size_t dot = path.find('.', start);
-    parts.push_back(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
-    if (dot == std::string::npos) break;
-    start = dot + 1;
-  }
-  return parts;
-}
-
-// "a.b.c" relative to "a" -> "b.c".
-std::string relativePath(const std::string& path, const std::string& base) {
-  if (base.empty()) return path;
-  if (path == base) return "";
-  return path.substr(base.size() + 1);
-}
-
-// A TorchScript identifier made from an export value name.
-std::string identifier(const std::string& raw) {
-  std::string out;
-  for (char c : raw) out += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-  if (out.empty() || std::isdigit(static_cast<unsigned char>(out[0]))) out = "v_" + out;
-  return out;
-}
-
-// A class name atom list from a Python type ("generate_zoo.Block").
-std::string typeName(const std::string& python_type) {
-  std::string out = "__torch__.pipeforge_pt2";
-  for (const auto& part : pathParts(python_type)) out += "." + identifier(part);
-  if (python_type.empty()) out += std::string(".") + kPt2ClassNotRecorded;
-  return out;
 }
 
 // Where a graph is being written: the method's module and its value names.
@@ -240,7 +205,7 @@ class Importer {
     auto it = modules_.find(path);
     if (it != modules_.end()) return it->second;
     auto type_it = types_.find(path);
-    torch::jit::Module m(c10::QualifiedName(typeName(type_it == types_.end() ? "" : type_it->second)), cu_,
+    torch::jit::Module m(c10::QualifiedName(pt2ClassName(type_it == types_.end() ? "" : type_it->second)), cu_,
                          /*shouldMangle=*/true);
     if (!m.hasattr("training")) m.register_attribute("training", c10::BoolType::get(), true);
     if (!path.empty()) moduleAt(parentOf(path)).register_module(leafOf(path), m);
@@ -344,13 +309,13 @@ class Importer {
       if (out.contains("as_tensors")) {
         auto* unpack = scope.graph->insertNode(scope.graph->createListUnpack(v, names.size()));
         for (size_t i = 0; i < names.size(); ++i) {
-          unpack->output(i)->setDebugName(identifier(names[i]));
+          unpack->output(i)->setDebugName(pt2Identifier(names[i]));
           scope.env[names[i]] = unpack->output(i);
         }
         return;
       }
       if (names.empty()) return;  // as_none
-      v->setDebugName(identifier(names[0]));
+      v->setDebugName(pt2Identifier(names[0]));
       scope.env[names[0]] = v;
     };
     if (outputs.size() == 1) {
@@ -497,7 +462,7 @@ class Importer {
       }
       Value* outer_value = operand.value ? operand.value : resolve(scope, operand.name);
       if (owner) {
-        Value* in = method_graph->addInput(identifier(sub_name));
+        Value* in = method_graph->addInput(pt2Identifier(sub_name));
         in->setType(outer_value->type());
         inner.env[sub_name] = in;
         call_args.push_back(outer_value);
@@ -552,7 +517,7 @@ class Importer {
       std::vector<std::string> names;
       pt2ValueNames(outputs[i], names);
       if (names.size() != 1) continue;
-      if_node->output(i)->setDebugName(identifier(names[0]));
+      if_node->output(i)->setDebugName(pt2Identifier(names[0]));
       scope.env[names[0]] = if_node->output(i);
     }
   }
@@ -651,7 +616,7 @@ class Importer {
       std::vector<std::string> names;
       pt2ValueNames(outputs[i], names);
       if (names.size() != 1) continue;
-      region->output(i)->setDebugName(identifier(names[0]));
+      region->output(i)->setDebugName(pt2Identifier(names[0]));
       scope.env[names[0]] = region->output(i);
     }
   }
@@ -694,7 +659,7 @@ class Importer {
     body->addInput()->setType(c10::IntType::get());
     std::vector<Operand> step;
     for (size_t i = 0; i < carried_names.size(); ++i) {
-      Value* h = body->addInput(identifier(carried_names[i]) + "_loop");
+      Value* h = body->addInput(pt2Identifier(carried_names[i]) + "_loop");
       h->setType(loop_inputs[i + 2]->type());
       step.push_back({"", h});
     }
@@ -718,7 +683,7 @@ class Importer {
       std::vector<std::string> names;
       pt2ValueNames(outputs[i], names);
       if (names.size() != 1) continue;
-      loop->output(i)->setDebugName(identifier(names[0]));
+      loop->output(i)->setDebugName(pt2Identifier(names[0]));
       scope.env[names[0]] = loop->output(i);
     }
   }
@@ -824,7 +789,7 @@ class Importer {
     std::vector<Value*> call_inputs{attributeChain(scope, relativePath(region.path, scope.path))};
     for (const auto& name : region.inputs) {
       Value* outer = resolve(scope, name);
-      Value* in = graph->addInput(identifier(name));
+      Value* in = graph->addInput(pt2Identifier(name));
       in->setType(outer->type());
       inner.env[name] = in;
       call_inputs.push_back(outer);
@@ -844,7 +809,7 @@ class Importer {
     std::string method = defineMethod(region.path, "forward", graph);
     auto values = callMethod(scope, call_inputs, method, ret->type(), results.size());
     for (size_t i = 0; i < region.outputs.size(); ++i) {
-      values[i]->setDebugName(identifier(region.outputs[i]));
+      values[i]->setDebugName(pt2Identifier(region.outputs[i]));
       scope.env[region.outputs[i]] = values[i];
     }
   }
@@ -857,7 +822,7 @@ class Importer {
     scope.self = graph->addInput("self");
     scope.self->setType(modules_.at("").type());
     for (const auto& name : user_inputs_) {
-      Value* in = graph->addInput(identifier(name));
+      Value* in = graph->addInput(pt2Identifier(name));
       const json& tensors = graph_.at("tensor_values");
       if (tensors.contains(name)) {
         in->setType(c10::TensorType::get());
