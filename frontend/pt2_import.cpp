@@ -11,6 +11,7 @@
 
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -20,6 +21,7 @@
 #include "frontend/pt2_archive.h"
 #include "frontend/pt2_arguments.h"
 #include "frontend/pt2_higher_order.h"
+#include "frontend/pt2_module_tree.h"
 #include "frontend/pt2_names.h"
 #include "frontend/pt2_operators.h"
 #include "frontend/pt2_regions.h"
@@ -86,16 +88,6 @@ bool operatorExists(const Pt2OpName& op) {
   return false;
 }
 
-std::string parentOf(const std::string& fqn) {
-  auto dot = fqn.rfind('.');
-  return dot == std::string::npos ? "" : fqn.substr(0, dot);
-}
-
-std::string leafOf(const std::string& fqn) {
-  auto dot = fqn.rfind('.');
-  return dot == std::string::npos ? fqn : fqn.substr(dot + 1);
-}
-
 // Where a graph is being written: the method's module and its value names.
 struct Scope {
   Graph* graph = nullptr;
@@ -124,7 +116,7 @@ class Importer {
     buildModules();
     buildRegions();
     emitRoot();
-    return modules_.at("");
+    return tree_->root();
   }
 
  private:
@@ -201,42 +193,15 @@ class Importer {
 
   // --- module tree ----------------------------------------------------------
 
-  torch::jit::Module& moduleAt(const std::string& path) {
-    auto it = modules_.find(path);
-    if (it != modules_.end()) return it->second;
-    auto type_it = types_.find(path);
-    torch::jit::Module m(c10::QualifiedName(pt2ClassName(type_it == types_.end() ? "" : type_it->second)), cu_,
-                         /*shouldMangle=*/true);
-    if (!m.hasattr("training")) m.register_attribute("training", c10::BoolType::get(), true);
-    if (!path.empty()) moduleAt(parentOf(path)).register_module(leafOf(path), m);
-    return modules_.emplace(path, m).first->second;
-  }
-
+  // The modules whose methods the graph is written into (pt2_module_tree.h).
   void buildModules() {
-    cu_ = std::make_shared<torch::jit::CompilationUnit>();
-    std::vector<std::string> paths{""};
-    for (const auto& node : archive_.nodes()) {
-      for (const auto& f : node.module_stack) {
-        types_.emplace(f.path, f.type);
-        paths.push_back(f.path);
-      }
+    try {
+      tree_.emplace(archive_);
+    } catch (Pt2Error& e) {
+      e.addContext("'" + archive_.path() + "'");
+      throw;
     }
-    std::vector<std::string> ordered = archive_.moduleCallGraph();
-    ordered.insert(ordered.end(), paths.begin(), paths.end());
-    for (const auto& entry : archive_.tensors()) ordered.push_back(parentOf(entry.fqn));
-    for (const auto& path : ordered) moduleAt(path);
-    for (const auto& entry : archive_.tensors()) {
-      torch::jit::Module& owner = moduleAt(parentOf(entry.fqn));
-      std::string name = leafOf(entry.fqn);
-      if (owner.hasattr(name)) fail("tensor '" + entry.fqn + "' has the name of a submodule; rename one of them");
-      owner.register_parameter(name, archive_.tensor(entry.fqn), /*is_buffer=*/!entry.is_parameter);
-    }
-    // Tied names: FQNs holding the same tensor object.
-    for (const auto& a : archive_.tensors()) {
-      for (const auto& b : archive_.tensors()) {
-        if (archive_.tensor(a.fqn).is_same(archive_.tensor(b.fqn))) values_.aliases[a.fqn].push_back(b.fqn);
-      }
-    }
+    values_.aliases = tree_->tiedNames();
   }
 
   // --- regions --------------------------------------------------------------
@@ -396,12 +361,12 @@ class Importer {
     for (const auto& n : names) {
       auto fqn = values_.placeholder_fqn.find(n);
       if (fqn == values_.placeholder_fqn.end()) continue;
-      std::string owner = parentOf(fqn->second);
+      std::string owner = splitPath(fqn->second).first;
       if (!common) {
         common = owner;
         continue;
       }
-      while (!isWithin(owner, *common)) *common = parentOf(*common);
+      while (!isWithin(owner, *common)) *common = splitPath(*common).first;
     }
     if (!common || common->empty() || !isWithin(*common, within) || *common == within) return std::nullopt;
     return common;
@@ -442,7 +407,7 @@ class Importer {
       inner.graph = method_graph.get();
       inner.path = *owner;
       inner.self = method_graph->addInput("self");
-      inner.self->setType(modules_.at(*owner).type());
+      inner.self->setType(tree_->typeOf(*owner));
     } else {
       inner.graph = scope.graph;
       inner.path = scope.path;
@@ -479,7 +444,7 @@ class Importer {
     Value* ret = results.size() == 1 ? results[0]
                                      : method_graph->insertNode(method_graph->createTuple(results))->output();
     method_graph->registerOutput(ret);
-    std::string method = defineMethod(*owner, method_base, method_graph);
+    std::string method = tree_->defineMethod(*owner, method_base, method_graph);
     std::vector<Value*> call_inputs{attributeChain(scope, relativePath(*owner, scope.path))};
     call_inputs.insert(call_inputs.end(), call_args.begin(), call_args.end());
     return callMethod(scope, call_inputs, method, ret->type(), results.size());
@@ -695,16 +660,6 @@ class Importer {
     return results[0];
   }
 
-  std::string defineMethod(const std::string& path, const std::string& base, std::shared_ptr<Graph> graph) {
-    int& count = method_counts_[path + "|" + base];
-    std::string name = count == 0 ? base : fmt::format("{}_{}", base, count);
-    ++count;
-    auto type = modules_.at(path).type();
-    auto* fn = cu_->create_function(c10::QualifiedName(*type->name(), name), std::move(graph));
-    type->addMethod(fn);
-    return name;
-  }
-
   std::vector<Value*> callMethod(Scope& scope, const std::vector<Value*>& inputs, const std::string& method,
                                  const c10::TypePtr& ret, size_t num_results) {
     Graph& g = *scope.graph;
@@ -785,7 +740,7 @@ class Importer {
     inner.graph = graph.get();
     inner.path = region.path;
     inner.self = graph->addInput("self");
-    inner.self->setType(modules_.at(region.path).type());
+    inner.self->setType(tree_->typeOf(region.path));
     std::vector<Value*> call_inputs{attributeChain(scope, relativePath(region.path, scope.path))};
     for (const auto& name : region.inputs) {
       Value* outer = resolve(scope, name);
@@ -806,7 +761,7 @@ class Importer {
       ret = graph->insertNode(graph->createTuple(results))->output();
     }
     graph->registerOutput(ret);
-    std::string method = defineMethod(region.path, "forward", graph);
+    std::string method = tree_->defineMethod(region.path, "forward", graph);
     auto values = callMethod(scope, call_inputs, method, ret->type(), results.size());
     for (size_t i = 0; i < region.outputs.size(); ++i) {
       values[i]->setDebugName(pt2Identifier(region.outputs[i]));
@@ -820,7 +775,7 @@ class Importer {
     scope.graph = graph.get();
     scope.path = "";
     scope.self = graph->addInput("self");
-    scope.self->setType(modules_.at("").type());
+    scope.self->setType(tree_->typeOf(""));
     for (const auto& name : user_inputs_) {
       Value* in = graph->addInput(pt2Identifier(name));
       const json& tensors = graph_.at("tensor_values");
@@ -845,7 +800,7 @@ class Importer {
     } else {
       graph->registerOutput(graph->insertNode(graph->createTuple(outs))->output());
     }
-    defineMethod("", "forward", graph);
+    tree_->defineMethod("", "forward", graph);
   }
 
   // Whether forward's output treespec is a tuple (a stage file's `(y,)`), so
@@ -862,13 +817,10 @@ class Importer {
 
   const Pt2Archive& archive_;
   const json& graph_;
-  std::shared_ptr<torch::jit::CompilationUnit> cu_;
-  std::map<std::string, torch::jit::Module> modules_;
-  std::map<std::string, std::string> types_;
+  std::optional<Pt2ModuleTree> tree_;
   std::vector<std::string> user_inputs_;
   Pt2GraphValues values_;
   Pt2Regions regions_;
-  std::map<std::string, int> method_counts_;
   std::map<std::string, std::shared_ptr<torch::jit::Source>> sources_;  // "file:line" -> its Source
 };
 
