@@ -20,6 +20,7 @@
 #include "frontend/pipe_split_op.h"
 #include "frontend/pt2_archive.h"
 #include "frontend/pt2_arguments.h"
+#include "frontend/pt2_graph_values.h"
 #include "frontend/pt2_higher_order.h"
 #include "frontend/pt2_module_tree.h"
 #include "frontend/pt2_names.h"
@@ -138,57 +139,10 @@ class Importer {
     if (!missing.empty()) fail(missingOperatorsMessage(missing, TORCH_VERSION));
   }
 
+  // What each graph value is (pt2_graph_values.h).
   void checkSignature() {
-    const auto& sig = archive_.signature();
-    for (const auto& in : sig.inputs) {
-      switch (in.kind) {
-        case Pt2InputKind::kUserInput:
-          if (in.value.empty()) fail("a user input is not a tensor or symbolic value; export with tensor inputs");
-          user_inputs_.push_back(in.value);
-          break;
-        case Pt2InputKind::kParameter:
-        case Pt2InputKind::kBuffer:
-        case Pt2InputKind::kTensorConstant:
-          archive_.tensor(in.target);  // throws when the payload is missing
-          values_.placeholder_fqn[in.value] = in.target;
-          values_.fqn_placeholder[in.target] = in.value;
-          break;
-        case Pt2InputKind::kConstantInput:
-          break;  // baked into the graph by export; not a runtime input
-        case Pt2InputKind::kCustomObject:
-          fail("input '" + in.value + "' is a TorchBind script object (" + in.target +
-               "); pipeforge splits models whose state is tensors only");
-        case Pt2InputKind::kToken:
-          fail("the program threads effect tokens (ops with side effects); export without effectful custom ops");
-      }
-    }
-    for (size_t i = 0; i < sig.outputs.size(); ++i) {
-      const auto& out = sig.outputs[i];
-      switch (out.kind) {
-        case Pt2OutputKind::kUserOutput:
-          if (out.value.empty()) {
-            fail(fmt::format("forward's output {} is {}, not a tensor; pipeforge splits models whose outputs are "
-                             "tensors: return only tensors from forward (compute sizes outside the model)",
-                             values_.user_outputs.size(), out.literal));
-          }
-          values_.user_outputs.push_back(out.value);
-          break;
-        case Pt2OutputKind::kBufferMutation:
-        case Pt2OutputKind::kParameterMutation:
-          values_.mutations[out.value] = out.target;
-          break;
-        case Pt2OutputKind::kLossOutput:
-        case Pt2OutputKind::kGradientToParameter:
-        case Pt2OutputKind::kGradientToUserInput:
-          fail("the file holds a joint forward-backward graph (loss/gradient outputs); export the forward only "
-               "with torch.export.export(model, args)");
-        case Pt2OutputKind::kUserInputMutation:
-          fail("forward mutates its input '" + out.target + "' in place; pipeforge stages cannot write back to "
-               "inputs, so return the new value instead");
-        case Pt2OutputKind::kToken:
-          fail("the program threads effect tokens (ops with side effects); export without effectful custom ops");
-      }
-    }
+    values_ = readPt2GraphValues(archive_.signature(), archive_.path(),
+                                 [this](const std::string& fqn) { archive_.tensor(fqn); });
   }
 
   // --- module tree ----------------------------------------------------------
@@ -776,7 +730,7 @@ class Importer {
     scope.path = "";
     scope.self = graph->addInput("self");
     scope.self->setType(tree_->typeOf(""));
-    for (const auto& name : user_inputs_) {
+    for (const auto& name : values_.user_inputs) {
       Value* in = graph->addInput(pt2Identifier(name));
       const json& tensors = graph_.at("tensor_values");
       if (tensors.contains(name)) {
@@ -818,7 +772,6 @@ class Importer {
   const Pt2Archive& archive_;
   const json& graph_;
   std::optional<Pt2ModuleTree> tree_;
-  std::vector<std::string> user_inputs_;
   Pt2GraphValues values_;
   Pt2Regions regions_;
   std::map<std::string, std::shared_ptr<torch::jit::Source>> sources_;  // "file:line" -> its Source

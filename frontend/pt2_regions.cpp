@@ -46,17 +46,6 @@ bool isPt2FloatingSize(const json& graph, const std::unordered_map<std::string, 
   return true;
 }
 
-std::optional<std::string> reachableAlias(const Pt2GraphValues& values, const std::string& fqn,
-                                          const std::string& path) {
-  if (isWithin(fqn, path)) return fqn;
-  auto it = values.aliases.find(fqn);
-  if (it == values.aliases.end()) return std::nullopt;
-  for (const auto& alias : it->second) {
-    if (isWithin(alias, path)) return alias;
-  }
-  return std::nullopt;
-}
-
 namespace {
 
 // The calls a node runs in that can be reached by attribute chains from

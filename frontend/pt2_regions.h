@@ -9,28 +9,14 @@
 
 #include <climits>
 #include <map>
-#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "frontend/pt2_archive.h"
+#include "frontend/pt2_graph_values.h"
 
 namespace pipeforge::frontend {
-
-// What the graph signature and the weights say about the graph's values.
-struct Pt2GraphValues {
-  std::unordered_map<std::string, std::string> placeholder_fqn;  // lifted placeholder -> FQN of its tensor
-  std::unordered_map<std::string, std::string> fqn_placeholder;  // FQN -> its placeholder
-  std::map<std::string, std::vector<std::string>> aliases;       // FQN -> every FQN of the same tensor, itself too
-  std::map<std::string, std::string> mutations;                  // graph value -> buffer/parameter FQN it becomes
-  std::vector<std::string> user_outputs;
-};
-
-// An FQN naming `fqn`'s tensor that lies inside module `path` (`fqn` itself
-// first, then its tied aliases); nullopt when none does.
-std::optional<std::string> reachableAlias(const Pt2GraphValues& values, const std::string& fqn,
-                                          const std::string& path);
 
 // One maximal run of nodes inside one module call.
 struct Pt2Region {
