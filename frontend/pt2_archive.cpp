@@ -211,6 +211,18 @@ std::vector<Pt2ModuleFrame> parseModuleStack(const std::string& text) {
   return frames;
 }
 
+std::vector<Pt2Node> pt2GraphNodes(const json& graph) {
+  std::vector<Pt2Node> nodes;
+  for (const json& node : graph.at("nodes")) {
+    Pt2Node n;
+    n.name = node.contains("name") && node.at("name").is_string() ? node.at("name").get<std::string>() : "";
+    n.target = node.at("target").get<std::string>();
+    n.module_stack = parseModuleStack(metadataString(node, "nn_module_stack"));
+    nodes.push_back(std::move(n));
+  }
+  return nodes;
+}
+
 Pt2SourceLocation pt2SourceLocation(const json& node) {
   Pt2SourceLocation where;
   if (!node.is_object() || !node.contains("metadata") || !node.at("metadata").is_object()) return where;
@@ -587,13 +599,7 @@ Pt2Archive Pt2Archive::open(const std::string& path) {
     }
     const json& gm = impl->program.at("graph_module");
     impl->signature = parseSignature(gm.at("signature"));
-    for (const json& node : gm.at("graph").at("nodes")) {
-      Pt2Node n;
-      n.name = node.contains("name") && node.at("name").is_string() ? node.at("name").get<std::string>() : "";
-      n.target = node.at("target").get<std::string>();
-      n.module_stack = parseModuleStack(metadataString(node, "nn_module_stack"));
-      impl->nodes.push_back(std::move(n));
-    }
+    impl->nodes = pt2GraphNodes(gm.at("graph"));
     if (gm.contains("module_call_graph")) {
       for (const json& entry : gm.at("module_call_graph")) impl->module_call_graph.push_back(entry.value("fqn", ""));
     }

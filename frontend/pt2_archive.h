@@ -131,6 +131,9 @@ int pt2Int(const nlohmann::ordered_json& value, const std::string& what);
 // names the tensor or node for the error on an unknown code.
 int c10ScalarTypeOf(int pt2_code, const std::string& what);
 
+// The top-level nodes of a Graph object (its "nodes"), as Pt2Archive::nodes() lists them.
+std::vector<Pt2Node> pt2GraphNodes(const nlohmann::ordered_json& graph);
+
 // Parses one `nn_module_stack` metadata string ("key,path,type;key,path,type").
 // Frames added by export passes without module information are dropped.
 std::vector<Pt2ModuleFrame> parseModuleStack(const std::string& text);

@@ -9,8 +9,9 @@
 #include <torch/script.h>
 #include <torch/version.h>
 
-#include <climits>
+#include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -18,6 +19,13 @@
 #include "frontend/module_paths.h"
 #include "frontend/pipe_split_op.h"
 #include "frontend/pt2_archive.h"
+#include "frontend/pt2_arguments.h"
+#include "frontend/pt2_graph_values.h"
+#include "frontend/pt2_higher_order.h"
+#include "frontend/pt2_module_tree.h"
+#include "frontend/pt2_names.h"
+#include "frontend/pt2_operators.h"
+#include "frontend/pt2_regions.h"
 #include "frontend/region_ops.h"
 
 // Note [PT2 as nested TorchScript]
@@ -72,30 +80,7 @@ using torch::jit::Graph;
 using torch::jit::Node;
 using torch::jit::Value;
 
-constexpr const char* kOpsPrefix = "torch.ops.";
-constexpr const char* kHigherOrderPrefix = "torch.ops.higher_order.";
-
-bool isMarkerTarget(const std::string& target) {
-  return target == "torch.ops.pippy._pipe_split.default" || target == "torch.ops.pipeforge.pipe_split.default";
-}
-
-struct OpName {
-  std::string ns, name, overload;
-  std::string qualified() const { return ns + "::" + name; }
-  std::string display() const { return qualified() + "." + overload; }
-};
-
-// "torch.ops.aten.add.Tensor" -> {aten, add, Tensor}.
-std::optional<OpName> parseOpTarget(const std::string& target) {
-  if (target.rfind(kOpsPrefix, 0) != 0) return std::nullopt;
-  std::string rest = target.substr(std::string(kOpsPrefix).size());
-  auto first = rest.find('.');
-  auto last = rest.rfind('.');
-  if (first == std::string::npos || first == last) return std::nullopt;
-  return OpName{rest.substr(0, first), rest.substr(first + 1, last - first - 1), rest.substr(last + 1)};
-}
-
-bool operatorExists(const OpName& op) {
+bool operatorExists(const Pt2OpName& op) {
   std::string overload = op.overload == "default" ? "" : op.overload;
   if (c10::Dispatcher::singleton().findSchema({op.qualified(), overload})) return true;
   for (const auto& candidate : torch::jit::getAllOperatorsFor(c10::Symbol::fromQualString(op.qualified()))) {
@@ -103,96 +88,6 @@ bool operatorExists(const OpName& op) {
   }
   return false;
 }
-
-// Python's symbolic-shape helpers in export graphs, as TorchScript builtins.
-const std::map<std::string, std::string>& symbolicOps() {
-  static const std::map<std::string, std::string> table = {
-      {"_operator.add", "aten::add"},       {"_operator.sub", "aten::sub"},
-      {"_operator.mul", "aten::mul"},       {"_operator.floordiv", "aten::floordiv"},
-      {"_operator.mod", "aten::remainder"}, {"_operator.truediv", "aten::div"},
-      {"_operator.neg", "aten::neg"},       {"_operator.pow", "aten::pow"},
-      {"_operator.eq", "aten::eq"},         {"_operator.ne", "aten::ne"},
-      {"_operator.lt", "aten::lt"},         {"_operator.le", "aten::le"},
-      {"_operator.gt", "aten::gt"},         {"_operator.ge", "aten::ge"},
-      {"_operator.and_", "aten::__and__"},  {"_operator.or_", "aten::__or__"},
-      {"_operator.not_", "aten::__not__"},  {"torch.sym_not", "aten::__not__"},
-      {"torch.sym_max", "prim::max"},       {"torch.sym_min", "prim::min"},
-      {"torch.sym_float", "aten::Float"},   {"torch.sym_int", "aten::Int"},
-      {"math.trunc", "aten::Int"},          {"math.ceil", "aten::ceil"},
-      {"math.floor", "aten::floor"},        {"math.sqrt", "aten::sqrt"},
-  };
-  return table;
-}
-
-std::string parentOf(const std::string& fqn) {
-  auto dot = fqn.rfind('.');
-  return dot == std::string::npos ? "" : fqn.substr(0, dot);
-}
-
-std::string leafOf(const std::string& fqn) {
-  auto dot = fqn.rfind('.');
-  return dot == std::string::npos ? fqn : fqn.substr(dot + 1);
-}
-
-std::vector<std::string> pathParts(const std::string& path) {
-  std::vector<std::string> parts;
-  if (path.empty()) return parts;
-  size_t start = 0;
-  while (true) {
-    size_t dot = path.find('.', start);
-    parts.push_back(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
-    if (dot == std::string::npos) break;
-    start = dot + 1;
-  }
-  return parts;
-}
-
-// "a.b.c" relative to "a" -> "b.c".
-std::string relativePath(const std::string& path, const std::string& base) {
-  if (base.empty()) return path;
-  if (path == base) return "";
-  return path.substr(base.size() + 1);
-}
-
-// A TorchScript identifier made from an export value name.
-std::string identifier(const std::string& raw) {
-  std::string out;
-  for (char c : raw) out += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-  if (out.empty() || std::isdigit(static_cast<unsigned char>(out[0]))) out = "v_" + out;
-  return out;
-}
-
-// A class name atom list from a Python type ("generate_zoo.Block").
-std::string typeName(const std::string& python_type) {
-  std::string out = "__torch__.pipeforge_pt2";
-  for (const auto& part : pathParts(python_type)) out += "." + identifier(part);
-  if (python_type.empty()) out += std::string(".") + kPt2ClassNotRecorded;
-  return out;
-}
-
-double floatOf(const json& j) {
-  if (j.is_string()) {
-    std::string s = j.get<std::string>();
-    if (s == "Infinity" || s == "inf") return std::numeric_limits<double>::infinity();
-    if (s == "-Infinity" || s == "-inf") return -std::numeric_limits<double>::infinity();
-    if (s == "NaN" || s == "nan") return std::numeric_limits<double>::quiet_NaN();
-    throw Pt2Error("float argument '" + s + "' is not a number");
-  }
-  return j.get<double>();
-}
-
-// One maximal run of nodes inside one module call.
-struct Region {
-  std::string path;
-  std::string key;
-  std::string type;
-  int parent = -1;
-  std::vector<std::pair<bool, int>> items;  // (is_region, node position or region index)
-  int first = INT_MAX;
-  int last = -1;
-  std::vector<std::string> inputs;
-  std::vector<std::string> outputs;
-};
 
 // Where a graph is being written: the method's module and its value names.
 struct Scope {
@@ -217,12 +112,12 @@ class Importer {
   torch::jit::Module run() {
     ensurePipeSplitRegistered();
     ensureRegionOpsRegistered();
-    checkOperators(graph_);
+    checkOperators();
     checkSignature();
     buildModules();
     buildRegions();
     emitRoot();
-    return modules_.at("");
+    return tree_->root();
   }
 
  private:
@@ -234,347 +129,48 @@ class Importer {
 
   // --- checks ---------------------------------------------------------------
 
-  void collectMissing(const json& graph, std::set<std::string>& missing) const {
-    for (const auto& node : graph.at("nodes")) {
-      std::string target = node.at("target").get<std::string>();
-      for (const auto& in : node.at("inputs")) {
-        if (in.at("arg").contains("as_graph")) collectMissing(in.at("arg").at("as_graph").at("graph"), missing);
-      }
-      if (isMarkerTarget(target) || target.rfind(kHigherOrderPrefix, 0) == 0) continue;
-      if (auto op = parseOpTarget(target)) {
-        if (!operatorExists(*op)) missing.insert(op->display());
-      }
-    }
-  }
-
   // Note [Python-only custom ops]: an op registered with torch.library in
   // Python (transformers' MoE layers call transformers::grouped_mm_fallback on
   // CPU) has no kernel in LibTorch, so no stage could run it. It is refused
   // when the model is read, which `pipeforge train` does before any rank
   // starts, naming the export-side fix where one is known.
-  void checkOperators(const json& graph) const {
-    std::set<std::string> missing;
-    collectMissing(graph, missing);
-    if (missing.empty()) return;
-    std::vector<std::string> aten, custom;
-    for (const auto& m : missing) {
-      const std::string ns = m.substr(0, m.find("::"));
-      (ns == "aten" || ns == "prims" || ns == "quantized" || ns == "_quantized" ? aten : custom).push_back(m);
-    }
-    if (!custom.empty()) {
-      static const std::map<std::string, std::string> kFixes = {
-          {"transformers::grouped_mm_fallback",
-           "export the model with experts_implementation=\"batched_mm\" in its config (transformers' MoE layers then "
-           "export to aten.bmm)"},
-      };
-      std::string fix;
-      for (const auto& op : custom) {
-        auto known = kFixes.find(op.substr(0, op.rfind('.')));
-        if (known != kFixes.end()) fix = known->second;
-      }
-      if (fix.empty()) {
-        fix = "register the op in C++ (TORCH_LIBRARY) and link it into pipeforge, or export the model without it";
-      }
-      fail(fmt::format("the graph calls {} {} that this LibTorch ({}) does not have: a custom op defined only in "
-                       "Python (torch.library) has no C++ kernel, so no stage can run it; {}",
-                       custom.size() == 1 ? "the custom op" : "custom ops", fmt::join(custom, ", "), TORCH_VERSION, fix));
-    }
-    fail(fmt::format("the graph calls operators that this LibTorch ({}) does not have: {}; the model was exported by "
-                     "a newer torch than the LibTorch pipeforge links: re-export with torch {}",
-                     TORCH_VERSION, fmt::join(aten, ", "), TORCH_VERSION));
+  void checkOperators() const {
+    std::set<std::string> missing = missingPt2Operators(graph_, operatorExists);
+    if (!missing.empty()) fail(missingOperatorsMessage(missing, TORCH_VERSION));
   }
 
+  // What each graph value is (pt2_graph_values.h).
   void checkSignature() {
-    const auto& sig = archive_.signature();
-    for (const auto& in : sig.inputs) {
-      switch (in.kind) {
-        case Pt2InputKind::kUserInput:
-          if (in.value.empty()) fail("a user input is not a tensor or symbolic value; export with tensor inputs");
-          user_inputs_.push_back(in.value);
-          break;
-        case Pt2InputKind::kParameter:
-        case Pt2InputKind::kBuffer:
-        case Pt2InputKind::kTensorConstant:
-          archive_.tensor(in.target);  // throws when the payload is missing
-          placeholder_fqn_[in.value] = in.target;
-          fqn_placeholder_[in.target] = in.value;
-          break;
-        case Pt2InputKind::kConstantInput:
-          break;  // baked into the graph by export; not a runtime input
-        case Pt2InputKind::kCustomObject:
-          fail("input '" + in.value + "' is a TorchBind script object (" + in.target +
-               "); pipeforge splits models whose state is tensors only");
-        case Pt2InputKind::kToken:
-          fail("the program threads effect tokens (ops with side effects); export without effectful custom ops");
-      }
-    }
-    for (size_t i = 0; i < sig.outputs.size(); ++i) {
-      const auto& out = sig.outputs[i];
-      switch (out.kind) {
-        case Pt2OutputKind::kUserOutput:
-          if (out.value.empty()) {
-            fail(fmt::format("forward's output {} is {}, not a tensor; pipeforge splits models whose outputs are "
-                             "tensors: return only tensors from forward (compute sizes outside the model)",
-                             user_outputs_.size(), out.literal));
-          }
-          user_outputs_.push_back(out.value);
-          break;
-        case Pt2OutputKind::kBufferMutation:
-        case Pt2OutputKind::kParameterMutation:
-          mutations_[out.value] = out.target;
-          break;
-        case Pt2OutputKind::kLossOutput:
-        case Pt2OutputKind::kGradientToParameter:
-        case Pt2OutputKind::kGradientToUserInput:
-          fail("the file holds a joint forward-backward graph (loss/gradient outputs); export the forward only "
-               "with torch.export.export(model, args)");
-        case Pt2OutputKind::kUserInputMutation:
-          fail("forward mutates its input '" + out.target + "' in place; pipeforge stages cannot write back to "
-               "inputs, so return the new value instead");
-        case Pt2OutputKind::kToken:
-          fail("the program threads effect tokens (ops with side effects); export without effectful custom ops");
-      }
-    }
+    values_ = readPt2GraphValues(archive_.signature(), archive_.path(),
+                                 [this](const std::string& fqn) { archive_.tensor(fqn); });
   }
 
   // --- module tree ----------------------------------------------------------
 
-  torch::jit::Module& moduleAt(const std::string& path) {
-    auto it = modules_.find(path);
-    if (it != modules_.end()) return it->second;
-    auto type_it = types_.find(path);
-    torch::jit::Module m(c10::QualifiedName(typeName(type_it == types_.end() ? "" : type_it->second)), cu_,
-                         /*shouldMangle=*/true);
-    if (!m.hasattr("training")) m.register_attribute("training", c10::BoolType::get(), true);
-    if (!path.empty()) moduleAt(parentOf(path)).register_module(leafOf(path), m);
-    return modules_.emplace(path, m).first->second;
-  }
-
+  // The modules whose methods the graph is written into (pt2_module_tree.h).
   void buildModules() {
-    cu_ = std::make_shared<torch::jit::CompilationUnit>();
-    std::vector<std::string> paths{""};
-    for (const auto& node : archive_.nodes()) {
-      for (const auto& f : node.module_stack) {
-        types_.emplace(f.path, f.type);
-        paths.push_back(f.path);
-      }
+    try {
+      tree_.emplace(archive_);
+    } catch (Pt2Error& e) {
+      e.addContext("'" + archive_.path() + "'");
+      throw;
     }
-    std::vector<std::string> ordered = archive_.moduleCallGraph();
-    ordered.insert(ordered.end(), paths.begin(), paths.end());
-    for (const auto& entry : archive_.tensors()) ordered.push_back(parentOf(entry.fqn));
-    for (const auto& path : ordered) moduleAt(path);
-    for (const auto& entry : archive_.tensors()) {
-      torch::jit::Module& owner = moduleAt(parentOf(entry.fqn));
-      std::string name = leafOf(entry.fqn);
-      if (owner.hasattr(name)) fail("tensor '" + entry.fqn + "' has the name of a submodule; rename one of them");
-      owner.register_parameter(name, archive_.tensor(entry.fqn), /*is_buffer=*/!entry.is_parameter);
-    }
-    // Tied names: FQNs holding the same tensor object.
-    for (const auto& a : archive_.tensors()) {
-      for (const auto& b : archive_.tensors()) {
-        if (archive_.tensor(a.fqn).is_same(archive_.tensor(b.fqn))) aliases_[a.fqn].push_back(b.fqn);
-      }
-    }
+    values_.aliases = tree_->tiedNames();
   }
 
   // --- regions --------------------------------------------------------------
 
+  // Which nodes become which module's method (pt2_regions.h).
   void buildRegions() {
-    const auto& nodes = archive_.nodes();
-    regions_.push_back(Region{});
-    std::vector<int> open{0};
-    for (int pos = 0; pos < static_cast<int>(nodes.size()); ++pos) {
-      const auto& stack = nodes[pos].module_stack;
-      if (!stack.empty()) {
-        // The calls this node runs in that can be reached by attribute chains
-        // from their caller; a frame for a module that is not a descendant of
-        // its caller (a shared module called from elsewhere) is folded into the caller.
-        std::vector<const Pt2ModuleFrame*> frames;
-        for (const auto& f : stack) {
-          const std::string& caller = frames.empty() ? std::string() : frames.back()->path;
-          if (f.path.empty() || f.path == caller || !isWithin(f.path, caller)) continue;
-          frames.push_back(&f);
-        }
-        size_t keep = 0;
-        while (keep < frames.size() && keep + 1 < open.size() &&
-               regions_[open[keep + 1]].key == frames[keep]->key + "|" + frames[keep]->path) {
-          ++keep;
-        }
-        open.resize(keep + 1);
-        for (size_t i = keep; i < frames.size(); ++i) {
-          Region r;
-          r.path = frames[i]->path;
-          r.key = frames[i]->key + "|" + frames[i]->path;
-          r.type = frames[i]->type;
-          r.parent = open.back();
-          regions_.push_back(r);
-          int index = static_cast<int>(regions_.size()) - 1;
-          regions_[open.back()].items.push_back({true, index});
-          open.push_back(index);
-        }
-      }
-      regions_[open.back()].items.push_back({false, pos});
-      region_of_pos_.push_back(open.back());
-      for (int r : open) {
-        regions_[r].first = std::min(regions_[r].first, pos);
-        regions_[r].last = std::max(regions_[r].last, pos);
-      }
+    try {
+      regions_ = groupPt2Regions(graph_, archive_.nodes(), values_);
+    } catch (Pt2Error& e) {
+      e.addContext("'" + archive_.path() + "'");
+      throw;
     }
-
-    // Where each value is made and last read (user outputs: read at the end).
-    // Mutation outputs are not: they are written back where they are made.
-    const json& graph_nodes = graph_.at("nodes");
-    std::unordered_map<std::string, int> def_pos;
-    std::unordered_map<std::string, int> last_use;
-    std::vector<std::vector<std::string>> uses(nodes.size());
-    for (int pos = 0; pos < static_cast<int>(nodes.size()); ++pos) {
-      for (const auto& d : pt2NodeDefs(graph_nodes.at(pos))) def_pos[d] = pos;
-    }
-    def_pos_ = def_pos;
-    for (int pos = 0; pos < static_cast<int>(nodes.size()); ++pos) {
-      uses[pos] = expandedUses(pos);
-      for (const auto& u : uses[pos]) last_use[u] = std::max(last_use[u], pos);
-    }
-    // A functional buffer update is written back (aten::copy_) after the node
-    // that computes it and after the last read of the old value, whichever is
-    // later; the node there reads both.
-    for (const auto& [value, target] : mutations_) {
-      std::string buffer = placeholderFor(target);
-      auto made = def_pos.find(value);
-      if (made == def_pos.end()) fail("mutation output '" + value + "' is not computed by any node");
-      auto read = last_use.find(buffer);
-      int at = std::max(made->second, read == last_use.end() ? -1 : read->second);
-      writes_[at].push_back(value);
-      for (const auto& u : {value, buffer}) {
-        uses[at].push_back(u);
-        last_use[u] = std::max(last_use[u], at);
-      }
-    }
-    for (const auto& out : user_outputs_) last_use[out] = INT_MAX;
-
-    for (size_t r = 1; r < regions_.size(); ++r) {
-      Region& region = regions_[r];
-      std::set<std::string> seen;
-      for (int pos = region.first; pos <= region.last; ++pos) {
-        for (const auto& u : uses[pos]) {
-          if (seen.count(u)) continue;
-          auto d = def_pos.find(u);
-          bool outside = d == def_pos.end() || d->second < region.first;
-          if (!outside) continue;
-          auto fqn = placeholder_fqn_.find(u);
-          if (fqn != placeholder_fqn_.end() && reachableAlias(fqn->second, region.path)) continue;
-          seen.insert(u);
-          region.inputs.push_back(u);
-        }
-      }
-      for (int pos = region.first; pos <= region.last; ++pos) {
-        for (const auto& d : pt2NodeDefs(graph_nodes.at(pos))) {
-          if (isFloating(d)) continue;  // Note [Symbolic sizes are recomputed, not returned]
-          auto lu = last_use.find(d);
-          if (lu != last_use.end() && lu->second > region.last) region.outputs.push_back(d);
-        }
-      }
-    }
-  }
-
-  // Note [Symbolic sizes are recomputed, not returned]
-  // A size that one module call computes and code after the call reads (a
-  // decomposed Llama computes batch * seq once, in layers.0's q_proj, and
-  // every later layer reuses it) would make that call's method return an
-  // int next to its tensors. Stages receive only tensors, and a method call
-  // cannot be recomputed in a later stage, so such a split would be refused
-  // at every cut. Sizes are pure functions of tensors' shapes, so none is
-  // returned from a call: code outside the call that reads one computes it
-  // again from what it has (the root's sym_size of the inputs, passed down as
-  // arguments), and a call receives what it needs for that instead of the size.
-  bool isFloating(const std::string& value) const {
-    auto d = def_pos_.find(value);
-    if (d == def_pos_.end()) return false;
-    const json& node = graph_.at("nodes").at(d->second);
-    const std::string target = node.at("target").get<std::string>();
-    static const std::set<std::string> kSizeOps = {
-        "torch.ops.aten.sym_size.int", "torch.ops.aten.sym_numel.default", "torch.ops.aten.sym_stride.int",
-        "torch.ops.aten.sym_storage_offset.default"};
-    if (!kSizeOps.count(target) && !symbolicOps().count(target)) return false;
-    auto defs = pt2NodeDefs(node);
-    if (defs.empty()) return false;
-    for (const auto& def : defs) {
-      bool symbolic = false;
-      for (const char* table : {"sym_int_values", "sym_bool_values", "sym_float_values"}) {
-        if (graph_.contains(table) && graph_.at(table).contains(def)) symbolic = true;
-      }
-      if (!symbolic) return false;
-    }
-    return true;
-  }
-
-  // Whether code at node position `pos` runs inside region `r`'s call.
-  bool regionContains(int r, int pos) const {
-    return r == 0 || (regions_[r].first <= pos && pos <= regions_[r].last);
-  }
-
-  // What node `pos` reads, with each floating size made outside the
-  // innermost call that holds `pos` replaced by what computing it reads.
-  std::vector<std::string> expandedUses(int pos) const {
-    std::vector<std::string> out;
-    std::set<std::string> seen;
-    std::function<void(const std::string&)> add = [&](const std::string& u) {
-      if (!seen.insert(u).second) return;
-      if (isFloating(u)) {
-        int d = def_pos_.at(u);
-        if (!regionContains(region_of_pos_.at(d), pos)) {
-          for (const auto& w : pt2NodeUses(graph_.at("nodes").at(d))) add(w);
-          return;
-        }
-      }
-      out.push_back(u);
-    };
-    for (const auto& u : pt2NodeUses(graph_.at("nodes").at(pos))) add(u);
-    return out;
-  }
-
-  std::string placeholderFor(const std::string& fqn) const {
-    auto it = fqn_placeholder_.find(fqn);
-    if (it == fqn_placeholder_.end()) fail("a mutation output names '" + fqn + "', which is not a graph input");
-    return it->second;
-  }
-
-  // An FQN naming `fqn`'s tensor that lies inside module `path` (fqn itself first).
-  std::optional<std::string> reachableAlias(const std::string& fqn, const std::string& path) const {
-    if (isWithin(fqn, path)) return fqn;
-    auto it = aliases_.find(fqn);
-    if (it == aliases_.end()) return std::nullopt;
-    for (const auto& alias : it->second) {
-      if (isWithin(alias, path)) return alias;
-    }
-    return std::nullopt;
   }
 
   // --- emission -------------------------------------------------------------
-
-  // torch/_export/serde/schema.py MemoryFormat and Layout -> c10.
-  c10::MemoryFormat memoryFormatOf(int code, const std::string& where) const {
-    switch (code) {
-      case 1: return c10::MemoryFormat::Contiguous;
-      case 2: return c10::MemoryFormat::ChannelsLast;
-      case 3: return c10::MemoryFormat::ChannelsLast3d;
-      case 4: return c10::MemoryFormat::Preserve;
-      default: fail(fmt::format("{}: unknown memory format code {}", where, code));
-    }
-  }
-
-  c10::Layout layoutOf(int code, const std::string& where) const {
-    switch (code) {
-      case 1: return c10::kSparse;
-      case 2: return c10::kSparseCsr;
-      case 3: return c10::kSparseCsc;
-      case 4: return c10::kSparseBsr;
-      case 5: return c10::kSparseBsc;
-      case 6: return c10::kMkldnn;
-      case 7: return c10::kStrided;
-      default: fail(fmt::format("{}: unknown layout code {}", where, code));
-    }
-  }
 
   Value* attributeChain(Scope& scope, const std::string& relative) {
     Value* v = scope.self;
@@ -586,9 +182,9 @@ class Importer {
     auto it = scope.env.find(name);
     if (it != scope.env.end()) return it->second;
     if (scope.top_level) {
-      auto fqn = placeholder_fqn_.find(name);
-      if (fqn != placeholder_fqn_.end()) {
-        auto alias = reachableAlias(fqn->second, scope.path);
+      auto fqn = values_.placeholder_fqn.find(name);
+      if (fqn != values_.placeholder_fqn.end()) {
+        auto alias = reachableAlias(values_, fqn->second, scope.path);
         if (alias) {
           Value* v = attributeChain(scope, relativePath(*alias, scope.path));
           scope.env[name] = v;
@@ -596,9 +192,9 @@ class Importer {
         }
       }
     }
-    if (scope.top_level && isFloating(name)) {
+    if (scope.top_level && isPt2FloatingSize(graph_, regions_.def_pos, name)) {
       // Note [Symbolic sizes are recomputed, not returned]: computed again here.
-      emitNode(scope, graph_.at("nodes").at(def_pos_.at(name)));
+      emitNode(scope, graph_.at("nodes").at(regions_.def_pos.at(name)));
       auto made = scope.env.find(name);
       if (made != scope.env.end()) return made->second;
     }
@@ -608,101 +204,11 @@ class Importer {
          "malformed: re-export the model with torch.export.save");
   }
 
-  Value* constantList(Scope& scope, const json& list, const c10::TypePtr& elem,
-                      const std::function<Value*(const json&)>& one) {
-    std::vector<Value*> values;
-    for (const auto& e : list) values.push_back(one(e));
-    return scope.graph->insertNode(scope.graph->createList(elem, values))->output();
-  }
-
-  Value* symValue(Scope& scope, const json& sym) {
-    if (sym.contains("as_name")) return resolve(scope, sym.at("as_name").get<std::string>());
-    if (sym.contains("as_int")) {
-      return scope.graph->insertConstant(pt2Int64(sym.at("as_int"), located("a symbolic int")));
-    }
-    if (sym.contains("as_bool")) return scope.graph->insertConstant(sym.at("as_bool").get<bool>());
-    if (sym.contains("as_float")) return scope.graph->insertConstant(floatOf(sym.at("as_float")));
-    fail("unknown symbolic value " + sym.dump());
-  }
-
   // An Argument as a TorchScript value (constants inserted where needed).
   Value* argument(Scope& scope, const json& arg, const std::string& where) {
-    if (!arg.is_object() || arg.size() != 1) fail(where + ": malformed argument " + arg.dump());
-    // Not `const auto& [tag, v] = *arg.items().begin()`: that binds to a
-    // temporary iterator and reads it after it is gone (found by fuzz_pt2_json).
-    const std::string tag = arg.begin().key();
-    const json& v = arg.begin().value();
-    Graph& g = *scope.graph;
-    if (tag == "as_none") return g.insertConstant(c10::IValue());
-    if (tag == "as_tensor") return resolve(scope, v.at("name").get<std::string>());
-    if (tag == "as_int") return g.insertConstant(pt2Int64(v, located(where + ": an int argument")));
-    // The schema numbers these enums its own way; TorchScript wants c10's.
-    if (tag == "as_scalar_type") {
-      int code = pt2Int(v, located(where + ": a dtype code"));
-      return g.insertConstant(static_cast<int64_t>(c10ScalarTypeOf(code, where)));
-    }
-    if (tag == "as_memory_format") {
-      int code = pt2Int(v, located(where + ": a memory format code"));
-      return g.insertConstant(static_cast<int64_t>(memoryFormatOf(code, where)));
-    }
-    if (tag == "as_layout") {
-      int code = pt2Int(v, located(where + ": a layout code"));
-      return g.insertConstant(static_cast<int64_t>(layoutOf(code, where)));
-    }
-    if (tag == "as_float") return g.insertConstant(floatOf(v));
-    if (tag == "as_bool") return g.insertConstant(v.get<bool>());
-    if (tag == "as_string") return g.insertConstant(v.get<std::string>());
-    if (tag == "as_ints") {
-      c10::List<int64_t> ints;
-      for (const auto& i : v) ints.push_back(pt2Int64(i, located(where + ": an int list argument")));
-      return g.insertConstant(ints);
-    }
-    if (tag == "as_floats") {
-      std::vector<double> fs;
-      for (const auto& f : v) fs.push_back(floatOf(f));
-      return g.insertConstant(c10::List<double>(fs));
-    }
-    if (tag == "as_bools") {
-      c10::List<bool> bs;
-      for (const auto& b : v) bs.push_back(b.get<bool>());
-      return g.insertConstant(bs);
-    }
-    if (tag == "as_strings") return g.insertConstant(c10::List<std::string>(v.get<std::vector<std::string>>()));
-    if (tag == "as_device") {
-      std::string device = v.at("type").get<std::string>();
-      if (v.contains("index") && !v.at("index").is_null()) {
-        device += ":" + std::to_string(pt2Int(v.at("index"), located(where + ": a device index")));
-      }
-      return g.insertConstant(c10::Device(device));
-    }
-    if (tag == "as_sym_int" || tag == "as_sym_bool" || tag == "as_sym_float") return symValue(scope, v);
-    if (tag == "as_sym_ints") {
-      return constantList(scope, v, c10::IntType::get(), [&](const json& e) { return symValue(scope, e); });
-    }
-    if (tag == "as_sym_bools") {
-      return constantList(scope, v, c10::BoolType::get(), [&](const json& e) { return symValue(scope, e); });
-    }
-    if (tag == "as_sym_floats") {
-      return constantList(scope, v, c10::FloatType::get(), [&](const json& e) { return symValue(scope, e); });
-    }
-    if (tag == "as_tensors") {
-      return constantList(scope, v, c10::TensorType::get(),
-                          [&](const json& e) { return resolve(scope, e.at("name").get<std::string>()); });
-    }
-    if (tag == "as_optional_tensor") {
-      return v.contains("as_tensor") ? resolve(scope, v.at("as_tensor").at("name").get<std::string>())
-                                     : g.insertConstant(c10::IValue());
-    }
-    if (tag == "as_optional_tensors") {
-      return constantList(scope, v, c10::OptionalType::create(c10::TensorType::get()), [&](const json& e) {
-        return e.contains("as_tensor") ? resolve(scope, e.at("as_tensor").at("name").get<std::string>())
-                                       : g.insertConstant(c10::IValue());
-      });
-    }
-    if (tag == "as_complex") {
-      return g.insertConstant(c10::complex<double>(floatOf(v.at("real")), floatOf(v.at("imag"))));
-    }
-    fail(where + ": argument kind '" + tag + "' cannot be expressed in TorchScript; export without it");
+    Pt2ArgumentScope reading{scope.graph, [this, &scope](const std::string& name) { return resolve(scope, name); },
+                             archive_.path()};
+    return readPt2Argument(reading, arg, where);
   }
 
   // Names the PT2 outputs of `node` on the values TorchScript produced.
@@ -722,13 +228,13 @@ class Importer {
       if (out.contains("as_tensors")) {
         auto* unpack = scope.graph->insertNode(scope.graph->createListUnpack(v, names.size()));
         for (size_t i = 0; i < names.size(); ++i) {
-          unpack->output(i)->setDebugName(identifier(names[i]));
+          unpack->output(i)->setDebugName(pt2Identifier(names[i]));
           scope.env[names[i]] = unpack->output(i);
         }
         return;
       }
       if (names.empty()) return;  // as_none
-      v->setDebugName(identifier(names[0]));
+      v->setDebugName(pt2Identifier(names[0]));
       scope.env[names[0]] = v;
     };
     if (outputs.size() == 1) {
@@ -753,7 +259,7 @@ class Importer {
     std::string target = node.at("target").get<std::string>();
     std::string where = describe(node);
     Graph& g = *scope.graph;
-    if (isMarkerTarget(target)) {
+    if (isPt2MarkerTarget(target)) {
       g.insertNode(g.create(c10::Symbol::fromQualString(kPipeSplitOpName), {}, 0));
       return;
     }
@@ -766,25 +272,25 @@ class Importer {
       return;
     }
     if (target == "torch.ops.higher_order.wrap_with_set_grad_enabled") {
-      emitRegion(scope, node, RegionKind::kGradMode);
+      emitRegion(scope, node, Pt2RegionKind::kGradMode);
       return;
     }
     if (target == "torch.ops.higher_order.wrap_with_autocast") {
-      emitRegion(scope, node, RegionKind::kAutocast);
+      emitRegion(scope, node, Pt2RegionKind::kAutocast);
       return;
     }
-    if (target.rfind(kHigherOrderPrefix, 0) == 0) refuseHigherOrder(node, where);
+    if (isPt2HigherOrderTarget(target)) fail(unsupportedHigherOrderMessage(node, where));
     std::string symbol;
     std::vector<torch::jit::NamedValue> args;
     std::vector<torch::jit::NamedValue> kwargs;
-    if (auto op = parseOpTarget(target)) {
+    if (auto op = parsePt2OpTarget(target)) {
       symbol = op->qualified();
       // By name: export leaves out arguments equal to their default, so
       // positions are not reliable; schema matching fills the defaults.
       for (const auto& in : node.at("inputs")) {
         kwargs.emplace_back(in.at("name").get<std::string>(), argument(scope, in.at("arg"), where));
       }
-    } else if (auto sym = symbolicOps().find(target); sym != symbolicOps().end()) {
+    } else if (auto sym = pt2SymbolicOps().find(target); sym != pt2SymbolicOps().end()) {
       symbol = sym->second;
       for (const auto& in : node.at("inputs")) args.emplace_back(argument(scope, in.at("arg"), where));
     } else {
@@ -807,14 +313,14 @@ class Importer {
   std::optional<std::string> commonOwner(const std::vector<std::string>& names, const std::string& within) const {
     std::optional<std::string> common;
     for (const auto& n : names) {
-      auto fqn = placeholder_fqn_.find(n);
-      if (fqn == placeholder_fqn_.end()) continue;
-      std::string owner = parentOf(fqn->second);
+      auto fqn = values_.placeholder_fqn.find(n);
+      if (fqn == values_.placeholder_fqn.end()) continue;
+      std::string owner = splitPath(fqn->second).first;
       if (!common) {
         common = owner;
         continue;
       }
-      while (!isWithin(owner, *common)) *common = parentOf(*common);
+      while (!isWithin(owner, *common)) *common = splitPath(*common).first;
     }
     if (!common || common->empty() || !isWithin(*common, within) || *common == within) return std::nullopt;
     return common;
@@ -855,7 +361,7 @@ class Importer {
       inner.graph = method_graph.get();
       inner.path = *owner;
       inner.self = method_graph->addInput("self");
-      inner.self->setType(modules_.at(*owner).type());
+      inner.self->setType(tree_->typeOf(*owner));
     } else {
       inner.graph = scope.graph;
       inner.path = scope.path;
@@ -866,16 +372,16 @@ class Importer {
       const std::string& sub_name = sub_names[i];
       if (!used.count(sub_name)) continue;
       const Operand& operand = operands[i];
-      auto fqn = operand.value ? placeholder_fqn_.end() : placeholder_fqn_.find(operand.name);
-      if (owner && fqn != placeholder_fqn_.end()) {
-        if (auto alias = reachableAlias(fqn->second, *owner)) {
+      auto fqn = operand.value ? values_.placeholder_fqn.end() : values_.placeholder_fqn.find(operand.name);
+      if (owner && fqn != values_.placeholder_fqn.end()) {
+        if (auto alias = reachableAlias(values_, fqn->second, *owner)) {
           inner.env[sub_name] = attributeChain(inner, relativePath(*alias, *owner));
           continue;
         }
       }
       Value* outer_value = operand.value ? operand.value : resolve(scope, operand.name);
       if (owner) {
-        Value* in = method_graph->addInput(identifier(sub_name));
+        Value* in = method_graph->addInput(pt2Identifier(sub_name));
         in->setType(outer_value->type());
         inner.env[sub_name] = in;
         call_args.push_back(outer_value);
@@ -892,7 +398,7 @@ class Importer {
     Value* ret = results.size() == 1 ? results[0]
                                      : method_graph->insertNode(method_graph->createTuple(results))->output();
     method_graph->registerOutput(ret);
-    std::string method = defineMethod(*owner, method_base, method_graph);
+    std::string method = tree_->defineMethod(*owner, method_base, method_graph);
     std::vector<Value*> call_inputs{attributeChain(scope, relativePath(*owner, scope.path))};
     call_inputs.insert(call_inputs.end(), call_args.begin(), call_args.end());
     return callMethod(scope, call_inputs, method, ret->type(), results.size());
@@ -930,7 +436,7 @@ class Importer {
       std::vector<std::string> names;
       pt2ValueNames(outputs[i], names);
       if (names.size() != 1) continue;
-      if_node->output(i)->setDebugName(identifier(names[0]));
+      if_node->output(i)->setDebugName(pt2Identifier(names[0]));
       scope.env[names[0]] = if_node->output(i);
     }
   }
@@ -962,14 +468,13 @@ class Importer {
   // at a no-grad one exactly as in eager PyTorch, because the same thread
   // state is set around the same ops. Stage files copy the original
   // higher-order node (Note [PT2 stage files]), so they load in PyTorch as is.
-  enum class RegionKind { kGradMode, kAutocast };
 
-  void emitRegion(Scope& scope, const json& node, RegionKind kind) {
+  void emitRegion(Scope& scope, const json& node, Pt2RegionKind kind) {
     std::string where = describe(node);
     const json& inputs = node.at("inputs");
-    const size_t body_at = kind == RegionKind::kGradMode ? 1 : 4;
+    const size_t body_at = pt2RegionBodyInput(kind);
     if (inputs.size() <= body_at || !inputs[body_at].at("arg").contains("as_graph")) {
-      fail(where + (kind == RegionKind::kGradMode
+      fail(where + (kind == Pt2RegionKind::kGradMode
                         ? ": expected wrap_with_set_grad_enabled(enable, body, *operands)"
                         : ": expected wrap_with_autocast(device_type, dtype, enabled, cache_enabled, body, *operands)"));
     }
@@ -983,14 +488,14 @@ class Importer {
     Graph& g = *scope.graph;
     const size_t num_outputs = node.at("outputs").size();
     Node* region = g.insertNode(g.create(c10::prim::If, {g.insertConstant(true)}, num_outputs));
-    region->s_(c10::Symbol::attr(kPt2RegionAttribute), regionDescription(node, kind, scope.path));
+    region->s_(c10::Symbol::attr(kPt2RegionAttribute), describePt2Region(node, kind, scope.path));
     std::vector<c10::TypePtr> types(num_outputs);
     {
       torch::jit::Block* body = region->addBlock();
       torch::jit::WithInsertPoint guard(body);
       Scope inner = scope;  // values made in the region stay in it
       std::function<void()> leave;
-      if (kind == RegionKind::kGradMode) {
+      if (kind == Pt2RegionKind::kGradMode) {
         Value* enable = argument(inner, inputs[0].at("arg"), where);
         Value* previous = g.insert(c10::Symbol::fromQualString("aten::is_grad_enabled"), {});
         insertStatement(g, "aten::set_grad_enabled", {enable});
@@ -1004,7 +509,7 @@ class Importer {
         leave = [&g, device, previous] { insertStatement(g, kAutocastExitOpName, {device, previous}); };
       }
       auto results = emitBranch(inner, inputs[body_at].at("arg").at("as_graph").at("graph"), operands,
-                                kind == RegionKind::kGradMode ? "pt2_grad_region" : "pt2_autocast_region", where);
+                                kind == Pt2RegionKind::kGradMode ? "pt2_grad_region" : "pt2_autocast_region", where);
       leave();
       if (results.size() != num_outputs) {
         fail(fmt::format("{}: the region returns {} values but the node has {} outputs", where, results.size(),
@@ -1030,7 +535,7 @@ class Importer {
       std::vector<std::string> names;
       pt2ValueNames(outputs[i], names);
       if (names.size() != 1) continue;
-      region->output(i)->setDebugName(identifier(names[0]));
+      region->output(i)->setDebugName(pt2Identifier(names[0]));
       scope.env[names[0]] = region->output(i);
     }
   }
@@ -1041,50 +546,6 @@ class Importer {
     Value* packed = g.insert(c10::Symbol::fromQualString(op), args);
     Node* n = packed ? packed->node() : nullptr;
     if (n && n->kind() == c10::prim::TupleConstruct && n->inputs().empty() && !packed->hasUses()) n->destroy();
-  }
-
-  // "a torch.no_grad() region of model.rotary_emb (modeling_llama.py:98)", for refusals.
-  std::string regionDescription(const json& node, RegionKind kind, const std::string& path) const {
-    std::string what;
-    if (kind == RegionKind::kAutocast) {
-      what = "a torch.autocast region";
-    } else {
-      const json& enable = node.at("inputs").at(0).at("arg");
-      bool on = enable.contains("as_bool") && enable.at("as_bool").is_boolean() && enable.at("as_bool").get<bool>();
-      what = on ? "a torch.enable_grad() region" : "a torch.no_grad() region";
-    }
-    what += path.empty() ? " of forward" : " of " + path;
-    // Export records no stack trace on the higher-order node itself: the
-    // region's first body node with one says where it is.
-    std::string line = pt2SourceLine(node);
-    const json& body = node.at("inputs").at(kind == RegionKind::kGradMode ? 1 : 4).at("arg").at("as_graph").at("graph");
-    for (const auto& inner : body.at("nodes")) {
-      if (!line.empty()) break;
-      line = pt2SourceLine(inner);
-    }
-    return line.empty() ? what : what + " (" + line + ")";
-  }
-
-  // Higher-order ops other than the ones above: what each is and how to export without it.
-  [[noreturn]] void refuseHigherOrder(const json& node, const std::string& where) const {
-    std::string op = node.at("target").get<std::string>().substr(std::string(kHigherOrderPrefix).size());
-    std::string fix;
-    if (op == "flex_attention" || op == "flex_attention_backward") {
-      fix = "export the model with attn_implementation=\"sdpa\" (or \"eager\") in its config";
-    } else if (op == "tag_activation_checkpoint" || op == "checkpoint") {
-      fix = "export without activation checkpointing (model.gradient_checkpointing_disable(), or no "
-            "torch.utils.checkpoint in forward) and set pipeline.activation_checkpointing in the training config "
-            "instead";
-    } else if (op == "auto_functionalized" || op == "auto_functionalized_v2" || op == "with_effects") {
-      fix = "the model calls a custom op that mutates its inputs or has side effects; export with ops that return "
-            "new tensors";
-    } else {
-      fix = "rewrite that part of forward without it, or keep it out of the exported model";
-    }
-    std::string line = pt2SourceLine(node);
-    fail(fmt::format("{}{}: the higher-order op '{}' is not supported (cond, while_loop, "
-                     "wrap_with_set_grad_enabled and wrap_with_autocast are); {}",
-                     where, line.empty() ? "" : " at " + line, op, fix));
   }
 
   Value* toBool(Scope& scope, Value* v) {
@@ -1117,7 +578,7 @@ class Importer {
     body->addInput()->setType(c10::IntType::get());
     std::vector<Operand> step;
     for (size_t i = 0; i < carried_names.size(); ++i) {
-      Value* h = body->addInput(identifier(carried_names[i]) + "_loop");
+      Value* h = body->addInput(pt2Identifier(carried_names[i]) + "_loop");
       h->setType(loop_inputs[i + 2]->type());
       step.push_back({"", h});
     }
@@ -1141,7 +602,7 @@ class Importer {
       std::vector<std::string> names;
       pt2ValueNames(outputs[i], names);
       if (names.size() != 1) continue;
-      loop->output(i)->setDebugName(identifier(names[0]));
+      loop->output(i)->setDebugName(pt2Identifier(names[0]));
       scope.env[names[0]] = loop->output(i);
     }
   }
@@ -1151,16 +612,6 @@ class Importer {
       fail(fmt::format("{}: the loop condition returns {} values, expected one (a bool)", where, results.size()));
     }
     return results[0];
-  }
-
-  std::string defineMethod(const std::string& path, const std::string& base, std::shared_ptr<Graph> graph) {
-    int& count = method_counts_[path + "|" + base];
-    std::string name = count == 0 ? base : fmt::format("{}_{}", base, count);
-    ++count;
-    auto type = modules_.at(path).type();
-    auto* fn = cu_->create_function(c10::QualifiedName(*type->name(), name), std::move(graph));
-    type->addMethod(fn);
-    return name;
   }
 
   std::vector<Value*> callMethod(Scope& scope, const std::vector<Value*>& inputs, const std::string& method,
@@ -1175,23 +626,23 @@ class Importer {
     return {unpack->outputs().begin(), unpack->outputs().end()};
   }
 
-  void emitItems(Scope& scope, const Region& region) {
+  void emitItems(Scope& scope, const Pt2Region& region) {
     const json& graph_nodes = graph_.at("nodes");
     for (const auto& [is_region, index] : region.items) {
       if (is_region) {
-        emitCall(scope, regions_[index]);
+        emitCall(scope, regions_.regions[index]);
         continue;
       }
       const json& node = graph_nodes.at(index);
       Node* end = scope.graph->insertPoint();
       Node* before = end->prev();
       emitNode(scope, node);
-      auto writes = writes_.find(index);
-      if (writes != writes_.end()) {
-        for (const auto& value : writes->second) {
+      auto writes = regions_.writes.find(index);
+      if (writes != regions_.writes.end()) {
+        for (const auto& write : writes->second) {
           // Functional IR: the new buffer value is written back in place.
-          Value* buffer = resolve(scope, placeholderFor(mutations_.at(value)));
-          scope.graph->insert(c10::aten::copy_, {buffer, resolve(scope, value)});
+          Value* buffer = resolve(scope, write.buffer);
+          scope.graph->insert(c10::aten::copy_, {buffer, resolve(scope, write.value)});
         }
       }
       torch::jit::SourceRange range = sourceRangeOf(node);
@@ -1237,17 +688,17 @@ class Importer {
     }
   }
 
-  void emitCall(Scope& scope, const Region& region) {
+  void emitCall(Scope& scope, const Pt2Region& region) {
     auto graph = std::make_shared<Graph>();
     Scope inner;
     inner.graph = graph.get();
     inner.path = region.path;
     inner.self = graph->addInput("self");
-    inner.self->setType(modules_.at(region.path).type());
+    inner.self->setType(tree_->typeOf(region.path));
     std::vector<Value*> call_inputs{attributeChain(scope, relativePath(region.path, scope.path))};
     for (const auto& name : region.inputs) {
       Value* outer = resolve(scope, name);
-      Value* in = graph->addInput(identifier(name));
+      Value* in = graph->addInput(pt2Identifier(name));
       in->setType(outer->type());
       inner.env[name] = in;
       call_inputs.push_back(outer);
@@ -1264,10 +715,10 @@ class Importer {
       ret = graph->insertNode(graph->createTuple(results))->output();
     }
     graph->registerOutput(ret);
-    std::string method = defineMethod(region.path, "forward", graph);
+    std::string method = tree_->defineMethod(region.path, "forward", graph);
     auto values = callMethod(scope, call_inputs, method, ret->type(), results.size());
     for (size_t i = 0; i < region.outputs.size(); ++i) {
-      values[i]->setDebugName(identifier(region.outputs[i]));
+      values[i]->setDebugName(pt2Identifier(region.outputs[i]));
       scope.env[region.outputs[i]] = values[i];
     }
   }
@@ -1278,9 +729,9 @@ class Importer {
     scope.graph = graph.get();
     scope.path = "";
     scope.self = graph->addInput("self");
-    scope.self->setType(modules_.at("").type());
-    for (const auto& name : user_inputs_) {
-      Value* in = graph->addInput(identifier(name));
+    scope.self->setType(tree_->typeOf(""));
+    for (const auto& name : values_.user_inputs) {
+      Value* in = graph->addInput(pt2Identifier(name));
       const json& tensors = graph_.at("tensor_values");
       if (tensors.contains(name)) {
         in->setType(c10::TensorType::get());
@@ -1295,15 +746,15 @@ class Importer {
       }
       scope.env[name] = in;
     }
-    emitItems(scope, regions_[0]);
+    emitItems(scope, regions_.regions[0]);
     std::vector<Value*> outs;
-    for (const auto& name : user_outputs_) outs.push_back(resolve(scope, name));
+    for (const auto& name : values_.user_outputs) outs.push_back(resolve(scope, name));
     if (outs.size() == 1 && !returnsTuple()) {
       graph->registerOutput(outs[0]);
     } else {
       graph->registerOutput(graph->insertNode(graph->createTuple(outs))->output());
     }
-    defineMethod("", "forward", graph);
+    tree_->defineMethod("", "forward", graph);
   }
 
   // Whether forward's output treespec is a tuple (a stage file's `(y,)`), so
@@ -1320,20 +771,9 @@ class Importer {
 
   const Pt2Archive& archive_;
   const json& graph_;
-  std::shared_ptr<torch::jit::CompilationUnit> cu_;
-  std::map<std::string, torch::jit::Module> modules_;
-  std::map<std::string, std::string> types_;
-  std::map<std::string, std::vector<std::string>> aliases_;
-  std::unordered_map<std::string, std::string> placeholder_fqn_;
-  std::unordered_map<std::string, std::string> fqn_placeholder_;
-  std::vector<std::string> user_inputs_;
-  std::vector<std::string> user_outputs_;
-  std::map<std::string, std::string> mutations_;  // graph value -> buffer/parameter FQN it becomes
-  std::map<int, std::vector<std::string>> writes_;  // node position -> mutation values written back after it
-  std::vector<Region> regions_;
-  std::vector<int> region_of_pos_;                    // node position -> innermost region holding it
-  std::unordered_map<std::string, int> def_pos_;       // value -> position of the node that makes it
-  std::map<std::string, int> method_counts_;
+  std::optional<Pt2ModuleTree> tree_;
+  Pt2GraphValues values_;
+  Pt2Regions regions_;
   std::map<std::string, std::shared_ptr<torch::jit::Source>> sources_;  // "file:line" -> its Source
 };
 
