@@ -24,6 +24,7 @@
 
 #include "cli/commands.h"
 #include "common/atomic_file.h"
+#include "common/english.h"
 #include "common/error.h"
 #include "cli/run_guarded.h"
 #include "cli/schedule_memory.h"
@@ -73,10 +74,6 @@ std::string lowercase(std::string text) {
   std::transform(text.begin(), text.end(), text.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return text;
-}
-
-std::string plural(int n, const char* noun) {
-  return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s");
 }
 
 // Note [Atomic writes]; the error says which output failed.
@@ -217,7 +214,7 @@ void searchAutoSchedule(const ScheduleOptions& o, const MemoryOptions& memory, S
                              memory.mem_limit ? " and fits --mem-limit" : "");
   }
   source.title = fmt::format("auto ({}), {} ranks, {} per rank, {} microbatches", result.origin,
-                             o.ranks, plural(per_rank, "stage"), o.microbatches);
+                             o.ranks, counted(per_rank, "stage"), o.microbatches);
 }
 
 void generateNamedSchedule(const ScheduleOptions& o, ScheduleSource& source) {
@@ -243,7 +240,7 @@ void generateNamedSchedule(const ScheduleOptions& o, ScheduleSource& source) {
                                          o.microbatches, e.what()));
   }
   source.title = fmt::format("{}, {} ranks, {} per rank, {} microbatches", o.name, o.ranks,
-                             plural(per_rank, "stage"), o.microbatches);
+                             counted(per_rank, "stage"), o.microbatches);
 }
 
 // --name: a named schedule, or the `auto` search.

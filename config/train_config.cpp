@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/english.h"
 #include "common/yaml_errors.h"
 #include "common/yaml_keys.h"
 #include "config/config_overrides.h"
@@ -738,25 +739,6 @@ TrainConfig loadTrainConfig(const std::string& path, const std::vector<ConfigOve
   buffer << in.rdbuf();
   return parseTrainConfig(buffer.str(), path, overrides);
 }
-
-namespace {
-
-// "1 rank", "2 ranks".
-std::string counted(std::int64_t n, const std::string& noun) {
-  return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s");
-}
-
-// "a", "a or b", "a, b or c".
-std::string joinChoices(const std::vector<std::string>& items) {
-  std::string out;
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    out += i == 0 ? "" : i + 1 == items.size() ? " or " : ", ";
-    out += items[i];
-  }
-  return out;
-}
-
-}  // namespace
 
 std::optional<schedules::Program> checkLayout(const TrainConfig& c, int world_size, int num_stages) {
   const auto& p = c.pipeline;
