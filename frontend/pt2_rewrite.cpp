@@ -17,8 +17,6 @@
 namespace pipeforge::frontend {
 namespace {
 
-using nlohmann::json;
-
 // Record name (relative to the archive root) -> the names whose tensor it holds.
 std::map<std::string, std::vector<std::string>> payloadRecords(caffe2::serialize::PyTorchStreamReader& reader,
                                                                const std::string& model, const std::string& path) {
@@ -28,7 +26,7 @@ std::map<std::string, std::vector<std::string>> payloadRecords(caffe2::serialize
     const std::string config_name = fmt::format("{}/{}_{}_config.json", folder, model, kind);
     if (!reader.hasRecord(config_name)) continue;
     auto [data, size] = reader.getRecord(config_name);
-    json config = json::parse(std::string(static_cast<const char*>(data.get()), size), nullptr,
+    nlohmann::json config = nlohmann::json::parse(std::string(static_cast<const char*>(data.get()), size), nullptr,
                               /*allow_exceptions=*/false);
     if (!config.is_object() || !config.contains("config") || !config.at("config").is_object()) {
       throw Pt2Error(fmt::format("'{}': {} is malformed; re-save the model with torch.export.save", path,

@@ -12,7 +12,7 @@
 namespace pipeforge::runtime {
 namespace {
 
-using torch::autograd::Edge;
+using AutogradEdge = torch::autograd::Edge;
 using torch::autograd::edge_list;
 using torch::autograd::Engine;
 using torch::autograd::Node;
@@ -68,7 +68,7 @@ class GraphScan {
       std::uint8_t f = kVisited;
       if (input_nodes_.count(top.node)) f |= kReachesInput;
       if (param_nodes_.count(top.node)) f |= kReachesParam;
-      for (const Edge& e : edges) {
+      for (const AutogradEdge& e : edges) {
         if (e.function) f |= flags_.at(e.function.get()) & (kReachesInput | kReachesParam);
       }
       flags_[top.node] = f;
@@ -88,7 +88,7 @@ class GraphScan {
       todo.pop_back();
       if (!seen.insert(n).second) continue;
       if (param_nodes_.count(n)) out.push_back(n);
-      for (const Edge& e : n->next_edges()) {
+      for (const AutogradEdge& e : n->next_edges()) {
         Node* c = e.function.get();
         if (c != nullptr && !onInputPath(c) && reachesParam(c)) todo.push_back(c);
       }
@@ -119,7 +119,7 @@ class EngineWeightWork : public WeightGradWork {
     // node's gradient flows into another's (which one call over the intact
     // graph would do, counting the lower node's gradient twice). A weight
     // reached from two boundary nodes gets both contributions in this call.
-    for (auto& [node, k] : cuts) const_cast<edge_list&>(node->next_edges())[k] = Edge();
+    for (auto& [node, k] : cuts) const_cast<edge_list&>(node->next_edges())[k] = AutogradEdge();
     Engine::get_default_engine().execute(roots, grads, /*keep_graph=*/false, /*create_graph=*/false,
                                          /*accumulate_grad=*/true, params);
     roots.clear();
@@ -139,7 +139,7 @@ InputEdges inputEdgesOf(const std::vector<at::Tensor>& inputs) {
   InputEdges out;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].requires_grad()) continue;
-    Edge e = torch::autograd::impl::gradient_edge(inputs[i]);
+    AutogradEdge e = torch::autograd::impl::gradient_edge(inputs[i]);
     out.nodes.insert(e.function.get());
     out.edges.push_back(e);
     out.slots.push_back(static_cast<int>(i));
@@ -170,7 +170,7 @@ std::vector<compat::AutogradNodePtr> boundaryNodes(const Seeds& seeds, const Gra
   std::vector<compat::AutogradNodePtr> boundary;
   std::unordered_set<Node*> seen;
   std::vector<compat::AutogradNodePtr> todo;
-  for (const Edge& e : seeds.edges) {
+  for (const AutogradEdge& e : seeds.edges) {
     if (scan.onInputPath(e.function.get())) todo.push_back(e.function);
   }
   while (!todo.empty()) {
@@ -178,7 +178,7 @@ std::vector<compat::AutogradNodePtr> boundaryNodes(const Seeds& seeds, const Gra
     todo.pop_back();
     if (!seen.insert(n.get()).second) continue;
     bool is_boundary = false;
-    for (const Edge& e : n->next_edges()) {
+    for (const AutogradEdge& e : n->next_edges()) {
       Node* c = e.function.get();
       if (c == nullptr) continue;
       if (scan.onInputPath(c)) {
@@ -256,7 +256,7 @@ InputGradResult backwardInput(const std::vector<at::Tensor>& roots, const std::v
   const InputEdges in = inputEdgesOf(inputs);
   const ParamNodes param_nodes = paramNodesOf(params);
   GraphScan scan(in.nodes, param_nodes.nodes);
-  for (const Edge& e : seeds.edges) scan.scan(e.function.get());
+  for (const AutogradEdge& e : seeds.edges) scan.scan(e.function.get());
 
   auto weight = std::make_unique<EngineWeightWork>();
   const edge_list capture_edges = planWeightWork(seeds, scan, boundaryNodes(seeds, scan), param_nodes, *weight);

@@ -33,7 +33,7 @@ void checkConfig(const AutoScheduleConfig& config) {
   }
 }
 
-struct Entry {
+struct ScoredOrder {
   std::string name;
   RankOrders orders;
   double makespan = kInf;
@@ -43,7 +43,7 @@ struct Entry {
   bool improved = false;
 };
 
-bool lessByTime(const Entry& a, const Entry& b) {
+bool lessByTime(const ScoredOrder& a, const ScoredOrder& b) {
   const double eps = 1e-9 * std::max(1.0, b.makespan);
   if (a.makespan < b.makespan - eps) return true;
   if (a.makespan > b.makespan + eps) return false;
@@ -209,7 +209,7 @@ class AutoSearch {
   void tryGreedySchedule(const NamedListPolicy& named, std::vector<std::size_t>& hashes);
   std::vector<std::size_t> localSearchSeeds() const;
   std::size_t evaluationsPerSeed(std::size_t num_seeds) const;
-  std::optional<Entry> improveSeed(const Entry& seed, std::size_t evaluations);
+  std::optional<ScoredOrder> improveSeed(const ScoredOrder& seed, std::size_t evaluations);
   std::vector<std::size_t> preferenceOrder() const;
   bool exceedsLimit(double peak_memory) const { return peak_memory > limit_ + 1e-9; }
 
@@ -218,7 +218,7 @@ class AutoSearch {
   const RankOrders shape_;
   OrderEvaluator evaluator_;
   OrderEvaluation evaluation_;
-  std::vector<Entry> pool_;
+  std::vector<ScoredOrder> pool_;
   AutoScheduleResult result_;
 };
 
@@ -267,7 +267,7 @@ void AutoSearch::tryNamedSchedule(const std::string& name, AutoCandidate& cand) 
     result_.best_named = name;
     result_.best_named_makespan = sim.makespan;
   }
-  Entry entry;
+  ScoredOrder entry;
   entry.name = name;
   // The orders (composites split into their halves) seed the local search;
   // the entry itself stands for the program as generated.
@@ -314,7 +314,7 @@ void AutoSearch::tryGreedySchedule(const NamedListPolicy& named, std::vector<std
       cand.note = "same orders as an earlier candidate";
     } else {
       hashes.push_back(h);
-      Entry entry;
+      ScoredOrder entry;
       entry.name = cand.name;
       entry.orders = std::move(*orders);
       entry.makespan = evaluation_.makespan;
@@ -340,13 +340,13 @@ void AutoSearch::improveBestFew() {
   const std::size_t per_seed = evaluationsPerSeed(seeds.size());
   const double at_bound = result_.lower_bound * (1.0 + 1e-9) + 1e-12;
   if (per_seed < 2 || pool_.front().makespan <= at_bound) return;
-  std::vector<Entry> improved;
+  std::vector<ScoredOrder> improved;
   for (std::size_t k : seeds) {
-    if (std::optional<Entry> entry = improveSeed(pool_[k], per_seed)) {
+    if (std::optional<ScoredOrder> entry = improveSeed(pool_[k], per_seed)) {
       improved.push_back(std::move(*entry));
     }
   }
-  for (Entry& e : improved) pool_.push_back(std::move(e));
+  for (ScoredOrder& e : improved) pool_.push_back(std::move(e));
 }
 
 // The first three of the sorted pool, and the best named schedule if it is not among them.
@@ -374,8 +374,8 @@ std::size_t AutoSearch::evaluationsPerSeed(std::size_t num_seeds) const {
 
 // The seed's orders after local search, or nullopt when they come out
 // deadlocked or over the limit. Reports the attempt as a candidate.
-std::optional<Entry> AutoSearch::improveSeed(const Entry& seed, std::size_t evaluations) {
-  Entry entry;
+std::optional<ScoredOrder> AutoSearch::improveSeed(const ScoredOrder& seed, std::size_t evaluations) {
+  ScoredOrder entry;
   entry.name = seed.name;
   entry.orders = seed.orders;
   LocalSearchOptions options;
@@ -402,7 +402,7 @@ std::optional<Entry> AutoSearch::improveSeed(const Entry& seed, std::size_t eval
 AutoScheduleResult AutoSearch::takeFastestThatVerifies() {
   std::string rejected;
   for (std::size_t k : preferenceOrder()) {
-    const Entry& e = pool_[k];
+    const ScoredOrder& e = pool_[k];
     Program program = e.original && !e.improved ? *e.original : toProgram(e.orders);
     std::string problem_text = verify(program, config_.costs);
     if (!problem_text.empty()) {

@@ -6,8 +6,6 @@ namespace pipeforge::schedules {
 
 namespace {
 
-// One slot per Product (dependencies.h) of each (stage, microbatch).
-constexpr int kNumSlots = kNumProducts;
 constexpr double kNotYet = -1.0;
 
 }  // namespace
@@ -31,7 +29,7 @@ OrderEvaluator::OrderEvaluator(const RankOrders& shape, const CostModel& costs)
     }
     act_[s] = costs.stage(s).activation_memory;
   }
-  const std::size_t keys = static_cast<std::size_t>(kNumSlots) * S_ * M_;
+  const std::size_t keys = static_cast<std::size_t>(kNumProducts) * S_ * M_;  // one slot per Product of each (stage, microbatch)
   done_time_.resize(keys);
   done_op_.resize(keys);
   wait_head_.resize(keys);

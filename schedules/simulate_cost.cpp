@@ -43,7 +43,7 @@ struct Dep {
   double latency;
 };
 
-constexpr double kNotYet = -1.0;
+constexpr double kNotDone = -1.0;  // done_time_ of an action not yet simulated
 
 Slot slotOf(Product product) { return static_cast<Slot>(product); }
 
@@ -308,7 +308,7 @@ void Simulator::reportDeadlock(const std::vector<std::size_t>& pos,
 void Simulator::markDone(Slot slot, int stage, int mb, double time, std::size_t event, int rank,
                          int step, const Action& action) {
   const int k = key(slot, stage, mb);
-  if (done_time_[k] != kNotYet) {
+  if (done_time_[k] != kNotDone) {
     const TimedAction& first = events_[done_event_[k]];
     std::string what = slot == kGradDone
                            ? fmt::format("stage {} microbatch {} gets a second backward", stage, mb)
@@ -385,7 +385,7 @@ void Simulator::resetState() {
   const int P = program_.num_ranks;
   lowered_ = hasSendRecv(program_);
   const std::size_t num_keys = static_cast<std::size_t>(kNumSlots) * S_ * M_;
-  done_time_.assign(num_keys, kNotYet);
+  done_time_.assign(num_keys, kNotDone);
   done_event_.assign(num_keys, 0);
   waiters_.assign(num_keys, {});
   memory_.assign(P, 0.0);
@@ -425,7 +425,7 @@ bool Simulator::tryRun(const Action& action, int r, std::vector<int>& work) {
   double start = clock_[r];
   std::optional<std::size_t> waited_on;
   for (const Dep& dep : deps_) {
-    if (done_time_[dep.key] == kNotYet) {
+    if (done_time_[dep.key] == kNotDone) {
       blocked_on_[r] = dep.key;
       waiters_[dep.key].push_back(r);
       return false;

@@ -12,7 +12,7 @@ namespace pipeforge::schedules {
 
 namespace {
 
-constexpr double kEps = 1e-9;
+constexpr double kPixelEps = 1e-9;  // below this, two coordinates are one
 
 struct Style {
   const char* label;
@@ -54,7 +54,7 @@ double niceStep(double span) {
   const double raw = span / 10.0;
   const double base = std::pow(10.0, std::floor(std::log10(raw)));
   for (double m : {1.0, 2.0, 5.0, 10.0}) {
-    if (m * base >= raw - kEps) return m * base;
+    if (m * base >= raw - kPixelEps) return m * base;
   }
   return 10.0 * base;
 }
@@ -108,7 +108,7 @@ std::vector<std::vector<const TimedAction*>> lanesOf(const CostSimulation& simul
           "svg timeline: an event runs on rank {}, but the picture has ranks 0..{}", e.rank,
           num_ranks - 1));
     }
-    if (e.end > e.start + kEps) lanes[e.rank].push_back(&e);
+    if (e.end > e.start + kPixelEps) lanes[e.rank].push_back(&e);
   }
   for (auto& lane : lanes) {
     std::stable_sort(lane.begin(), lane.end(), [](const TimedAction* a, const TimedAction* b) {
@@ -204,7 +204,7 @@ void TimelineDrawing::drawLane(int r, const std::vector<const TimedAction*>& lan
 }
 
 void TimelineDrawing::drawIdle(int r, double from, double to) {
-  if (to - from <= kEps) return;
+  if (to - from <= kPixelEps) return;
   out_ += fmt::format(
       "<rect class=\"idle\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" "
       "fill=\"url(#idle)\"><title>rank {} idle {}-{}</title></rect>\n",
@@ -236,7 +236,7 @@ void TimelineDrawing::drawAxis() {
                       svgNumber(L_.x(0)), svgNumber(axis_y_), svgNumber(L_.x(span_)),
                       svgNumber(axis_y_));
   const double step = niceStep(span_);
-  for (int k = 0; k * step <= span_ + kEps; ++k) {
+  for (int k = 0; k * step <= span_ + kPixelEps; ++k) {
     const double t = k * step;
     out_ += fmt::format(
         "<line class=\"tick\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#555555\"/>"
