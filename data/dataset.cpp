@@ -6,14 +6,6 @@
 
 namespace pipeforge::train {
 
-DataLayout dataLayoutFor(const TrainConfig& config, const std::vector<std::string>& model_inputs) {
-  DataLayout layout;
-  layout.input_names = model_inputs;
-  layout.inputs = inputChunksFor(config, model_inputs);
-  layout.targets = config.pipeline.target_chunks;
-  return layout;
-}
-
 Batch sliceBatch(const Batch& batch, std::int64_t begin, std::int64_t end, const DataLayout& layout) {
   auto cut = [&](const std::vector<at::Tensor>& from, const std::vector<ChunkEntry>& specs, std::vector<at::Tensor>& to) {
     for (std::size_t k = 0; k < from.size(); ++k) {

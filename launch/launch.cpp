@@ -37,11 +37,12 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
   const stage::PipeManifest manifest = stage::readManifest(split_dir);
   checkLayout(config, request.launch.nproc, manifest.num_stages);
   checkSplitFolder(split_dir, manifest);
-  checkAgainstSplit(config, manifest);
+  const DataLayout layout = dataLayoutFor(config, manifest.inputs);
+  checkAgainstSplit(config, manifest, layout);
   // Unreadable data, or data that does not fit the model's inputs, fails here, once, not on every rank.
   {
-    auto dataset = openDataset(config.data, config.seed, dataLayoutFor(config, manifest.inputs));
-    checkDataFitsInputs(config, manifest, *dataset);
+    auto dataset = openDataset(config.data, config.seed, layout);
+    checkDataFitsInputs(config, manifest, layout, *dataset);
   }
 
   RankCommand ranks;
@@ -97,7 +98,7 @@ int runTrainRequest(const TrainRequest& request) {
   // A split folder the user gave (not one our launcher checked): check it on
   // every rank before any process group forms.
   if (request.split_dir.empty() && !private_split) checkSplitFolder(split_dir, plan.manifest);
-  if (request.split_dir.empty()) checkAgainstSplit(config, plan.manifest);
+  if (request.split_dir.empty()) checkAgainstSplit(config, plan.manifest, plan.data);
   TrainSummary summary;
   try {
     summary = trainRank(config, plan, options);

@@ -105,7 +105,7 @@ void checkSplitFolder(const std::string& dir, const stage::PipeManifest& manifes
 // microbatch, so its rows must fit dimension 0 of every input, and token data
 // must fit the sequence dimension; refused here, before any rank starts,
 // rather than failing (or worse) inside a stage.
-void checkInputSizes(const TrainConfig& config, const stage::PipeManifest& manifest) {
+void checkInputSizes(const TrainConfig& config, const stage::PipeManifest& manifest, const DataLayout& layout) {
   if (manifest.input_dims.empty()) return;
   const std::int64_t rows = replicaBatchSize(config) / config.pipeline.microbatches;
   auto accepts = [](const stage::InputDim& d, std::int64_t n) { return n >= d.min && (d.max < 0 || n <= d.max); };
@@ -115,7 +115,7 @@ void checkInputSizes(const TrainConfig& config, const stage::PipeManifest& manif
   };
   // The batch dim of each input: dim 0, or its pipeline.input_chunks dim; a
   // replicated input has none (Note [Input chunks] in data/dataset.h).
-  const std::vector<ChunkEntry> chunks = inputChunksFor(config, manifest.inputs);
+  const std::vector<ChunkEntry>& chunks = layout.inputs;
   for (size_t i = 0; i < manifest.input_dims.size(); ++i) {
     const auto& dims = manifest.input_dims[i];
     const std::string& name = manifest.inputs.at(i);
@@ -168,14 +168,14 @@ void checkDataDtypes(const TrainConfig& config, const stage::PipeManifest& manif
   }
 }
 
-void checkDataFitsInputs(const TrainConfig& config, const stage::PipeManifest& manifest, Dataset& dataset) {
+void checkDataFitsInputs(const TrainConfig& config, const stage::PipeManifest& manifest, const DataLayout& layout,
+                         Dataset& dataset) {
   if (manifest.input_dims.empty() && manifest.input_dtypes.empty() && manifest.input_meta.empty()) return;
   const std::int64_t rows = replicaBatchSize(config) / config.pipeline.microbatches;
   if (rows < 1) return;  // refused with its own message by checkInputSizes
-  const DataLayout layout = dataLayoutFor(config, manifest.inputs);
   const Batch one = sliceBatch(dataset.batch(DataSplit::kTrain, 0, rows), 0, rows, layout);
   checkDataDtypes(config, manifest, one);
-  const std::vector<ChunkEntry> chunks = inputChunksFor(config, manifest.inputs);
+  const std::vector<ChunkEntry>& chunks = layout.inputs;
   for (size_t i = 0; i < manifest.input_dims.size() && i < one.inputs.size(); ++i) {
     const auto& dims = manifest.input_dims[i];
     const at::Tensor& x = one.inputs[i];
@@ -245,8 +245,8 @@ void checkNoDecayPatterns(const TrainConfig& config, const stage::PipeManifest& 
 }
 
 // What the config asks of the split, checked once before any rank starts.
-void checkAgainstSplit(const TrainConfig& config, const stage::PipeManifest& manifest) {
-  checkInputSizes(config, manifest);
+void checkAgainstSplit(const TrainConfig& config, const stage::PipeManifest& manifest, const DataLayout& layout) {
+  checkInputSizes(config, manifest, layout);
   checkNoDecayPatterns(config, manifest);
 }
 

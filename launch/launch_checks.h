@@ -6,11 +6,10 @@
 
 #include <string>
 
+#include "data/data_layout.h"
 #include "stage/manifest.h"
 
 namespace pipeforge::train {
-
-struct TrainConfig;
 
 // Shared by the launchers of a config's ranks (`pipeforge train`, `pipeforge eval`).
 // Splits the configured model (model.path with its spec) into `out_dir`,
@@ -20,14 +19,15 @@ std::string splitFor(const TrainConfig& config, const std::string& out_dir);
 void checkSplitFolder(const std::string& dir, const stage::PipeManifest& manifest);
 // A torch.export model takes the microbatches (and block) the config feeds;
 // throws ConfigError naming the fix.
-void checkInputSizes(const TrainConfig& config, const stage::PipeManifest& manifest);
+void checkInputSizes(const TrainConfig& config, const stage::PipeManifest& manifest, const DataLayout& layout);
 
 class Dataset;
 // Data whose rows, sequence length or dtypes the model's inputs cannot take
 // is refused (ConfigError; Note [Input dtypes]).
-void checkDataFitsInputs(const TrainConfig& config, const stage::PipeManifest& manifest, Dataset& dataset);
+void checkDataFitsInputs(const TrainConfig& config, const stage::PipeManifest& manifest, const DataLayout& layout,
+                         Dataset& dataset);
 // What the config asks of the split: input sizes and the optimizer's
 // no_decay patterns.
-void checkAgainstSplit(const TrainConfig& config, const stage::PipeManifest& manifest);
+void checkAgainstSplit(const TrainConfig& config, const stage::PipeManifest& manifest, const DataLayout& layout);
 
 }  // namespace pipeforge::train

@@ -34,8 +34,7 @@ void runRank(const EvalRequest& r, std::int64_t batches) {
   ro.profile = false;
   runtime::PipelineRunner runner(ro);
   loadRunnerWeights(runner, r.checkpoint);
-  const DataLayout layout = dataLayoutFor(config, plan.manifest.inputs);
-  std::unique_ptr<Dataset> data = openDataset(config.data, config.seed, layout);
+  std::unique_ptr<Dataset> data = openDataset(config.data, config.seed, plan.data);
 
   // Each replica's last stage computes its rows' loss; a sum over every rank
   // of these slots, divided by the replicas, is each batch's mean.
@@ -44,7 +43,7 @@ void runRank(const EvalRequest& r, std::int64_t batches) {
   const std::int64_t first = runner.dpRank() * rows;
   for (std::int64_t k = 0; k < batches; ++k) {
     const Batch global = data->batch(DataSplit::kHeldOut, k, config.global_batch_size);
-    const Batch batch = config.pipeline.data_parallel > 1 ? sliceBatch(global, first, first + rows, layout) : global;
+    const Batch batch = config.pipeline.data_parallel > 1 ? sliceBatch(global, first, first + rows, plan.data) : global;
     runtime::EvalResult result = runner.evalStep(batch.inputs, batch.targets, lossScalingFor(config, global));
     if (result.loss.has_loss) losses[k].fill_(result.loss.loss);
   }
@@ -168,8 +167,9 @@ void launch(const EvalRequest& r, std::int64_t batches) {
                                 : manifest.num_stages / config.pipeline.stages_per_rank * config.pipeline.data_parallel;
   checkDevice(config, nproc);
   checkLayout(config, nproc, manifest.num_stages);
-  checkInputSizes(config, manifest);
-  if (config.data.format == DataFormat::kTensors) checkHeldOut(dataLayoutFor(config, manifest.inputs));
+  const DataLayout layout = dataLayoutFor(config, manifest.inputs);
+  checkInputSizes(config, manifest, layout);
+  if (config.data.format == DataFormat::kTensors) checkHeldOut(layout);
 
   RankCommand ranks;
   ranks.args = {"eval",          "--config",   r.config_path, "--checkpoint", step_dir,

@@ -14,6 +14,7 @@ RunPlan planRun(const TrainConfig& config, const runtime::DistEnv& env, const st
   plan.manifest = stage::readManifest(split_dir);
   std::optional<schedules::Program> program = checkLayout(config, env.world_size, plan.manifest.num_stages);
   plan.pipeline_ranks = env.world_size / config.pipeline.data_parallel;
+  plan.data = dataLayoutFor(config, plan.manifest.inputs);
   // Note [Auto schedule] in train/auto_schedule_pick.h: start on the profiling
   // program; training replaces it with the chosen one, and evaluation (any
   // valid schedule computes the same) keeps it.

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "config/train_config.h"
+#include "data/data_layout.h"
 #include "runtime/dist_env.h"
 #include "schedules/program.h"
 #include "stage/manifest.h"
@@ -25,14 +26,17 @@ struct RunPlan {
   std::string split_dir;
   stage::PipeManifest manifest;  // split_dir's pipe.json
   int pipeline_ranks = 1;        // env.world_size / pipeline.data_parallel
+  // The microbatch cuts of the inputs and targets, resolved against the
+  // manifest's inputs: the runner cuts and the dataset draws by the same one.
+  DataLayout data;
   // The compute-only program: pipeline.schedule_csv's, the named schedule
   // generated for the layout, or for `auto` the profiling program that the
   // trainer replaces with its choice (Note [Auto schedule]).
   schedules::Program program;
 };
 
-// Reads split_dir's pipe.json and checks the layout against it (ConfigError
-// naming the keys to change).
+// Reads split_dir's pipe.json and checks the layout and the input chunks
+// against it (ConfigError naming the keys to change).
 RunPlan planRun(const TrainConfig& config, const runtime::DistEnv& env, const std::string& split_dir);
 
 }  // namespace pipeforge::train

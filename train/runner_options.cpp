@@ -56,10 +56,8 @@ runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const RunPlan
   ro.program = plan.program;
   ro.num_microbatches = config.pipeline.microbatches;
   // Note [Input chunks] in data/dataset.h: the same entries place the data's rows.
-  if (!config.pipeline.input_chunks.empty()) {
-    ro.input_chunks = chunkSpecsOf(inputChunksFor(config, plan.manifest.inputs));
-  }
-  ro.target_chunks = chunkSpecsOf(config.pipeline.target_chunks);
+  ro.input_chunks = chunkSpecsOf(plan.data.inputs);
+  ro.target_chunks = chunkSpecsOf(plan.data.targets);
   ro.stages_per_rank = config.pipeline.stages_per_rank;
   ro.loss = lossKind(config.loss);
   ro.loss_module = config.loss_module;

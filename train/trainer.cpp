@@ -69,7 +69,7 @@ class RankTrainer {
     runner_ = std::make_unique<runtime::PipelineRunner>(ro);
     channel_ = std::make_unique<RankChannel>(env_, timeout_);
     if (config.trace) trace_.emplace(*channel_, runner_->rank(), env_.world_size);
-    layout_ = dataLayoutFor(config, manifest_.inputs);
+    layout_ = plan.data;
     dataset_ = openDataset(config.data, config.seed, layout_);
     if (auto_schedule) {
       const Batch first = myShare(dataset_->batch(DataSplit::kTrain, 0, config.global_batch_size));
