@@ -39,6 +39,11 @@ option(PIPEFORGE_PCH "Precompile LibTorch's headers once and reuse them in every
 set(PIPEFORGE_UNITY_BATCH 8 CACHE STRING
     "Compile each target's sources in unity batches of this many files (0: one file per unit)")
 
+set(PIPEFORGE_TORCH_PCH_HEADERS
+  <torch/script.h>
+  <ATen/ATen.h>
+  <torch/csrc/jit/ir/ir.h>)
+
 # pipeforge_torch_pch_setup(): the target that owns the precompiled header.
 function(pipeforge_torch_pch_setup)
   if(NOT PIPEFORGE_PCH)
