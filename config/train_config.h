@@ -45,7 +45,7 @@ enum class ActivationCheckpointing {
 
 // One entry of pipeline.input_chunks / target_chunks: how a model input (or a
 // target) is cut into microbatches, as PyTorch's TensorChunkSpec, and so where
-// its rows are in the data (Note [Input chunks] in data/dataset.h).
+// its rows are in the data (Note [Input chunks] in data/data_layout.h).
 struct ChunkEntry {
   std::string name;        // the model input it names (input_chunks given as a map); empty in a list
   bool replicate = false;  // every microbatch (and replica) gets the whole tensor

@@ -101,7 +101,7 @@ std::vector<at::Tensor> modelInputs(const c10::IValue& value, const DataLayout& 
 }
 
 // Every split tensor has the same number of rows along its row dim (Note
-// [Input chunks] in data/dataset.h); returns it.
+// [Input chunks] in data/data_layout.h); returns it.
 std::int64_t countRows(const Batch& batch, const DataLayout& layout, const std::string& where) {
   std::int64_t rows = -1;
   std::string first;

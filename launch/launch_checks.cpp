@@ -114,7 +114,7 @@ void checkInputSizes(const TrainConfig& config, const stage::PipeManifest& manif
     return d.max < 0 ? fmt::format("sizes >= {}", d.min) : fmt::format("sizes {}..{}", d.min, d.max);
   };
   // The batch dim of each input: dim 0, or its pipeline.input_chunks dim; a
-  // replicated input has none (Note [Input chunks] in data/dataset.h).
+  // replicated input has none (Note [Input chunks] in data/data_layout.h).
   const std::vector<ChunkEntry>& chunks = layout.inputs;
   for (size_t i = 0; i < manifest.input_dims.size(); ++i) {
     const auto& dims = manifest.input_dims[i];

@@ -55,7 +55,7 @@ runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const RunPlan
   ro.schedule = config.pipeline.schedule;
   ro.program = plan.program;
   ro.num_microbatches = config.pipeline.microbatches;
-  // Note [Input chunks] in data/dataset.h: the same entries place the data's rows.
+  // Note [Input chunks] in data/data_layout.h: the same entries place the data's rows.
   ro.input_chunks = chunkSpecsOf(plan.data.inputs);
   ro.target_chunks = chunkSpecsOf(plan.data.targets);
   ro.stages_per_rank = config.pipeline.stages_per_rank;

@@ -335,7 +335,7 @@ class RankTrainer {
   std::chrono::milliseconds timeout_{0};
   std::unique_ptr<runtime::PipelineRunner> runner_;
   std::unique_ptr<RankChannel> channel_;  // after runner_: destroyed first (Note [Orderly exit])
-  DataLayout layout_;  // Note [Input chunks] in data/dataset.h
+  DataLayout layout_;  // Note [Input chunks] in data/data_layout.h
   std::unique_ptr<Dataset> dataset_;
   StageOptimizers optimizers_;
   std::unique_ptr<RankCheckpoint> checkpoint_;  // after optimizers_, which it saves and restores

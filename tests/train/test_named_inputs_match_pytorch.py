@@ -6,7 +6,7 @@ The model takes two inputs, forward(self, xt, mask): xt [F, N] holds the rows
 along dim 1 (features first) and mask [F] is one vector shared by every row.
 So the config says input_chunks {xt: 1, mask: replicate}: xt's rows are drawn,
 shared out to replicas and cut into microbatches along dim 1, and every
-microbatch gets the whole mask (Note [Input chunks] in data/dataset.h).
+microbatch gets the whole mask (Note [Input chunks] in data/data_layout.h).
 
 Each case trains it for STEPS steps (mse, SGD) twice on the same rows:
   * Pipeforge: `pipeforge train --nproc R` (2 stages, 1F1B), then
