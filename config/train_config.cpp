@@ -21,7 +21,6 @@
 #include "common/yaml_keys.h"
 #include "config/config_overrides.h"
 #include "partitioner/split_spec.h"
-#include "schedules/auto_schedule.h"
 #include "schedules/csv.h"
 #include "schedules/generate.h"
 #include "schedules/lower.h"

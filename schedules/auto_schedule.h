@@ -21,9 +21,6 @@
 
 namespace pipeforge::schedules {
 
-// The name the CLI accepts for this search (`--name auto`).
-inline constexpr const char* kAutoScheduleName = "auto";
-
 struct AutoScheduleConfig {
   int num_ranks = 1;
   int stages_per_rank = 1;

@@ -41,6 +41,11 @@ struct ScheduleConfig {
 // (megatron_table.h) laid out like 1F1B.
 std::vector<std::string> scheduleNames();
 
+// The name that asks for the cost-aware search (auto_schedule.h) instead of a
+// named schedule, in configs and on the CLI (`--name auto`). Not one of
+// scheduleNames(): it needs costs, which a named schedule does not.
+inline constexpr const char* kAutoScheduleName = "auto";
+
 // The one place a schedule name is matched: `name` in any case ("1f1b",
 // "zbvzerobubble") -> its spelling in scheduleNames(); nullopt when unknown.
 std::optional<std::string> canonicalScheduleName(std::string_view name);

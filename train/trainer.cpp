@@ -16,7 +16,7 @@
 #include "data/dataset.h"
 #include "data/open_dataset.h"
 #include "runtime/pipeline_runner.h"
-#include "schedules/auto_schedule.h"
+#include "schedules/generate.h"
 #include "stage/manifest.h"
 #include "train/auto_schedule_pick.h"
 #include "train/deferred_reports.h"
