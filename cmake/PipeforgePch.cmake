@@ -36,6 +36,11 @@ option(PIPEFORGE_PCH "Precompile LibTorch's headers once and reuse them in every
 #     mix-up: such helpers get names of their own. A file-scope `using` that
 #     would make a name ambiguous in the next file is written as an alias with
 #     its own name for the same reason.
+#   - g++'s -Wsubobject-linkage exempts only the main file's classes from its
+#     check of fields whose type is file-local. In a batch every source is an
+#     included file, so a pimpl holding a file-local helper (as Impl classes
+#     do) would warn although each file alone is clean; batched targets turn
+#     that one warning off.
 set(PIPEFORGE_UNITY_BATCH 8 CACHE STRING
     "Compile each target's sources in unity batches of this many files (0: one file per unit)")
 
@@ -128,6 +133,9 @@ function(_pipeforge_unity_batches target paths out)
     math(EXPR i "${i} + 1")
   endforeach()
   set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_MODE GROUP)
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    target_compile_options(${target} PRIVATE -Wno-subobject-linkage)
+  endif()
   set(${out} TRUE PARENT_SCOPE)
 endfunction()
 
