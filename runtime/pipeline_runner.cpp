@@ -65,8 +65,10 @@ class PipelineRunner::Impl {
     } catch (const stage::ManifestError& e) {
       throw RuntimeError(e.what(), e.code());
     } catch (const schedules::ScheduleError& e) {
-      if (options_.program) throw RuntimeError(fmt::format("the given schedule program: {}", e.what()), e.code());
-      throw RuntimeError(fmt::format("schedule '{}': {}", options_.schedule, e.what()), e.code());
+      if (const auto* name = std::get_if<std::string>(&options_.schedule)) {
+        throw RuntimeError(fmt::format("schedule '{}': {}", *name, e.what()), e.code());
+      }
+      throw RuntimeError(fmt::format("the given schedule program: {}", e.what()), e.code());
     } catch (const DistEnvError& e) {
       throw RuntimeError(e.what(), e.code());
     } catch (const CommError& e) {
@@ -88,7 +90,8 @@ class PipelineRunner::Impl {
       rank = comm->rank();
       world = comm->worldSize();
     } else {
-      env = options_.env ? *options_.env : resolveDistEnv(options_.dist);
+      const auto* resolved = std::get_if<DistEnv>(&options_.dist);
+      env = resolved != nullptr ? *resolved : resolveDistEnv(std::get<DistOptions>(options_.dist));
       rank = env.rank;
       world = env.world_size;
       local_rank = env.local_rank;
@@ -138,7 +141,7 @@ class PipelineRunner::Impl {
   void setProgram(const schedules::Program& program) {
     guarded([&] {
       RunnerOptions next = options_;
-      next.program = program;
+      next.schedule = program;
       std::swap(options_, next);
       schedules::Program lowered;
       try {
@@ -230,8 +233,8 @@ class PipelineRunner::Impl {
   schedules::Program buildProgram() const {
     int stages = manifest_.num_stages;
     schedules::Program program;
-    if (options_.program) {
-      program = *options_.program;
+    if (const auto* given = std::get_if<schedules::Program>(&options_.schedule)) {
+      program = *given;
     } else {
       if (stages != pp_size_ * options_.stages_per_rank) {
         throw RuntimeError(fmt::format("the split in '{}' has {} stages but {} pipeline ranks x {} stages per rank = "
@@ -243,7 +246,7 @@ class PipelineRunner::Impl {
       sc.num_ranks = pp_size_;
       sc.stages_per_rank = options_.stages_per_rank;
       sc.num_microbatches = options_.num_microbatches;
-      program = schedules::generateSchedule(options_.schedule, sc);
+      program = schedules::generateSchedule(std::get<std::string>(options_.schedule), sc);
     }
     if (!schedules::hasSendRecv(program)) program = schedules::lowerForExecution(program);
     if (program.num_ranks != pp_size_ || program.num_stages != stages ||

@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -44,12 +45,12 @@ struct RunnerOptions {
   // split_dir's pipe.json when the caller has read it already; read here otherwise.
   std::optional<stage::PipeManifest> manifest;
 
-  // A schedule name from schedules::scheduleNames() (`pipeforge schedule
-  // --help` lists them), ignored when `program` is set.
-  std::string schedule = "1F1B";
-  // A ready program (compute-only or lowered) instead of a named schedule:
-  // one rank per pipeline rank; it is lowered for execution if needed.
-  std::optional<schedules::Program> program;
+  // What runs: a schedule name from schedules::scheduleNames() (`pipeforge
+  // schedule --help` lists them), generated for this layout, or a ready
+  // program (compute-only or lowered; one rank per pipeline rank), lowered for
+  // execution if needed. One field holds either, so neither can be set and
+  // then silently ignored.
+  std::variant<std::string, schedules::Program> schedule = std::string("1F1B");
   int num_microbatches = 1;
   int stages_per_rank = 1;  // pipe.json's stage count must be ranks * stages_per_rank
 
@@ -80,8 +81,9 @@ struct RunnerOptions {
   // fails is reported sooner: failures are broadcast through the store.
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};
 
-  DistOptions dist;  // rank / world / master; unset fields come from the environment
-  std::optional<DistEnv> env;  // an environment the caller resolved already; `dist` is then unused
+  // Who this process is: options whose unset fields come from the environment
+  // (resolveDistEnv), or an environment the caller resolved already.
+  std::variant<DistOptions, DistEnv> dist;
 
   ShapeMode shapes = ShapeMode::kInferOnce;
   // kStatic only: for each stage, the meta of each of its inputs coming from
@@ -167,7 +169,7 @@ class PipelineRunner {
   // Waits for every rank (checkpointing); bounded by the timeout.
   void barrier();
 
-  // Runs `program` (compute-only or lowered, as RunnerOptions::program) from
+  // Runs `program` (compute-only or lowered, as a RunnerOptions::schedule program) from
   // the next step on, as if the runner had been constructed with it: this
   // rank's stages are loaded again from the split folder (parameters and
   // buffers as in the files, no gradients), over the same process group

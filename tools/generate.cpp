@@ -21,6 +21,7 @@
 #include "runtime/pipeline_runner.h"
 #include "stage/manifest.h"
 #include "stage/split_model.h"
+#include "train/run_plan.h"
 
 namespace pipeforge::train {
 namespace {
@@ -126,14 +127,14 @@ std::string describeSampling(const GenerateRequest& r) {
 // One rank of the generation.
 void runRank(const GenerateRequest& r) {
   const std::vector<std::int64_t> prompt = promptOf(r);
-  const runtime::DistEnv env = runtime::resolveDistEnv({});
-  const stage::PipeManifest manifest = stage::readManifest(r.split_dir);
+  const RunPlan plan = planGeneration(runtime::resolveDistEnv({}), r.split_dir);
+  const stage::PipeManifest& manifest = plan.manifest;
   runtime::RunnerOptions ro;
-  ro.split_dir = r.split_dir;
-  ro.manifest = manifest;
-  ro.env = env;
-  ro.schedule = "GPipe";  // one microbatch: every schedule is the same forward chain
-  ro.num_microbatches = 1;
+  ro.split_dir = plan.split_dir;
+  ro.manifest = plan.manifest;
+  ro.dist = plan.env;
+  ro.schedule = plan.program;
+  ro.num_microbatches = plan.program.num_microbatches;
   ro.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(r.timeout_s * 1000));
   runtime::PipelineRunner runner(ro);
   loadRunnerWeights(runner, r.checkpoint);
@@ -209,7 +210,7 @@ void runRank(const GenerateRequest& r) {
   const std::vector<std::int64_t> continuation(all.begin() + static_cast<std::ptrdiff_t>(prompt.size()), all.end());
   const CheckpointMeta meta = readCheckpointMeta(r.checkpoint);
   std::cout << fmt::format("pipeforge generate: {} tokens from step {} of {} on {} rank{}, {}, block size {}\n",
-                           r.tokens, meta.step, r.checkpoint, env.world_size, env.world_size == 1 ? "" : "s",
+                           r.tokens, meta.step, r.checkpoint, plan.env.world_size, plan.env.world_size == 1 ? "" : "s",
                            describeSampling(r), fit.block);
   if (r.prompt) {
     std::cout << "prompt:       \"" << escapeBytes(prompt) << "\"\n"

@@ -3,6 +3,7 @@
 #include <optional>
 #include <utility>
 
+#include "schedules/generate.h"
 #include "train/schedule_profile.h"
 
 namespace pipeforge::train {
@@ -21,6 +22,20 @@ RunPlan planRun(const TrainConfig& config, const runtime::DistEnv& env, const st
   plan.program = program ? std::move(*program)
                          : profilingProgram(plan.pipeline_ranks, config.pipeline.stages_per_rank,
                                             config.pipeline.microbatches);
+  return plan;
+}
+
+RunPlan planGeneration(const runtime::DistEnv& env, const std::string& split_dir) {
+  RunPlan plan;
+  plan.env = env;
+  plan.split_dir = split_dir;
+  plan.manifest = stage::readManifest(split_dir);
+  plan.pipeline_ranks = env.world_size;
+  schedules::ScheduleConfig one_chain;
+  one_chain.num_ranks = env.world_size;
+  one_chain.stages_per_rank = 1;
+  one_chain.num_microbatches = 1;
+  plan.program = schedules::generateSchedule("GPipe", one_chain);
   return plan;
 }
 

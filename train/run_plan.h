@@ -39,4 +39,10 @@ struct RunPlan {
 // against it (ConfigError naming the keys to change).
 RunPlan planRun(const TrainConfig& config, const runtime::DistEnv& env, const std::string& split_dir);
 
+// The plan of a generation (`pipeforge generate`), which has no training
+// config: one stage per rank, no data-parallel replicas, and GPipe's program
+// on one microbatch (forward only, so every schedule is the same chain of
+// stages). Reads split_dir's pipe.json; no dataset, so `data` stays empty.
+RunPlan planGeneration(const runtime::DistEnv& env, const std::string& split_dir);
+
 }  // namespace pipeforge::train

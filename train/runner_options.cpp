@@ -51,9 +51,8 @@ runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const RunPlan
   runtime::RunnerOptions ro;
   ro.split_dir = plan.split_dir;
   ro.manifest = plan.manifest;
-  ro.env = plan.env;
-  ro.schedule = config.pipeline.schedule;
-  ro.program = plan.program;
+  ro.dist = plan.env;
+  ro.schedule = plan.program;  // the plan's program, `auto`'s profiling one included
   ro.num_microbatches = config.pipeline.microbatches;
   // Note [Input chunks] in data/data_layout.h: the same entries place the data's rows.
   ro.input_chunks = chunkSpecsOf(plan.data.inputs);

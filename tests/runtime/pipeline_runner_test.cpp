@@ -19,8 +19,10 @@ namespace {
 TEST(PipelineRunnerTest, RejectsASplitThatDoesNotFitTheSchedule) {
   RunnerOptions o = mlpOptions("Interleaved1F1B", 4);
   o.stages_per_rank = 3;
-  o.dist.rank = 0;
-  o.dist.world_size = 1;
+  DistOptions alone_rank;
+  alone_rank.rank = 0;
+  alone_rank.world_size = 1;
+  o.dist = alone_rank;
   try {
     PipelineRunner runner(o);
     FAIL() << "no error";
@@ -32,8 +34,8 @@ TEST(PipelineRunnerTest, RejectsASplitThatDoesNotFitTheSchedule) {
 
 // Note [One plan per run] in train/run_plan.h: a runner given pipe.json, the
 // program uses them and reads neither again. Here the split folder has no
-// pipe.json at all, and the options name 1F1B while the program given is
-// GPipe: the runner must run the given manifest and program.
+// pipe.json at all, and the fixture's 1F1B is replaced by a GPipe program:
+// the runner must run the given manifest and program.
 TEST(PipelineRunnerTest, APlannedRunReadsNothingAgain) {
   at::set_num_threads(1);
   torch::manual_seed(11);
@@ -55,7 +57,7 @@ TEST(PipelineRunnerTest, APlannedRunReadsNothingAgain) {
     RunnerOptions o = mlpOptions("1F1B", 4);
     o.split_dir = bare;
     o.manifest = manifest;
-    o.program = program;
+    o.schedule = program;
     return PipelineRunner(o, comm).trainStep({x}, {y}).loss;
   });
   double ref_loss = 0;
@@ -65,8 +67,10 @@ TEST(PipelineRunnerTest, APlannedRunReadsNothingAgain) {
   // Without the manifest the same folder is refused, naming pipe.json.
   RunnerOptions alone = mlpOptions("1F1B", 4);
   alone.split_dir = bare;
-  alone.dist.rank = 0;
-  alone.dist.world_size = 1;
+  DistOptions alone_rank;
+  alone_rank.rank = 0;
+  alone_rank.world_size = 1;
+  alone.dist = alone_rank;
   try {
     PipelineRunner runner(alone);
     FAIL() << "no error";
@@ -98,7 +102,7 @@ TEST(PipelineRunnerTest, SetProgramRunsAsIfConstructedWithIt) {
       RunnerOptions o = mlpOptions("Interleaved1F1B", 4);
       o.split_dir = testing::splitsRoot() + "/mlp_4";
       o.stages_per_rank = 2;
-      if (!switched) o.program = zbv;
+      if (!switched) o.schedule = zbv;
       PipelineRunner runner(o, comm);
       if (switched) {
         runner.trainStep({x}, {y});  // leaves gradients the switch must drop
