@@ -54,12 +54,10 @@ class RankTrainer {
  public:
   RankTrainer(const TrainConfig& config, const RunPlan& plan, const TrainerOptions& options)
       : config_(config),
+        plan_(plan),
         options_(options),
         policy_(config, stageParameterNames(plan.manifest)),
         tied_(plan.manifest) {
-    // Note [One plan per run] in train/run_plan.h.
-    env_ = plan.env;
-    manifest_ = plan.manifest;
     timeout_ = std::chrono::milliseconds(static_cast<std::int64_t>(config.timeout_s * 1000));
 
     const PipelineConfig& pipeline = config.pipeline;
@@ -67,14 +65,13 @@ class RankTrainer {
     runtime::RunnerOptions ro = runnerOptionsFor(config, plan);
     ro.profile = config.trace || auto_schedule;
     runner_ = std::make_unique<runtime::PipelineRunner>(ro);
-    channel_ = std::make_unique<RankChannel>(env_, timeout_);
-    if (config.trace) trace_.emplace(*channel_, runner_->rank(), env_.world_size);
-    layout_ = plan.data;
-    dataset_ = openDataset(config.data, config.seed, layout_);
+    channel_ = std::make_unique<RankChannel>(plan_.env, timeout_);
+    if (config.trace) trace_.emplace(*channel_, runner_->rank(), plan_.env.world_size);
+    dataset_ = openDataset(config.data, config.seed, plan.data);
     if (auto_schedule) {
       const Batch first = myShare(dataset_->batch(DataSplit::kTrain, 0, config.global_batch_size));
-      auto_choice_ = pickAutoSchedule(*runner_, first, config, plan.pipeline_ranks, manifest_.num_stages,
-                                      env_.world_size);
+      auto_choice_ = pickAutoSchedule(*runner_, first, config, plan.pipeline_ranks, plan_.manifest.num_stages,
+                                      plan_.env.world_size);
     }
 
     // no_decay globs were checked against the split before the ranks started.
@@ -84,7 +81,8 @@ class RankTrainer {
     for (int s : runner_->localStages()) optimizers_[s] = makeOptimizer(config.optimizer, by_stage[s]);
     std::string schedule = scheduleLabel(config);
     if (auto_choice_) schedule += ": " + auto_choice_->choice.origin;
-    checkpoint_ = std::make_unique<RankCheckpoint>(config, env_, manifest_, *runner_, optimizers_, std::move(schedule));
+    checkpoint_ = std::make_unique<RankCheckpoint>(config, plan_.env, plan_.manifest, *runner_, optimizers_,
+                                                   std::move(schedule));
   }
 
   TrainSummary run() {
@@ -118,7 +116,7 @@ class RankTrainer {
     reports_->drain(reports_->size(), summary);
     if (config_.trace && rank() == 0) writeTrace();
     summary.seconds = std::chrono::duration<double>(Clock::now() - started).count();
-    if (rank() == 0) report_->finish(summary, policy_.scaler(), manifest_.source, trace_path_);
+    if (rank() == 0) report_->finish(summary, policy_.scaler(), plan_.manifest.source, trace_path_);
     return summary;
   }
 
@@ -216,7 +214,7 @@ class RankTrainer {
   // Note [One collective per step's checks] in train/gradient_check.h.
   GradientCheck checkGradients(const runtime::StepResult& result) {
     const SpanTimer timer = phase(runtime::SpanKind::kCheck, "gradient check");
-    GradientCheckFlags flags(manifest_.num_stages);
+    GradientCheckFlags flags(plan_.manifest.num_stages);
     std::set<const void*> counted;
     for (const auto& p : runner_->parameters()) {
       const at::Tensor& g = p.tensor.grad();
@@ -258,12 +256,12 @@ class RankTrainer {
   // The first stage (on every rank the same) holding a non-finite parameter, or -1.
   int firstNonFiniteParameters() {
     const SpanTimer timer = phase(runtime::SpanKind::kCheck, "parameter check");
-    std::vector<double> flags(manifest_.num_stages, 0.0);
+    std::vector<double> flags(plan_.manifest.num_stages, 0.0);
     for (const auto& p : runner_->parameters()) {
       if (!std::isfinite(at::sum(p.tensor.detach(), at::kDouble).item<double>())) flags[p.stage] = 1.0;
     }
     allreduceSum(flags);
-    for (int s = 0; s < manifest_.num_stages; ++s) {
+    for (int s = 0; s < plan_.manifest.num_stages; ++s) {
       if (flags[s] > 0) return s;
     }
     return -1;
@@ -275,7 +273,7 @@ class RankTrainer {
     if (dp == 1) return global;
     const std::int64_t rows = replicaBatchSize(config_);
     const std::int64_t d = runner_->dpRank();
-    return sliceBatch(global, d * rows, (d + 1) * rows, layout_);
+    return sliceBatch(global, d * rows, (d + 1) * rows, plan_.data);
   }
 
   // Publishes this replica's loss, when this rank computed it.
@@ -310,8 +308,8 @@ class RankTrainer {
     RunStart start;
     start.first_step = first_step;
     start.end = end_;
-    start.world_size = env_.world_size;
-    start.num_stages = manifest_.num_stages;
+    start.world_size = plan_.env.world_size;
+    start.num_stages = plan_.manifest.num_stages;
     start.data = dataset_->describe();
     if (config_.pipeline.activation_checkpointing == ActivationCheckpointing::kEveryN) {
       start.recomputed_calls = runner_->recomputedCalls();
@@ -329,13 +327,12 @@ class RankTrainer {
   }
 
   const TrainConfig& config_;
+  // Note [One plan per run] in train/run_plan.h: read from, never copied or re-derived.
+  const RunPlan& plan_;
   const TrainerOptions& options_;
-  runtime::DistEnv env_;
-  stage::PipeManifest manifest_;
   std::chrono::milliseconds timeout_{0};
   std::unique_ptr<runtime::PipelineRunner> runner_;
   std::unique_ptr<RankChannel> channel_;  // after runner_: destroyed first (Note [Orderly exit])
-  DataLayout layout_;  // Note [Input chunks] in data/data_layout.h
   std::unique_ptr<Dataset> dataset_;
   StageOptimizers optimizers_;
   std::unique_ptr<RankCheckpoint> checkpoint_;  // after optimizers_, which it saves and restores
