@@ -44,6 +44,15 @@ if(PIPEFORGE_TORCH STREQUAL "wheel")
   # under the wheel's 2.13 headers. Searching the wheel first keeps them a pair.
   list(PREPEND CMAKE_LIBRARY_PATH "${PIPEFORGE_TORCH_PACKAGE}/lib")
   list(PREPEND CMAKE_PREFIX_PATH "${_pf_torch_cmake}")
+  # A CUDA wheel's TorchConfig links NVRTC from the CUDA toolkit. A toolkit
+  # of nvcc and cudart alone has none; the wheel's nvidia-cu* dependency
+  # ships it (libnvrtc.so.13, no unversioned name), so look there second.
+  get_filename_component(_pf_site "${PIPEFORGE_TORCH_PACKAGE}" DIRECTORY)
+  file(GLOB _pf_cu_libs LIST_DIRECTORIES true "${_pf_site}/nvidia/cu[0-9]*/lib")
+  if(_pf_cu_libs)
+    find_library(CUDA_nvrtc_LIBRARY NAMES nvrtc libnvrtc.so.13 libnvrtc.so.12
+                 HINTS "${CUDAToolkit_ROOT}/lib64" "${CUDA_TOOLKIT_ROOT_DIR}/lib64" ${_pf_cu_libs})
+  endif()
   find_package(Torch REQUIRED)
   if(NOT TORCH_LIBRARY MATCHES "^${PIPEFORGE_TORCH_PACKAGE}/")
     message(FATAL_ERROR "The torch wheel at ${PIPEFORGE_TORCH_PACKAGE} resolved its library to ${TORCH_LIBRARY}. "
@@ -58,6 +67,25 @@ elseif(PIPEFORGE_TORCH STREQUAL "custom")
 else()
   message(FATAL_ERROR "PIPEFORGE_TORCH is '${PIPEFORGE_TORCH}'; use wheel, system or custom.")
 endif()
+# LibTorch 2.14 and newer need C++20 (ATen/ATen.h refuses anything older);
+# every target made from here on (all that include torch) is compiled so.
+# common/ and schedules/, made before this, stay C++17: they must also build
+# without LibTorch, and the two standards link together with one compiler.
+set(_pf_aten_h "")
+foreach(_pf_inc IN LISTS TORCH_INCLUDE_DIRS)
+  if(EXISTS "${_pf_inc}/ATen/ATen.h")
+    set(_pf_aten_h "${_pf_inc}/ATen/ATen.h")
+    break()
+  endif()
+endforeach()
+if(_pf_aten_h)
+  file(STRINGS "${_pf_aten_h}" _pf_cxx20 REGEX "__cplusplus < 202002L")
+  if(_pf_cxx20)
+    set(CMAKE_CXX_STANDARD 20)
+    message(STATUS "Pipeforge: LibTorch ${Torch_VERSION} needs C++20; its targets are compiled as C++20")
+  endif()
+endif()
+
 # The zoo's Python must carry the same torch release as the LibTorch we link.
 execute_process(COMMAND "${PIPEFORGE_PYTHON}" -c "import torch; print(torch.__version__.split('+')[0])"
   OUTPUT_VARIABLE PIPEFORGE_PYTHON_TORCH_VERSION OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
