@@ -130,6 +130,8 @@ void writeStageCheckpoint(const std::string& root, const StageCheckpoint& state,
   dict.insert("parameters", toDict(state.parameters));
   dict.insert("buffers", toDict(state.buffers));
   dict.insert("rng_state", state.rng_state.defined() ? state.rng_state.clone() : at::empty({0}, at::kByte));
+  // Optional: a CPU run writes none, and a checkpoint without it still loads.
+  if (state.device_rng_state.defined()) dict.insert("device_rng_state", state.device_rng_state.to(at::kCPU).clone());
   std::vector<char> bytes = pickleForTorchLoad(dict);
   writeFileAtomically((dir / stageFile(state.stage)).string(), std::string(bytes.begin(), bytes.end()));
 
@@ -338,6 +340,7 @@ StageCheckpoint readStageCheckpoint(const std::string& step_dir, int stage) {
   state.parameters = fromDict(dict.at("parameters"), path + " parameters");
   state.buffers = fromDict(dict.at("buffers"), path + " buffers");
   state.rng_state = dict.at("rng_state").toTensor();
+  if (dict.contains("device_rng_state")) state.device_rng_state = dict.at("device_rng_state").toTensor();
   if (state.stage != stage) {
     throw CheckpointError(fmt::format("'{}' holds stage {}, expected {}", path, state.stage, stage));
   }

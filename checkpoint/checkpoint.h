@@ -46,6 +46,7 @@ struct StageCheckpoint {
   NamedTensors parameters;         // original FQNs
   NamedTensors buffers;
   at::Tensor rng_state;            // the CPU generator's state on the rank that held the stage
+  at::Tensor device_rng_state;     // its CUDA device's generator (undefined on CPU, and in older checkpoints)
 };
 
 // fp16 runs: the loss scaler's state after the checkpoint's step (Note [Dynamic loss scaling]).

@@ -483,6 +483,8 @@ std::vector<int> PipelineRunner::localStages() const {
   }
   return out;
 }
+const std::string& PipelineRunner::device() const { return impl_->device_; }
+
 bool PipelineRunner::computesLoss() const { return impl_->computes_loss_; }
 const schedules::Program& PipelineRunner::program() const { return impl_->program_; }
 const StepProfile& PipelineRunner::lastProfile() const { return impl_->profile_; }

@@ -189,6 +189,7 @@ class PipelineRunner {
   int dpRank() const;        // which data-parallel replica
   std::vector<int> localStages() const;
   bool computesLoss() const;  // holds the last stage
+  const std::string& device() const;  // where this rank's stages run: "cpu" or "cuda:N"
   const schedules::Program& program() const;  // the lowered program being run
 
   // The last step's profile: per-action timings when RunnerOptions::profile

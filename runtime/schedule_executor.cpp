@@ -130,6 +130,7 @@ class ScheduleExecutor::Impl {
       }
       current = nullptr;
       finishStep();
+      readLosses();
     } catch (const CommError& e) {
       throw ReportedError(e.code(), reportFailure(e, current, step));
     } catch (const ReportedError&) {
@@ -297,7 +298,7 @@ class ScheduleExecutor::Impl {
       }
       if (req_->train) losses_[mb] = root;
       const at::Tensor loss = req_->grad_scale == 1.0 ? root : root / req_->grad_scale;
-      out_.losses.at(mb) = loss.item<double>();
+      loss_values_[mb] = loss.detach();  // read at the step's end (Note [One read of the losses])
     } else if (req_->train) {
       throw RuntimeError("a training step needs targets for the loss");
     }
@@ -423,7 +424,23 @@ class ScheduleExecutor::Impl {
     reducer_.sumTied(trace_);
   }
 
+  // Note [One read of the losses]: a microbatch's loss stays on its device
+  // until the step ends, then all of them come to the host in one copy. Read
+  // one by one, each would stop the host until the GPU caught up with that
+  // forward: a synchronisation per action instead of one per step.
+  void readLosses() {
+    if (loss_values_.empty()) return;
+    std::vector<at::Tensor> values;
+    values.reserve(loss_values_.size());
+    for (const auto& [mb, v] : loss_values_) values.push_back(v.reshape({}).to(at::kDouble));
+    const at::Tensor host = at::stack(values).to(at::kCPU);
+    const double* read = host.data_ptr<double>();
+    std::size_t k = 0;
+    for (const auto& [mb, v] : loss_values_) out_.losses.at(mb) = read[k++];
+  }
+
   void clearStep() {
+    loss_values_.clear();
     messenger_.clearStep();
     local_values_.clear();
     local_grads_.clear();
@@ -467,6 +484,7 @@ class ScheduleExecutor::Impl {
   std::map<std::pair<int, int>, at::Tensor> local_values_, local_grads_;
   std::map<std::pair<int, int>, std::vector<TensorMeta>> input_meta_, output_meta_;  // (stage, mb)
   std::map<int, at::Tensor> losses_;  // last stage: the loss of each microbatch until its backward
+  std::map<int, at::Tensor> loss_values_;  // last stage: each microbatch's loss value, read once per step
 };
 
 ScheduleExecutor::ScheduleExecutor(Communicator& comm, ExecutorConfig config)

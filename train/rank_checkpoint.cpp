@@ -13,6 +13,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "runtime/pipeline_runner.h"
+#include "runtime/rng_state.h"
 
 namespace pipeforge::train {
 namespace {
@@ -93,14 +94,21 @@ std::int64_t RankCheckpoint::resume(LossScaler* scaler) {
                                       "split, or set checkpoint.resume: false (or another checkpoint.dir)",
                                       *dir, meta.num_stages, manifest_.num_stages));
   }
-  at::Tensor rng;
+  at::Tensor rng, device_rng;
   for (const auto& [s, opt] : optimizers_) {
     StageCheckpoint state = readStageCheckpoint(*dir, s);
     restoreStageTensors(runner_, *dir, state);
     loadOptimizerState(*dir, s, *opt);
     rng = state.rng_state;
+    device_rng = state.device_rng_state;
   }
   if (rng.defined()) setCpuGeneratorState(rng);
+  // A CUDA run's dropout draws from its device's generator: resume it too,
+  // so a resumed GPU run is the uninterrupted one. A checkpoint written on
+  // the CPU (or by an older Pipeforge) has none; the device keeps its seed.
+  if (device_rng.defined() && device_rng.numel() > 0 && runner_.device() != "cpu") {
+    runtime::restoreRng(runner_.device(), runtime::RngState{cpuGeneratorState(), device_rng});
+  }
   if (scaler != nullptr && meta.loss_scale) {
     scaler->restore(meta.loss_scale->scale, meta.loss_scale->growth_tracker);
   } else if (scaler != nullptr && rank == 0) {
@@ -121,13 +129,14 @@ std::string RankCheckpoint::save(std::int64_t done, const LossScaler* scaler) {
     clearCheckpointStep(root, done);
   }
   runner_.barrier();
-  const at::Tensor rng = cpuGeneratorState();
+  const runtime::RngState rng = runtime::captureRng(runner_.device());
   for (const auto& [s, opt] : optimizers_) {
     StageCheckpoint state;
     state.stage = s;
     state.step = done;
     state.data_position = done;
-    state.rng_state = rng;
+    state.rng_state = rng.cpu;
+    state.device_rng_state = rng.device;
     for (const auto& p : runner_.parameters()) {
       if (p.stage == s) state.parameters.emplace_back(p.name, p.tensor);
     }

@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "common/atomic_file.h"
+#include "compat/cuda_device.h"
 #include "schedules/csv.h"
 
 namespace pipeforge::train {
@@ -127,6 +128,12 @@ void RunReport::trained(const TrainRecord& r) {
                         {"lr", r.lr},       {"grad_norm", r.grad_norm}, {"step_s", r.step_s}};
   record[tokens ? "tokens_per_s" : "rows_per_s"] = throughput;
   if (r.loss_scale) record["loss_scale"] = *r.loss_scale;
+  // On a GPU: torch.cuda.max_memory_allocated of rank 0's device so far (a
+  // CPU run has no such figure). Rank 0 is local rank 0, so "cuda" is cuda:0.
+  const std::string device = config_.device == "cuda" ? "cuda:0" : config_.device;
+  if (auto peak = compat::maxMemoryAllocated(device)) {
+    record["max_memory_allocated_mib"] = static_cast<double>(*peak) / (1024.0 * 1024.0);
+  }
   metrics_->write(record);
   progress_->update(StepReport{r.done, r.loss, r.lr, throughput, r.eta_s, tokens ? "tok/s" : "rows/s", r.grad_norm});
 }
