@@ -34,8 +34,16 @@ fi
 
 # The venv: the interpreter on PATH (Python 3.11 here), never Debian's
 # /usr/bin/python3, whose site-packages hold torch 1.13 for the system build.
-VENV=${PIPEFORGE_VENV:-.venv}
-REQ=python/requirements.txt
+# PIPEFORGE_TORCH=cuda: .venv-cuda with the CUDA wheel (python/requirements-cuda.txt).
+if [ "${PIPEFORGE_TORCH:-wheel}" = "cuda" ]; then
+  VENV=${PIPEFORGE_VENV:-.venv-cuda}
+  REQ=python/requirements-cuda.txt
+  WANT=2.14.1
+else
+  VENV=${PIPEFORGE_VENV:-.venv}
+  REQ=python/requirements.txt
+  WANT=2.13.0
+fi
 stamp="$VENV/.pipeforge-requirements"
 if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && cmp -s "$REQ" "$stamp"; then
   exit 0
@@ -45,8 +53,8 @@ echo "pipeforge: preparing $VENV ($("$PY" --version 2>&1)) with $(grep -v '^#' "
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 # Exact pins only: a bare or newer `torch` would fetch a multi-GB CUDA build.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQ" >/dev/null
-"$VENV/bin/python" -c 'import torch, sys; sys.exit(0 if torch.__version__.split("+")[0] == "2.13.0" else 1)' || {
-  echo "pipeforge: $VENV has torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'), expected 2.13.0" >&2
+"$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$WANT' else 1)" || {
+  echo "pipeforge: $VENV has torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'), expected $WANT" >&2
   exit 1
 }
 cp "$REQ" "$stamp"
