@@ -8,6 +8,23 @@
 // Note [Bounded waits]: every wait ends within the communicator's timeout.
 // It ends sooner, with CommError::Kind::kAborted, once any rank has published
 // a failure with abort(); the error then carries that rank's report.
+//
+// Note [NCCL order]
+// ~~~~~~~~~~~~~~~~~
+// Gloo matches a receive with the send of the same tag. NCCL has no tags:
+// c10d's ProcessGroupNCCL runs all point-to-point ops between ranks i and j on
+// one communicator and one stream, so on each rank the ops with one peer
+// (sends to it and receives from it alike) run in the order they were
+// posted, and the k-th op i posts with j pairs with the k-th op j posts with
+// i. A send finishes only once its receive is posted and reached. So:
+//   rank 0: isend(a, 1)  irecv(b, 1)       rank 1: isend(b, 0)  irecv(a, 0)
+// deadlocks (op #0 is a send on both sides), and
+//   rank 0: isend(a, 1)  isend(c, 1)       rank 1: irecv(c', 0) irecv(a', 0)
+// fills c' with a, whatever the tags say. Callers that may run on NCCL post
+// the ops of each pair of ranks in one order both sides agree on (Note [Pair
+// order] in runtime/pair_order.h); FakeWorld's Matching::kNcclOrder checks it.
+// Collectives (allreduceSum, barrier) run on other communicators and are
+// not part of any pair's order.
 #pragma once
 
 #include <chrono>

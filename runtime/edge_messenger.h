@@ -15,6 +15,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "runtime/pair_order.h"
 #include "runtime/runtime_types.h"
 #include "runtime/wire_protocol.h"
 
@@ -32,6 +33,10 @@ struct EdgeMessengerConfig {
   std::string device = "cpu";           // where received tensors are put
   ShapeMode shapes = ShapeMode::kInferOnce;
   std::vector<std::vector<TensorMeta>> static_shapes;  // kStatic: ExecutorConfig::static_shapes
+  // Per peer global rank, the messages with it in pair order (Note [Pair
+  // order]): ops are posted in this order, as NCCL needs. Empty: each op is
+  // posted when asked for, which only tag-matching backends (Gloo) allow.
+  std::map<int, std::vector<PairMessage>> pair_order;
 };
 
 class EdgeMessenger {
@@ -47,7 +52,9 @@ class EdgeMessenger {
 
   // Starts a step of `num_microbatches`; forgets the shapes learnt when the
   // batch signature changed or under kPerStep. Spans and waits go to `trace`.
-  void beginStep(int num_microbatches, const std::vector<std::int64_t>& batch_signature, StepTrace& trace);
+  // An eval step (`train` false) sends no gradients.
+  void beginStep(int num_microbatches, const std::vector<std::int64_t>& batch_signature, StepTrace& trace,
+                 bool train = true);
 
   // Sends forward value (edge, mb) to the edge's consumer, after its shape
   // message when the receiver cannot know the shape (Note [Shape inference]).
@@ -58,7 +65,9 @@ class EdgeMessenger {
   void sendGrad(int edge, int mb, const at::Tensor& grad);
 
   // Posts the receive of forward value (edge, mb), or of its shape message
-  // first; posting it again does nothing.
+  // first; posting it again does nothing. With a pair order, posts the ops
+  // before it first, and leaves them (and it) for later when one is a send
+  // not made yet or a receive whose shape message has to arrive first.
   void postValueRecv(int edge, int mb);
   // The value, once it arrived (posting its receive if needed).
   at::Tensor waitValueRecv(int edge, int mb);
@@ -68,8 +77,9 @@ class EdgeMessenger {
   void postGradRecv(int edge, int mb, const TensorMeta& sent);
   at::Tensor waitGradRecv(int edge, int mb, const TensorMeta& sent);
 
-  // Waits for every send of the step; a receive posted but never used is a
-  // broken invariant (the schedule and the plan disagree).
+  // Waits for every send of the step; a receive posted but never used, or a
+  // message of the pair order never posted, is a broken invariant (the
+  // schedule and the plan disagree).
   void finishStep();
   // Drops the step's operations, all finished.
   void clearStep();
@@ -89,11 +99,32 @@ class EdgeMessenger {
     std::unique_ptr<PendingOp> op;
   };
 
+  // Where a rank stands in its pair order with one peer (Note [Pair order]).
+  struct Cursor {
+    const std::vector<PairMessage>* order = nullptr;
+    std::size_t next = 0;  // the messages before it are posted (or skipped)
+  };
+  struct Position {
+    int peer = 0;
+    std::size_t index = 0;
+  };
+
   std::uint32_t tagOf(int edge, int mb, MessageKind kind) const;
   TensorMeta staticMeta(int edge) const;
   std::optional<TensorMeta> knownMeta(int edge, int mb) const;
   void checkStaticMeta(int edge, const TensorMeta& meta) const;
-  void describe(int edge, int mb, const TensorMeta& meta);
+  bool mustDescribe(int edge, int mb, const TensorMeta& meta);
+
+  bool ordered() const { return !cfg_.pair_order.empty(); }
+  Position positionOf(int edge, int mb, MessageKind kind) const;
+  std::string nameOf(const PairMessage& m) const;
+  bool skipped(const PairMessage& m) const;
+  bool postUpTo(int peer, std::size_t until, bool block);
+  bool postOrderedRecv(const PairMessage& m, bool block);
+  void prefetch(int edge, int mb, MessageKind kind);
+  void need(int edge, int mb, MessageKind kind);
+  Cursor& beforeSend(int edge, int mb, MessageKind kind);
+  void checkPairOrderDone();
   void send(const at::Tensor& t, int dst, std::uint32_t tag, const Transfer& what);
   void wait(PendingOp& op, const Transfer& what);
 
@@ -108,8 +139,13 @@ class EdgeMessenger {
   std::map<std::pair<int, int>, TensorMeta> recv_meta_, sent_meta_;
   std::vector<std::int64_t> signature_;
 
+  std::map<std::tuple<int, int, MessageKind>, Position> positions_;  // of each message in pair_order
+
   // Per step.
   int num_mb_ = 0;
+  bool train_ = true;
+  std::map<int, Cursor> cursors_;  // per peer
+  std::map<std::pair<int, int>, TensorMeta> step_values_;  // (edge, mb): every value sent or received (pair order)
   StepTrace* trace_ = nullptr;
   std::vector<Send> sends_;
   std::map<std::tuple<int, int, MessageKind>, Recv> recvs_;

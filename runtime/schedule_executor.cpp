@@ -14,6 +14,7 @@
 #include "runtime/failure_report.h"
 #include "runtime/gradient_reduction.h"
 #include "runtime/loss.h"
+#include "runtime/pair_order.h"
 #include "runtime/pipeline_stage.h"
 #include "runtime/step_trace.h"
 
@@ -64,6 +65,9 @@ EdgeMessengerConfig messengerConfig(const ExecutorConfig& cfg) {
   out.device = cfg.device;
   out.shapes = cfg.shapes;
   out.static_shapes = cfg.static_shapes;
+  for (auto& [peer, order] : pairOrder(*cfg.program, *cfg.plan, cfg.pipeline_rank)) {
+    out.pair_order[cfg.rank_offset + peer] = std::move(order);
+  }
   return out;
 }
 
@@ -107,7 +111,7 @@ class ScheduleExecutor::Impl {
     if (!req.train) out_.outputs.assign(req.inputs.size(), {});
     const auto step_start = StepClock::now();
     trace_.begin(profile ? &out_.profile : nullptr, step_start);
-    messenger_.beginStep(static_cast<int>(req.inputs.size()), req.batch_signature, trace_);
+    messenger_.beginStep(static_cast<int>(req.inputs.size()), req.batch_signature, trace_, req.train);
     reducer_.beginStep();
     if (profile) out_.profile.begin_unix_s = unixSecondsNow();
     const auto& actions = cfg_.program->actions.at(cfg_.pipeline_rank);

@@ -11,6 +11,10 @@
 //  * RECV_F/RECV_B post the receives of an action ahead of it; a compute
 //    action posts any receive it still lacks itself, so skip edges (which the
 //    IR does not name) work the same way. SEND_F/SEND_B have nothing left to do.
+//    Sends and receives with each peer are posted in pair order (Note [Pair
+//    order] in pair_order.h), so they also pair on NCCL, which matches by
+//    order and not by tag: a receive asked for ahead of an op that comes
+//    before it in that order waits to be posted until that op is.
 //  * UNSHARD/RESHARD do nothing; REDUCE_GRAD averages the stage's gradients
 //    over its data-parallel replicas; OVERLAP_F_B runs its parts in order.
 //  * Before each action the published failures are checked; any error ends

@@ -90,6 +90,57 @@ TEST(EdgeMessengerTest, AValueIsDescribedOnceThenSentAloneAndItsGradientComesBac
   EXPECT_EQ(receiver_spans[1], (Names{"wait recv 1F0 from rank 0", "send 1B0 to rank 0", "wait send 1B0 to rank 0"}));
 }
 
+// Under NCCL (Note [NCCL order]) a value whose shape the receiver learns is
+// two ops, posted back to back. Receives of two microbatches posted ahead
+// would put the second shape message where the sender has the first value;
+// with the pair order (Note [Pair order]) the messenger posts the first
+// value's receive before the second shape message.
+TEST(EdgeMessengerTest, ReceivesPostedAheadFollowThePairOrderUnderNccl) {
+  const CommPlan plan = twoStages();
+  const at::Tensor v0 = torch::ones({2, 3}), v1 = torch::full({2, 3}, 2.0f);
+  for (bool with_order : {false, true}) {
+    auto results = onThreads(
+        2,
+        [&](int rank, std::shared_ptr<Communicator> comm) -> std::string {
+          EdgeMessengerConfig c = configOf(plan, rank, ShapeMode::kInferOnce);
+          if (with_order) {
+            c.pair_order[1 - rank] = {PairMessage{0, 0, MessageKind::kValue}, PairMessage{0, 1, MessageKind::kValue}};
+          }
+          EdgeMessenger messenger(*comm, c);
+          StepTrace trace;
+          messenger.beginStep(2, {2, 3}, trace, /*train=*/false);
+          try {
+            if (rank == 0) {
+              messenger.sendValue(0, 0, v0);
+              messenger.sendValue(0, 1, v1);
+              messenger.finishStep();
+              return "sent";
+            }
+            messenger.postValueRecv(0, 0);
+            messenger.postValueRecv(0, 1);
+            const at::Tensor got0 = messenger.waitValueRecv(0, 0);
+            const at::Tensor got1 = messenger.waitValueRecv(0, 1);
+            messenger.finishStep();
+            return torch::equal(got0, v0) && torch::equal(got1, v1) ? "received" : "wrong values";
+          } catch (const std::exception& e) {
+            comm->abort(e.what());
+            messenger.abandonStep();
+            return e.what();
+          }
+        },
+        Matching::kNcclOrder);
+    if (with_order) {
+      EXPECT_EQ(results[0], "sent");
+      EXPECT_EQ(results[1], "received");
+      continue;
+    }
+    EXPECT_EQ(results[1],
+              "NCCL order: mismatch between rank 0 and rank 1 at op #1 of their pair: rank 0 posted send tag 0 [2,3] "
+              "Float to rank 1, rank 1 posted recv tag 5 [12] Long from rank 0; NCCL pairs ops by their order, so the "
+              "receive would get the wrong data (tags, shapes, dtypes differ)");
+  }
+}
+
 TEST(EdgeMessengerTest, AStaticShapeThatDiffersIsRefusedBeforeSending) {
   const CommPlan plan = twoStages();
   FakeWorld world(2, std::chrono::seconds(20));

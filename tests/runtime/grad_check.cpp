@@ -8,6 +8,7 @@
 
 #include "runtime/loss.h"
 #include "runtime/pipeline_runner.h"
+#include "schedules/generate.h"
 #include "stage/stage_segments.h"
 #include "tests/support/build_paths.h"
 #include "tests/support/zoo.h"
@@ -78,8 +79,7 @@ int stagesPerRankFor(const std::string& schedule) {
 std::vector<GradCase> acceptanceCases(int ranks) {
   std::vector<GradCase> cases;
   for (const char* model : {"mlp", "gpt", "multi_io"}) {
-    for (const char* schedule : {"GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
-                                 "ZBVZeroBubble", "DualPipeV"}) {
+    for (const std::string& schedule : schedules::scheduleNames()) {
       GradCase c;
       c.model = model;
       c.schedule = schedule;

@@ -34,7 +34,8 @@ inline constexpr double kAtol = 4e-5;
 // Stages per rank a schedule runs with in these tests (2 for multi-stage ones).
 int stagesPerRankFor(const std::string& schedule);
 
-// Every acceptance case for `ranks` ranks: zoo models x named schedules.
+// Every acceptance case for `ranks` ranks: zoo models x every named schedule
+// (schedules::scheduleNames()).
 std::vector<GradCase> acceptanceCases(int ranks);
 
 // Runs `c` on this rank over `comm`. The split folder is

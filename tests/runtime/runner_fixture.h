@@ -19,8 +19,8 @@ namespace pipeforge::runtime {
 
 // Runs `body(rank, comm)` on `ranks` threads; returns what each produced.
 template <class Body>
-auto onThreads(int ranks, Body body) {
-  FakeWorld world(ranks, std::chrono::seconds(20));
+auto onThreads(int ranks, Body body, Matching matching = Matching::kByTag) {
+  FakeWorld world(ranks, std::chrono::seconds(20), matching);
   using Result = decltype(body(0, std::shared_ptr<Communicator>()));
   std::vector<Result> results(ranks);
   std::vector<std::thread> threads;
