@@ -33,9 +33,16 @@ bool builtWithCuda() {
 std::optional<std::int64_t> maxMemoryAllocated(const std::string& device) {
 #ifdef PIPEFORGE_HAVE_CUDA
   if (auto index = cudaIndex(device)) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(*index);
-    // Entry 0 is StatType::AGGREGATE, whose namespace moved between releases.
-    return stats.allocated_bytes[0].peak;
+    TORCH_CHECK(*index < c10::cuda::device_count(), "no CUDA device ", device);
+    try {
+      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(*index);
+      // Entry 0 is StatType::AGGREGATE, whose namespace moved between releases.
+      return stats.allocated_bytes[0].peak;
+    } catch (const c10::Error&) {
+      // The allocator is set up at a process's first CUDA allocation and
+      // refuses questions before ("Invalid device argument"): none made yet.
+      return 0;
+    }
   }
 #else
   (void)device;
@@ -45,7 +52,13 @@ std::optional<std::int64_t> maxMemoryAllocated(const std::string& device) {
 
 void resetPeakMemory(const std::string& device) {
 #ifdef PIPEFORGE_HAVE_CUDA
-  if (auto index = cudaIndex(device)) c10::cuda::CUDACachingAllocator::resetPeakStats(*index);
+  if (auto index = cudaIndex(device)) {
+    try {
+      c10::cuda::CUDACachingAllocator::resetPeakStats(*index);
+    } catch (const c10::Error&) {
+      // Nothing allocated yet (see maxMemoryAllocated): no peak to reset.
+    }
+  }
 #else
   (void)device;
 #endif

@@ -407,9 +407,15 @@ class C10dComm : public Communicator {
   void runCollective(const c10::intrusive_ptr<PIPEFORGE_C10D_GROUP>& pg, const at::Tensor& tensor,
                      const std::string& what) {
     const bool widen = !options_.nccl && (tensor.scalar_type() == at::kBFloat16 || tensor.scalar_type() == at::kHalf);
-    std::vector<at::Tensor> tensors{widen ? tensor.to(at::kFloat) : tensor};
+    // NCCL sums GPU tensors only ("Tensors must be CUDA and dense"); a step's
+    // small host-side figures (losses, norms, flags) make the trip to the
+    // rank's device and back.
+    const bool to_gpu = options_.nccl && !tensor.is_cuda();
+    std::vector<at::Tensor> tensors{widen     ? tensor.to(at::kFloat)
+                                    : to_gpu ? tensor.to(c10::Device(c10::kCUDA, options_.cuda_device))
+                                             : tensor};
     waitCollective(pg->allreduce(tensors), what);
-    if (widen) tensor.copy_(tensors[0]);
+    if (widen || to_gpu) tensor.copy_(tensors[0]);
   }
 
   // Collectives run on the group's worker thread: poll their completion so a

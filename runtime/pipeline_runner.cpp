@@ -123,7 +123,8 @@ class PipelineRunner::Impl {
       co.timeout = options_.timeout;
       bool cuda = device_.rfind("cuda", 0) == 0;
       co.nccl = options_.backend == Backend::kNccl || (options_.backend == Backend::kAuto && cuda);
-      co.cuda_device = local_rank;
+      // The GPU this rank's stages are on (two ranks may share one: "cuda:0").
+      co.cuda_device = device_.rfind("cuda:", 0) == 0 ? std::stoi(device_.substr(5)) : 0;
       co.groups = groups;
       comm_ = connectC10d(co);
     }

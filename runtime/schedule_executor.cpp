@@ -21,6 +21,15 @@
 namespace pipeforge::runtime {
 namespace {
 
+// Note [Batches to the device]: a microbatch's inputs and targets arrive on
+// the CPU. A plain copy to a GPU waits until the copy is done, a host
+// synchronisation per microbatch and tensor; from pinned memory the copy is
+// queued on the stream like the compute that reads it, and the host goes on.
+at::Tensor toDevice(const at::Tensor& t, const std::string& device) {
+  if (device == "cpu" || !t.device().is_cpu()) return t.to(device);
+  return t.pin_memory().to(c10::Device(device), /*non_blocking=*/true);
+}
+
 using schedules::Action;
 using schedules::ActionType;
 
@@ -45,7 +54,7 @@ std::vector<at::Tensor> modelOutputsOf(const CommPlan& plan, const std::vector<a
         out.push_back(inputs.at(mo.index));
         break;
       case ModelOutput::Kind::kRoot:
-        out.push_back(roots.at(mo.index).to(device));
+        out.push_back(toDevice(roots.at(mo.index), device));
         break;
     }
   }
@@ -241,7 +250,7 @@ class ScheduleExecutor::Impl {
     inputs.reserve(sp.inputs.size());
     for (const StageInput& in : sp.inputs) {
       if (in.kind == StageInput::Kind::kRoot) {
-        inputs.push_back(req_->inputs.at(mb).at(in.root_index).to(cfg_.device));
+        inputs.push_back(toDevice(req_->inputs.at(mb).at(in.root_index), cfg_.device));
       } else if (producedHere(in.edge)) {
         inputs.push_back(takeLocal(local_values_, in.edge, mb, "value"));
       } else {
@@ -282,7 +291,7 @@ class ScheduleExecutor::Impl {
     const std::vector<at::Tensor>& roots = req_->inputs.at(mb);
     if (!req_->targets.empty()) {
       std::vector<at::Tensor> targets;
-      for (const at::Tensor& t : req_->targets.at(mb)) targets.push_back(t.to(cfg_.device));
+      for (const at::Tensor& t : req_->targets.at(mb)) targets.push_back(toDevice(t, cfg_.device));
       // A function of the stage's outputs and inputs, not a tensor: under
       // activation checkpointing the stage runs it again after its recompute
       // (in the same autocast: setRecomputeContext). The backward's root is
