@@ -157,14 +157,19 @@ for sched in "1F1B 1" "ZBVZeroBubble 2" "DualPipeV 2"; do
   t=$(date +%s)
   write_config "cpu_$1" "$1" "$2" 2 cpu "$GPT" 64 fp32 20
   write_config "gpu_$1" "$1" "$2" 2 "$GPU" "$GPT" 64 fp32 20
-  timeout 200 "$PF" train --config "$WORK/cpu_$1.yaml" --nproc 2 >"$WORK/cpu_$1.log" 2>&1
+  # The CPU reference starts its ranks the same way (Gloo there).
+  two_ranks_on_gpu0 "$WORK/cpu_$1.yaml" "$WORK/cpu_$1.log"
   crc=$?
   two_ranks_on_gpu0 "$WORK/gpu_$1.yaml" "$WORK/gpu_$1.log"
   grc=$?
+  say "  GPU losses: $("$PYTHON" -c "import json,sys; print(' '.join('%.6f' % json.loads(l)['loss'] for l in open(sys.argv[1]) if '\"train\"' in l))" "$WORK/out_gpu_$1/metrics.jsonl" 2>&1 | tail -1)"
   if [ $crc -ne 0 ] || [ $grc -ne 0 ]; then
     say "- $1: FAIL (CPU exit $crc, GPU exit $grc)"
-    grep -h -i -E "error|refused|nccl warn" "$WORK/cpu_$1.log" "$WORK/gpu_$1.log" | head -12 | tee -a "$R"
-    keep_log "$WORK/gpu_$1.log"
+    for f in "$WORK/cpu_$1.log" "$WORK/gpu_$1.log"; do
+      say "  tail of $(basename "$f"):"; grep -v "^frame #\|^\[W" "$f" | tail -6 | sed 's/^/    /' | tee -a "$R"
+    done
+    [ $crc -ne 0 ] && keep_log "$WORK/cpu_$1.log"
+    [ $grc -ne 0 ] && keep_log "$WORK/gpu_$1.log"
     # Still compare the GPU's numbers: one rank holding every stage, no NCCL messages.
     write_config "gpu1_$1" "$1" 2 1 "$GPU" "$GPT" 64 fp32 20
     if [ $crc -eq 0 ] && timeout 150 "$PF" train --config "$WORK/gpu1_$1.yaml" >"$WORK/gpu1_$1.log" 2>&1; then
@@ -177,6 +182,14 @@ for sched in "1F1B 1" "ZBVZeroBubble 2" "DualPipeV 2"; do
   say "- $1: $(compare "$WORK/out_cpu_$1/metrics.jsonl" "$WORK/out_gpu_$1/metrics.jsonl") ($(( $(date +%s) - t )) s)"
   say "  GPU step s (last 5): $("$PYTHON" -c "import json,sys; print([round(json.loads(l)['step_s'],4) for l in open(sys.argv[1]) if 'step_s' in l][-5:])" "$WORK/out_gpu_$1/metrics.jsonl")"
 done
+
+# The local launcher (--nproc 2) on the CPU run of 1F1B: it crashed here once (exit 139).
+timeout 120 "$PF" train --config "$WORK/cpu_1F1B.yaml" --nproc 2 >"$WORK/launcher.log" 2>&1
+lrc=$?
+say "- \`pipeforge train --nproc 2\` on the CPU: exit $lrc"
+if [ $lrc -ne 0 ]; then
+  grep -v "^frame #\|^\[W" "$WORK/launcher.log" | tail -8 | sed 's/^/    /' | tee -a "$R"; keep_log "$WORK/launcher.log"
+fi
 
 # --- 4. bf16 against fp32 on one GPU -------------------------------------------
 say ""
