@@ -6,6 +6,8 @@
 #include <c10/core/Device.h>
 #include <c10/util/Exception.h>
 
+#include "compat/torch_compat.h"
+
 #ifdef PIPEFORGE_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -14,7 +16,7 @@
 namespace pipeforge::compat {
 namespace {
 
-std::optional<c10::DeviceIndex> cudaIndex(const std::string& device) {
+[[maybe_unused]] std::optional<c10::DeviceIndex> cudaIndex(const std::string& device) {
   if (device.rfind("cuda", 0) != 0) return std::nullopt;
   c10::Device d(device);
   return d.has_index() ? d.index() : c10::DeviceIndex(0);
@@ -65,7 +67,10 @@ void resetPeakMemory(const std::string& device) {
 }
 
 // c10 reports each synchronising call as a warning while the sync debug
-// mode is "warn"; this handler counts those and passes every other warning on.
+// mode is "warn"; this handler counts those and passes every other warning
+// on. Only CUDA builds of LibTorch 2.x have both (1.13's handler interface
+// differs, and Debian's 1.13 has no CUDA): elsewhere nothing is counted.
+#if defined(PIPEFORGE_HAVE_CUDA) && PIPEFORGE_TORCH_AT_LEAST(2, 0)
 struct HostSyncCounter::Impl : c10::WarningHandler {
   explicit Impl(c10::WarningHandler* previous) : previous(previous) {}
   void process(const c10::Warning& warning) override {
@@ -77,26 +82,28 @@ struct HostSyncCounter::Impl : c10::WarningHandler {
   }
   c10::WarningHandler* previous;
   std::atomic<std::int64_t> count{0};
-#ifdef PIPEFORGE_HAVE_CUDA
   c10::cuda::SyncDebugMode mode = c10::cuda::SyncDebugMode::L_DISABLED;
-#endif
 };
 
 HostSyncCounter::HostSyncCounter() : impl_(new Impl(c10::WarningUtils::get_warning_handler())) {
-#ifdef PIPEFORGE_HAVE_CUDA
   impl_->mode = c10::cuda::warning_state().get_sync_debug_mode();
   c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
   c10::WarningUtils::set_warning_handler(impl_);
-#endif
 }
 
 HostSyncCounter::~HostSyncCounter() {
-#ifdef PIPEFORGE_HAVE_CUDA
   c10::cuda::warning_state().set_sync_debug_mode(impl_->mode);
   c10::WarningUtils::set_warning_handler(impl_->previous);
-#endif
   delete impl_;
 }
+#else
+struct HostSyncCounter::Impl {
+  std::atomic<std::int64_t> count{0};
+};
+
+HostSyncCounter::HostSyncCounter() : impl_(new Impl) {}
+HostSyncCounter::~HostSyncCounter() { delete impl_; }
+#endif
 
 std::int64_t HostSyncCounter::count() const { return impl_->count.load(std::memory_order_relaxed); }
 

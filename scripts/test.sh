@@ -3,14 +3,14 @@
 #   1. the main build (LibTorch 2.13 from .venv's wheel, build/): every test;
 #   2. the second build (Debian's LibTorch, build-system/): every test;
 #   3. the CUDA build (LibTorch 2.14.1 from .venv-cuda's CUDA wheel, NCCL
-#      compiled in, build-cuda/): the split, runtime and train suites and the
-#      CUDA tests, on the CPU. Opt-in (PIPEFORGE_TORCH=cuda or =all): its venv
-#      is 5.5 GB.
-# PIPEFORGE_TORCH=wheel, =system or =cuda runs only that one; =both (the
-# default) the first two; =all every one.
+#      compiled in, build-cuda/): the stage (split), runtime and train suites
+#      and the CUDA tests, on the CPU; every compile and link error in the
+#      CUDA and NCCL code shows here. Its venv is 5.5 GB.
+# PIPEFORGE_TORCH=wheel, =system or =cuda runs only that one; =both the
+# first two; =all (the default) every one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-case "${PIPEFORGE_TORCH:-both}" in
+case "${PIPEFORGE_TORCH:-all}" in
   both) builds=(wheel system) ;;
   all) builds=(wheel system cuda) ;;
   wheel | system | cuda) builds=("$PIPEFORGE_TORCH") ;;
