@@ -17,11 +17,7 @@ case "$TORCH" in
     # The CUDA wheel's LibTorch (NCCL compiled in), built against the CUDA
     # toolkit beside nvcc; it builds and its tests run without a GPU.
     default_dir=build-cuda
-    nvcc_path=$(command -v nvcc || true)
-    if [ -z "$nvcc_path" ]; then
-      echo "pipeforge: PIPEFORGE_TORCH=cuda needs the CUDA toolkit (nvcc on PATH)" >&2; exit 2
-    fi
-    cuda_root=$(dirname "$(dirname "$(readlink -f "$nvcc_path")")")
+    cuda_root=$(bash scripts/cuda_root.sh) || exit 2
     extra=(-DPIPEFORGE_VENV="$PWD/.venv-cuda" -DCUDAToolkit_ROOT="$cuda_root" -DCUDA_TOOLKIT_ROOT_DIR="$cuda_root"
            -DPIPEFORGE_BUILD_BENCH=OFF)
     ;;

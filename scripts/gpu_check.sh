@@ -61,8 +61,7 @@ done
 export LD_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 say "- bundle: $n packages unpacked into $DEPS ($(du -sm "$BUNDLE" | cut -f1) MiB of .deb)"
 
-nvcc_path=$(command -v nvcc || true)
-cuda_root=${CUDA_HOME:-$( [ -n "$nvcc_path" ] && dirname "$(dirname "$(readlink -f "$nvcc_path")")")}
+cuda_root=$(bash scripts/cuda_root.sh)
 t=$(date +%s)
 if [ "${SKIP_BUILD:-0}" = 1 ]; then
   say "- build: skipped, using $BUILD as it is"
