@@ -21,23 +21,11 @@ using schedules::ActionType;
 // the only actions that send or wait (Note [Executing actions]).
 std::vector<Action> computeActionsOf(const std::vector<std::optional<Action>>& list) {
   std::vector<Action> out;
+  // F, I and B: W only computes weight gradients (it neither waits nor
+  // sends), and an OVERLAP_F_B is opened up below.
   auto add = [&](const Action& a) {
-    switch (a.type) {
-      case ActionType::kForward:
-      case ActionType::kBackwardInput:
-      case ActionType::kFullBackward:
-        out.push_back(a);
-        return;
-      case ActionType::kBackwardWeight:
-      case ActionType::kUnshard:
-      case ActionType::kReshard:
-      case ActionType::kSendF:
-      case ActionType::kRecvF:
-      case ActionType::kSendB:
-      case ActionType::kRecvB:
-      case ActionType::kReduceGrad:
-      case ActionType::kOverlapFB:
-        return;
+    if (schedules::isCompute(a.type) && a.type != ActionType::kBackwardWeight && a.type != ActionType::kOverlapFB) {
+      out.push_back(a);
     }
   };
   for (const auto& cell : list) {
