@@ -24,6 +24,7 @@
 
 #include "common/atomic_file.h"
 #include "stage/file_digest.h"
+#include "stage/value_meta.h"
 
 namespace pipeforge::train {
 namespace {
@@ -31,7 +32,72 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string stageFile(int stage) { return fmt::format("stage_{}.pt", stage); }
-std::string optimizerFile(int stage) { return fmt::format("stage_{}.optim.pt", stage); }
+std::string indexFile(int stage) { return fmt::format("stage_{}.json", stage); }
+std::string optimizerFile(int stage) { return fmt::format("stage_{}.optim.pt", stage); }  // format 1
+
+// The pickled form of a stage's optimizer state: {"name": "adamw", "state":
+// {FQN: {"step": 3, "exp_avg": tensor, "exp_avg_sq": tensor}}}, what
+// torch.load gives a plain-PyTorch reader.
+c10::IValue optimizerToIValue(const StageOptimizerState& optimizer) {
+  c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [name, p] : optimizer.by_name) {
+    c10::impl::GenericDict slots(c10::StringType::get(), c10::AnyType::get());
+    if (p.step) slots.insert("step", *p.step);
+    for (const auto& [slot, t] : p.slots) slots.insert(slot, t.detach().to(at::kCPU).clone());
+    state.insert(name, slots);
+  }
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  dict.insert("name", optimizer.name);
+  dict.insert("state", state);
+  return dict;
+}
+
+StageOptimizerState optimizerFromIValue(const c10::IValue& value, const std::string& path) {
+  auto bad = [&](const std::string& what) {
+    return CheckpointError(fmt::format("'{}': the optimizer state is malformed ({})", path, what));
+  };
+  if (!value.isGenericDict()) throw bad("not a dict");
+  auto dict = value.toGenericDict();
+  if (!dict.contains("name") || !dict.at("name").isString()) throw bad("no name");
+  if (!dict.contains("state") || !dict.at("state").isGenericDict()) throw bad("no state dict");
+  StageOptimizerState out;
+  out.name = dict.at("name").toStringRef();
+  for (const auto& kv : dict.at("state").toGenericDict()) {
+    if (!kv.key().isString() || !kv.value().isGenericDict()) throw bad("a parameter's entry is not a dict");
+    ParameterOptimizerState p;
+    for (const auto& slot : kv.value().toGenericDict()) {
+      const std::string key = slot.key().toStringRef();
+      if (key == "step" && slot.value().isInt()) {
+        p.step = slot.value().toInt();
+      } else if (slot.value().isTensor()) {
+        p.slots.emplace_back(key, slot.value().toTensor());
+      } else {
+        throw bad(fmt::format("'{}' of '{}'", key, kv.key().toStringRef()));
+      }
+    }
+    out.by_name.emplace(kv.key().toStringRef(), std::move(p));
+  }
+  return out;
+}
+
+nlohmann::json stageIndexJson(const StageCheckpoint& state) {
+  nlohmann::json j;
+  j["stage"] = state.stage;
+  j["step"] = state.step;
+  j["parameters"] = nlohmann::json::object();
+  for (const auto& [name, t] : state.parameters) j["parameters"][name] = tensorDescription(t);
+  j["buffers"] = nlohmann::json::object();
+  for (const auto& [name, t] : state.buffers) j["buffers"][name] = tensorDescription(t);
+  nlohmann::json per_name = nlohmann::json::object();
+  for (const auto& [name, p] : state.optimizer.by_name) {
+    std::vector<std::string> slots;
+    if (p.step) slots.push_back("step");
+    for (const auto& slot : p.slots) slots.push_back(slot.first);
+    per_name[name] = slots;
+  }
+  j["optimizer"] = {{"name", state.optimizer.name}, {"state", per_name}};
+  return j;
+}
 
 std::string readFile(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
@@ -99,6 +165,10 @@ std::vector<char> pickleForTorchLoad(const c10::IValue& value) {
 
 }  // namespace
 
+std::string tensorDescription(const at::Tensor& t) {
+  return stage::formatValueMeta({stage::canonicalDtypeName(c10::toString(t.scalar_type())), t.sizes().vec()});
+}
+
 std::string checkpointDir(const std::string& root, std::int64_t step) {
   return (fs::path(root) / fmt::format("step_{:08d}", step)).string();
 }
@@ -113,7 +183,7 @@ void clearCheckpointStep(const std::string& root, std::int64_t step) {
   fs::remove_all(checkpointDir(root, step), ec);
 }
 
-void writeStageCheckpoint(const std::string& root, const StageCheckpoint& state, torch::optim::Optimizer& optimizer) {
+void writeStageCheckpoint(const std::string& root, const StageCheckpoint& state) {
   const fs::path dir = partialCheckpointDir(root, state.step);
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -132,14 +202,10 @@ void writeStageCheckpoint(const std::string& root, const StageCheckpoint& state,
   dict.insert("rng_state", state.rng_state.defined() ? state.rng_state.clone() : at::empty({0}, at::kByte));
   // Optional: a CPU run writes none, and a checkpoint without it still loads.
   if (state.device_rng_state.defined()) dict.insert("device_rng_state", state.device_rng_state.to(at::kCPU).clone());
+  dict.insert("optimizer", optimizerToIValue(state.optimizer));
   std::vector<char> bytes = pickleForTorchLoad(dict);
   writeFileAtomically((dir / stageFile(state.stage)).string(), std::string(bytes.begin(), bytes.end()));
-
-  torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  writeFileAtomically((dir / optimizerFile(state.stage)).string(), out.str());
+  writeFileAtomically((dir / indexFile(state.stage)).string(), stageIndexJson(state).dump(1) + "\n");
 }
 
 void commitCheckpoint(const std::string& root, const CheckpointMeta& meta, int keep) {
@@ -156,12 +222,17 @@ void commitCheckpoint(const std::string& root, const CheckpointMeta& meta, int k
   j["tied"] = meta.tied;
   j["unused"] = meta.unused;
   if (meta.block_size) j["block_size"] = *meta.block_size;
+  if (meta.layout) {
+    j["layout"] = {{"pipeline_ranks", meta.layout->pipeline_ranks},
+                   {"data_parallel", meta.layout->data_parallel},
+                   {"stages_per_rank", meta.layout->stages_per_rank}};
+  }
   if (meta.loss_scale) {
     j["loss_scale"] = {{"scale", meta.loss_scale->scale}, {"growth_tracker", meta.loss_scale->growth_tracker}};
   }
   j["stages"] = nlohmann::json::array();
   for (int s = 0; s < meta.num_stages; ++s) {
-    j["stages"].push_back({{"index", s}, {"file", stageFile(s)}, {"optimizer", optimizerFile(s)}});
+    j["stages"].push_back({{"index", s}, {"file", stageFile(s)}, {"index_file", indexFile(s)}});
   }
   // Several hosts sharing this folder may commit at once: whoever renames
   // first wins, and the others find the final folder in place. A host that
@@ -174,7 +245,7 @@ void commitCheckpoint(const std::string& root, const CheckpointMeta& meta, int k
       // Note [File digests]: what each file held when it was written.
       j["files"] = nlohmann::json::object();
       for (int s = 0; s < meta.num_stages; ++s) {
-        for (const std::string& name : {stageFile(s), optimizerFile(s)}) {
+        for (const std::string& name : {stageFile(s), indexFile(s)}) {
           const fs::path file = fs::path(partial) / name;
           if (fs::exists(file, ec)) j["files"][name] = stage::sha256OfFile(file.string());
         }
@@ -287,11 +358,13 @@ CheckpointMeta readCheckpointMeta(const std::string& step_dir) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(readFile(path, "metadata"));
-    if (j.at("format").get<std::string>() != kCheckpointFormat) {
-      throw CheckpointError(fmt::format("'{}' has format '{}'; expected {}", path, j.at("format").get<std::string>(),
-                                        kCheckpointFormat));
+    const std::string format = j.at("format").get<std::string>();
+    if (format != kCheckpointFormat && format != kCheckpointFormatV1) {
+      throw CheckpointError(fmt::format("'{}' has format '{}'; this Pipeforge reads {} and {}", path, format,
+                                        kCheckpointFormat, kCheckpointFormatV1));
     }
     CheckpointMeta meta;
+    meta.format_version = format == kCheckpointFormat ? 2 : 1;
     meta.step = j.at("step").get<std::int64_t>();
     meta.num_stages = j.at("num_stages").get<int>();
     meta.source = j.at("source").get<std::string>();
@@ -303,6 +376,15 @@ CheckpointMeta readCheckpointMeta(const std::string& step_dir) {
     if (j.contains("block_size")) {
       meta.block_size = j.at("block_size").get<std::int64_t>();
       if (*meta.block_size < 1) throw CheckpointError(fmt::format("'{}': block_size {} is not >= 1", path, *meta.block_size));
+    }
+    if (j.contains("layout")) {
+      const auto& l = j.at("layout");
+      CheckpointLayout layout{l.at("pipeline_ranks").get<int>(), l.at("data_parallel").get<int>(),
+                              l.at("stages_per_rank").get<int>()};
+      if (layout.pipeline_ranks < 1 || layout.data_parallel < 1 || layout.stages_per_rank < 1) {
+        throw CheckpointError(fmt::format("'{}': layout {} is out of range", path, l.dump()));
+      }
+      meta.layout = layout;
     }
     if (j.contains("loss_scale")) {
       const auto& ls = j.at("loss_scale");
@@ -341,10 +423,31 @@ StageCheckpoint readStageCheckpoint(const std::string& step_dir, int stage) {
   state.buffers = fromDict(dict.at("buffers"), path + " buffers");
   state.rng_state = dict.at("rng_state").toTensor();
   if (dict.contains("device_rng_state")) state.device_rng_state = dict.at("device_rng_state").toTensor();
+  if (dict.contains("optimizer")) state.optimizer = optimizerFromIValue(dict.at("optimizer"), path);
   if (state.stage != stage) {
     throw CheckpointError(fmt::format("'{}' holds stage {}, expected {}", path, state.stage, stage));
   }
   return state;
+}
+
+StageIndex readStageIndex(const std::string& step_dir, int stage) {
+  const std::string path = (fs::path(step_dir) / indexFile(stage)).string();
+  try {
+    const nlohmann::json j = nlohmann::json::parse(readFile(path, "stage index"));
+    StageIndex index;
+    index.stage = j.at("stage").get<int>();
+    index.step = j.at("step").get<std::int64_t>();
+    index.parameters = j.at("parameters").get<std::map<std::string, std::string>>();
+    index.buffers = j.at("buffers").get<std::map<std::string, std::string>>();
+    index.optimizer = j.at("optimizer").at("name").get<std::string>();
+    index.optimizer_state = j.at("optimizer").at("state").get<std::map<std::string, std::vector<std::string>>>();
+    if (index.stage != stage) {
+      throw CheckpointError(fmt::format("'{}' describes stage {}, expected {}", path, index.stage, stage));
+    }
+    return index;
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(fmt::format("'{}' is malformed: {}", path, e.what()));
+  }
 }
 
 void loadOptimizerState(const std::string& step_dir, int stage, torch::optim::Optimizer& optimizer) {

@@ -1,12 +1,22 @@
 // Checkpoints: one folder per step, one pair of files per pipeline stage.
 //
 //   CKPT/latest                 "step_00000040\n", written last (Note [Checkpoint commit])
-//   CKPT/step_00000040/meta.json   step, stages, source model, tied names, world,
-//                                  the fp16 loss scale
+//   CKPT/step_00000040/meta.json   step, stages, layout, source model, tied
+//                                  names, the fp16 loss scale, file digests
 //   CKPT/step_00000040/stage_0.pt  a torch.save-compatible dict: parameters and
 //                                  buffers under their original FQNs, step,
-//                                  data position, the rank's RNG state
-//   CKPT/step_00000040/stage_0.optim.pt   the stage's optimizer (torch::serialize archive)
+//                                  data position, the rank's RNG state, and the
+//                                  optimizer's state per parameter FQN
+//   CKPT/step_00000040/stage_0.json   the stage's index: every tensor's FQN,
+//                                  dtype and shape, and which optimizer state
+//                                  it holds (what `inspect CKPT` and an
+//                                  elastic resume read without the tensors)
+//
+// Format 2 ("pipeforge.checkpoint/2") keeps everything by FQN, so a run
+// resumes on any layout of the same model (Note [Elastic resume] in
+// train/rank_checkpoint.cpp). Format 1 kept each stage's optimizer in a
+// stage_0.optim.pt torch::serialize archive, keyed by parameter position:
+// those checkpoints still resume, on the split that wrote them.
 //
 // Note [Checkpoint commit]: every rank writes its stages' files into
 // step_N.partial/ (each file through a temporary name and a rename); after a
@@ -16,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -38,6 +49,21 @@ class CheckpointError : public pipeforge::Error {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
+// One parameter's optimizer state, its slots named as PyTorch's optimizers
+// name them in state_dict(): "exp_avg", "exp_avg_sq" (Adam, AdamW),
+// "momentum_buffer" (SGD with momentum). Adam's step count is `step`.
+struct ParameterOptimizerState {
+  std::optional<std::int64_t> step;
+  NamedTensors slots;
+};
+
+// A stage's optimizer state by the original FQN of each parameter. A
+// parameter the optimizer never stepped (or SGD without momentum) has none.
+struct StageOptimizerState {
+  std::string name;  // the config's optimizer.name: "sgd", "adam", "adamw"
+  std::map<std::string, ParameterOptimizerState> by_name;
+};
+
 // What one stage saves and restores.
 struct StageCheckpoint {
   int stage = 0;
@@ -47,6 +73,26 @@ struct StageCheckpoint {
   NamedTensors buffers;
   at::Tensor rng_state;            // the CPU generator's state on the rank that held the stage
   at::Tensor device_rng_state;     // its CUDA device's generator (undefined on CPU, and in older checkpoints)
+  StageOptimizerState optimizer;   // empty in format-1 checkpoints (stage_<i>.optim.pt)
+};
+
+// stage_<i>.json: a stage's tensors without their values. Tensors are
+// described as pipe.json describes values ("float32[64, 32]").
+struct StageIndex {
+  int stage = 0;
+  std::int64_t step = 0;
+  std::map<std::string, std::string> parameters;  // FQN -> "float32[64, 32]"
+  std::map<std::string, std::string> buffers;
+  std::string optimizer;                          // optimizer.name
+  // FQN -> the optimizer state it holds ("step", "exp_avg", ...).
+  std::map<std::string, std::vector<std::string>> optimizer_state;
+};
+
+// How the run that wrote a checkpoint was laid out (format 2).
+struct CheckpointLayout {
+  int pipeline_ranks = 1;
+  int data_parallel = 1;
+  int stages_per_rank = 1;
 };
 
 // fp16 runs: the loss scaler's state after the checkpoint's step (Note [Dynamic loss scaling]).
@@ -56,6 +102,7 @@ struct LossScaleState {
 };
 
 struct CheckpointMeta {
+  int format_version = 2;      // 1: per-stage optimizer archives, same split only
   std::int64_t step = 0;
   int num_stages = 0;
   std::string source;          // the original model file, from pipe.json
@@ -69,9 +116,14 @@ struct CheckpointMeta {
   // `pipeforge generate`'s default context. Absent for tensor data and in
   // older checkpoints.
   std::optional<std::int64_t> block_size;
+  std::optional<CheckpointLayout> layout;  // absent in format 1
 };
 
-inline constexpr const char* kCheckpointFormat = "pipeforge.checkpoint/1";
+inline constexpr const char* kCheckpointFormat = "pipeforge.checkpoint/2";
+inline constexpr const char* kCheckpointFormatV1 = "pipeforge.checkpoint/1";
+
+// "float32[64, 32]": a tensor as stage_<i>.json (and pipe.json) describe it.
+std::string tensorDescription(const at::Tensor& t);
 
 // CKPT/step_<step, 8 digits>.
 std::string checkpointDir(const std::string& root, std::int64_t step);
@@ -81,9 +133,8 @@ std::string partialCheckpointDir(const std::string& root, std::int64_t step);
 // folders). Call on one process per host, before the writers start.
 void clearCheckpointStep(const std::string& root, std::int64_t step);
 
-// Writes stage_<i>.pt and stage_<i>.optim.pt into the partial folder.
-void writeStageCheckpoint(const std::string& root, const StageCheckpoint& state,
-                          torch::optim::Optimizer& optimizer);
+// Writes stage_<i>.pt and stage_<i>.json into the partial folder.
+void writeStageCheckpoint(const std::string& root, const StageCheckpoint& state);
 
 // Once every stage was written: meta.json, the rename, then `latest`; then
 // drops all but the `keep` newest step folders (keep 0: none dropped).
@@ -109,6 +160,10 @@ std::string resolveCheckpoint(const std::string& path);
 
 CheckpointMeta readCheckpointMeta(const std::string& step_dir);
 StageCheckpoint readStageCheckpoint(const std::string& step_dir, int stage);
+// stage_<i>.json of a format-2 checkpoint; reads no tensor.
+StageIndex readStageIndex(const std::string& step_dir, int stage);
+// Format 1 only: stage_<i>.optim.pt into an optimizer built over the same
+// parameters in the same order as the run that wrote it.
 void loadOptimizerState(const std::string& step_dir, int stage, torch::optim::Optimizer& optimizer);
 
 }  // namespace pipeforge::train

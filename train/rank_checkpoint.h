@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "config/train_config.h"
 #include "runtime/dist_env.h"
@@ -63,6 +64,10 @@ class RankCheckpoint {
   std::string save(std::int64_t done, const LossScaler* scaler);
 
  private:
+  // Format 2 (Note [Elastic resume]): restores this rank's tensors and
+  // optimizer state by name from `dir`; returns the generator states to take.
+  std::pair<at::Tensor, at::Tensor> restoreByName(const std::string& dir, const CheckpointMeta& meta);
+
   const TrainConfig& config_;
   const runtime::DistEnv& env_;
   const stage::PipeManifest& manifest_;

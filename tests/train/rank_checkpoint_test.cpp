@@ -50,6 +50,7 @@ stage::PipeManifest twoStageManifest() {
 TEST(RankCheckpoint, MetaOfAnFp16TokenRun) {
   TrainConfig config;
   config.seed = 7;
+  config.pipeline.data_parallel = 2;
   config.data.format = DataFormat::kTokens;
   config.data.block_size = 64;
   LossScaler scaler(LossScaleConfig{1024.0, 3});
@@ -67,6 +68,11 @@ TEST(RankCheckpoint, MetaOfAnFp16TokenRun) {
   ASSERT_TRUE(meta.loss_scale.has_value());
   EXPECT_EQ(meta.loss_scale->scale, 1024.0);
   EXPECT_EQ(meta.loss_scale->growth_tracker, 1);
+  // 4 ranks, 2 replicas of a 2-stage pipeline.
+  ASSERT_TRUE(meta.layout.has_value());
+  EXPECT_EQ(meta.layout->pipeline_ranks, 2);
+  EXPECT_EQ(meta.layout->data_parallel, 2);
+  EXPECT_EQ(meta.layout->stages_per_rank, 1);
 }
 
 TEST(RankCheckpoint, MetaOfAnFp32TensorRunHasNoScaleNorBlockSize) {

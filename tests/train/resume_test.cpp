@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
-#include <torch/optim.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -22,7 +21,6 @@
 #include <fmt/format.h>
 
 #include "checkpoint/checkpoint.h"
-#include "compat/torch_compat.h"
 #include "tests/support/build_paths.h"
 #include "tests/train/train_fixture.h"
 
@@ -44,28 +42,19 @@ std::string readBytes(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-// Two stage optimizer files hold the same Adam state. Not compared as bytes:
-// LibTorch keys the state by tensor address and maps it back by parameter
-// position on load, so the files differ between processes.
-void expectSameAdamState(const std::string& dir_a, const std::string& dir_b, int stage, std::size_t num_params) {
-  auto load = [&](const std::string& dir, std::vector<at::Tensor>& params) {
-    for (std::size_t k = 0; k < num_params; ++k) params.push_back(at::zeros({1}, at::kFloat).requires_grad_());
-    auto adam = std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-3));
-    train::loadOptimizerState(dir, stage, *adam);
-    return adam;
-  };
-  std::vector<at::Tensor> pa, pb;
-  auto a = load(dir_a, pa);
-  auto b = load(dir_b, pb);
-  for (std::size_t k = 0; k < num_params; ++k) {
-    auto key = [](const at::Tensor& t) { return pipeforge::compat::optimizerStateKey(t); };
-    ASSERT_EQ(a->state().count(key(pa[k])), b->state().count(key(pb[k]))) << "param " << k;
-    if (!a->state().count(key(pa[k]))) continue;
-    const auto& x = static_cast<const torch::optim::AdamParamState&>(*a->state().at(key(pa[k])));
-    const auto& y = static_cast<const torch::optim::AdamParamState&>(*b->state().at(key(pb[k])));
-    EXPECT_EQ(x.step(), y.step()) << "param " << k;
-    EXPECT_TRUE(at::equal(x.exp_avg(), y.exp_avg())) << "param " << k;
-    EXPECT_TRUE(at::equal(x.exp_avg_sq(), y.exp_avg_sq())) << "param " << k;
+// Two stage files hold the same optimizer state, parameter by parameter.
+void expectSameOptimizerState(const train::StageOptimizerState& x, const train::StageOptimizerState& y) {
+  EXPECT_EQ(x.name, y.name);
+  ASSERT_EQ(x.by_name.size(), y.by_name.size());
+  for (const auto& [name, a] : x.by_name) {
+    ASSERT_TRUE(y.by_name.count(name)) << name;
+    const auto& b = y.by_name.at(name);
+    EXPECT_EQ(a.step, b.step) << name;
+    ASSERT_EQ(a.slots.size(), b.slots.size()) << name;
+    for (std::size_t k = 0; k < a.slots.size(); ++k) {
+      EXPECT_EQ(a.slots[k].first, b.slots[k].first) << name;
+      EXPECT_TRUE(at::equal(a.slots[k].second, b.slots[k].second)) << name << " " << a.slots[k].first;
+    }
   }
 }
 
@@ -83,7 +72,8 @@ void expectSameCheckpoint(const std::string& a, const std::string& b, int num_st
     }
     for (std::size_t k = 0; k < x.buffers.size(); ++k) EXPECT_TRUE(at::equal(x.buffers[k].second, y.buffers[k].second));
     EXPECT_TRUE(at::equal(x.rng_state, y.rng_state));
-    expectSameAdamState(a, b, s, x.parameters.size());
+    EXPECT_FALSE(x.optimizer.by_name.empty());
+    expectSameOptimizerState(x.optimizer, y.optimizer);
   }
 }
 
