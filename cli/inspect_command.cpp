@@ -1,4 +1,4 @@
-// `pipeforge inspect MODEL.pt | DIR [--spec S.yaml] [--format text|json|dot|svg] [--stage i | --depth N] [--out FILE]`.
+// `pipeforge inspect MODEL.pt | DIR | CKPT [--spec S.yaml] [--format text|json|dot|svg] [--stage i | --depth N] [--out FILE]`.
 #include <CLI/CLI.hpp>
 
 #include <cerrno>
@@ -12,6 +12,7 @@
 #include "cli/run_guarded.h"
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "inspect/checkpoint_view.h"
 #include "inspect/graph_view.h"
 #include "inspect/module_view.h"
 #include "inspect/module_view_render.h"
@@ -79,8 +80,22 @@ std::string pipeViewIn(const InspectOptions& o) {
   return text;
 }
 
+// A checkpoint: its metadata and stage indexes, never its tensors.
+std::string checkpointViewIn(const InspectOptions& o) {
+  if (o.depth || !o.spec.empty() || o.format == "dot" || o.format == "svg") {
+    throw Error(ErrorCode::kUserInput, "'" + o.path + "' is a checkpoint: inspect shows it as --format text or json "
+                                       "(with --stage i for one stage); --depth, --spec, dot and svg are for models "
+                                       "and splits");
+  }
+  std::optional<int> only;
+  if (o.stage >= 0) only = o.stage;
+  return o.format == "json" ? inspect::checkpointJson(o.path, only) : inspect::checkpointText(o.path, only);
+}
+
 int runInspect(const InspectOptions& o) {
-  const std::string text = o.depth ? moduleViewIn(o) : pipeViewIn(o);
+  const std::string text = inspect::isCheckpointPath(o.path) ? checkpointViewIn(o)
+                           : o.depth                         ? moduleViewIn(o)
+                                                             : pipeViewIn(o);
   if (o.out.empty()) {
     std::cout << text;
     return kExitOk;
@@ -99,7 +114,9 @@ void addInspectCommand(CLI::App& app, int& exit_code) {
       "(text), the DAG and partition (json), or the DAG coloured by stage (dot, svg); with --depth, one node per "
       "module instead of one per aten op.");
   sub->add_option("path", options->path,
-                  "a model file, TorchScript (.pt) or torch.export (.pt2), or a folder written by `pipeforge split`")
+                  "a model file, TorchScript (.pt) or torch.export (.pt2), a folder written by `pipeforge split`, or a "
+                  "checkpoint (CKPT, or CKPT/step_<N>: its step, layout, tensors and optimizer state, read from "
+                  "its metadata alone)")
       ->required();
   sub->add_option("--spec", options->spec, "split a model file in memory with this spec before showing it (with --depth, only its example_inputs and constant_inputs apply)");
   sub->add_option("--format", options->format, "text | json | dot | svg")
