@@ -29,6 +29,25 @@ namespace pipeforge::train {
 // hyper-parameters (lr, betas, weight decay, no-decay groups) are not state:
 // they come from the config of the run that resumes.
 
+namespace {
+
+// Adam and AdamW keep the same state in two LibTorch types.
+template <typename State>
+ParameterOptimizerState adamSlots(const State& st) {
+  return ParameterOptimizerState{st.step(), {{"exp_avg", st.exp_avg()}, {"exp_avg_sq", st.exp_avg_sq()}}};
+}
+
+template <typename State, typename Slot>
+std::unique_ptr<State> adamState(std::int64_t step, const Slot& slot) {
+  auto st = std::make_unique<State>();
+  st->step(step);
+  st->exp_avg(slot("exp_avg"));
+  st->exp_avg_sq(slot("exp_avg_sq"));
+  return st;
+}
+
+}  // namespace
+
 StageOptimizerState optimizerStateByName(torch::optim::Optimizer& optimizer, OptimizerName name,
                                          const std::vector<NamedParameter>& parameters) {
   StageOptimizerState out;
@@ -43,18 +62,12 @@ StageOptimizerState optimizerStateByName(torch::optim::Optimizer& optimizer, Opt
         if (st.momentum_buffer().defined()) s.slots.emplace_back("momentum_buffer", st.momentum_buffer());
         break;
       }
-      case OptimizerName::kAdam: {
-        const auto& st = static_cast<const torch::optim::AdamParamState&>(*it->second);
-        s.step = st.step();
-        s.slots = {{"exp_avg", st.exp_avg()}, {"exp_avg_sq", st.exp_avg_sq()}};
+      case OptimizerName::kAdam:
+        s = adamSlots(static_cast<const torch::optim::AdamParamState&>(*it->second));
         break;
-      }
-      case OptimizerName::kAdamW: {
-        const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
-        s.step = st.step();
-        s.slots = {{"exp_avg", st.exp_avg()}, {"exp_avg_sq", st.exp_avg_sq()}};
+      case OptimizerName::kAdamW:
+        s = adamSlots(static_cast<const torch::optim::AdamWParamState&>(*it->second));
         break;
-      }
     }
     if (s.step || !s.slots.empty()) out.by_name.emplace(p.name, std::move(s));
   }
@@ -95,22 +108,12 @@ void setOptimizerStateByName(torch::optim::Optimizer& optimizer, OptimizerName n
         optimizer.state()[key] = std::move(st);
         break;
       }
-      case OptimizerName::kAdam: {
-        auto st = std::make_unique<torch::optim::AdamParamState>();
-        st->step(step());
-        st->exp_avg(slot("exp_avg"));
-        st->exp_avg_sq(slot("exp_avg_sq"));
-        optimizer.state()[key] = std::move(st);
+      case OptimizerName::kAdam:
+        optimizer.state()[key] = adamState<torch::optim::AdamParamState>(step(), slot);
         break;
-      }
-      case OptimizerName::kAdamW: {
-        auto st = std::make_unique<torch::optim::AdamWParamState>();
-        st->step(step());
-        st->exp_avg(slot("exp_avg"));
-        st->exp_avg_sq(slot("exp_avg_sq"));
-        optimizer.state()[key] = std::move(st);
+      case OptimizerName::kAdamW:
+        optimizer.state()[key] = adamState<torch::optim::AdamWParamState>(step(), slot);
         break;
-      }
     }
   }
 }
