@@ -7,6 +7,12 @@
 #include <ATen/ATen.h>
 
 #include "compat/torch_compat.h"
+#include "compat/zip_record.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -453,6 +459,59 @@ Pt2Signature parseSignature(const json& sig) {
   return out;
 }
 
+// Note [Mapped weights]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A split needs the program and the weights' metadata, not their values: the
+// stage writer copies each weight record from the source archive into its
+// stage archive one record at a time (stage/pt2_stage_writer.cpp). So the
+// archive's weights are not read at open: each record's storage is the
+// record's bytes in a private, copy-on-write mapping of the file. A page is
+// read only when something reads the tensor (constant folding, a timing run,
+// example inputs run through the model), and only that page. Reading every
+// record into memory made a split's peak RSS 1.29x the file (issue 25).
+//
+// torch.export.save stores records uncompressed and 64-byte aligned; a record
+// stored compressed, and every record under LibTorch 1.x (whose reader does
+// not give a record's size), is read as before.
+
+// A private read/write mapping of the whole archive; writes stay in memory.
+struct MappedFile {
+  void* base = MAP_FAILED;
+  std::size_t size = 0;
+  ~MappedFile() {
+    if (base != MAP_FAILED) ::munmap(base, size);
+  }
+  static std::shared_ptr<MappedFile> open(const std::string& path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return nullptr;
+    struct stat st {};
+    auto file = std::make_shared<MappedFile>();
+    if (::fstat(fd, &st) == 0 && st.st_size > 0) {
+      file->size = static_cast<std::size_t>(st.st_size);
+      file->base = ::mmap(nullptr, file->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    }
+    ::close(fd);
+    return file->base == MAP_FAILED ? nullptr : file;
+  }
+};
+
+// The record's bytes as a Storage over the mapping, or an undefined Storage
+// when it cannot be mapped (Note [Mapped weights]).
+c10::Storage mappedRecord(caffe2::serialize::PyTorchStreamReader& reader, const std::string& record,
+                          const std::shared_ptr<MappedFile>& file) {
+  if (!file) return {};
+  std::optional<compat::RecordRange> range = compat::recordRange(reader, record);
+  if (!range || range->header + 30 > file->size || range->offset + range->size > file->size) return {};
+  const auto* header = static_cast<const unsigned char*>(file->base) + range->header;
+  const unsigned method = header[8] | (header[9] << 8);  // the local header's compression method; 0: stored
+  if (method != 0) return {};
+  auto* keep = new std::shared_ptr<MappedFile>(file);
+  c10::DataPtr data(static_cast<char*>(file->base) + range->offset, keep,
+                    [](void* ctx) { delete static_cast<std::shared_ptr<MappedFile>*>(ctx); }, at::kCPU);
+  return c10::Storage(c10::Storage::use_byte_size_t(), range->size, std::move(data), /*allocator=*/nullptr,
+                      /*resizable=*/false);
+}
+
 // Reads one payload config (weights or constants) into tensors; views of one
 // storage with the same layout become one tensor object (tied weights).
 struct Payloads {
@@ -461,8 +520,8 @@ struct Payloads {
   std::map<std::string, at::Tensor> tensors;
 };
 
-void loadPayloads(caffe2::serialize::PyTorchStreamReader& reader, const std::string& folder,
-                  const std::string& model, bool constants, Payloads& impl) {
+void loadPayloads(caffe2::serialize::PyTorchStreamReader& reader, const std::shared_ptr<MappedFile>& mapping,
+                  const std::string& folder, const std::string& model, bool constants, Payloads& impl) {
   std::string config_name = fmt::format("{}/{}_{}_config.json", folder, model, constants ? "constants" : "weights");
   if (!reader.hasRecord(config_name)) {
     if (reader.hasRecord(fmt::format("{}/{}.pt", folder, model))) {
@@ -516,10 +575,13 @@ void loadPayloads(caffe2::serialize::PyTorchStreamReader& reader, const std::str
       }
       auto storage_it = storages.find(file);
       if (storage_it == storages.end()) {
-        auto [data, bytes] = reader.getRecord(record);
-        storage_it = storages.emplace(file, c10::Storage(c10::Storage::use_byte_size_t(), bytes, std::move(data),
-                                                         /*allocator=*/nullptr, /*resizable=*/false))
-                         .first;
+        c10::Storage storage = mappedRecord(reader, record, mapping);
+        if (!storage) {
+          auto [data, bytes] = reader.getRecord(record);
+          storage = c10::Storage(c10::Storage::use_byte_size_t(), bytes, std::move(data), /*allocator=*/nullptr,
+                                 /*resizable=*/false);
+        }
+        storage_it = storages.emplace(file, std::move(storage)).first;
       }
       size_t bytes = storage_it->second.nbytes();
       bool empty = std::find(sizes.begin(), sizes.end(), 0) != sizes.end();
@@ -604,8 +666,9 @@ Pt2Archive Pt2Archive::open(const std::string& path) {
       for (const json& entry : gm.at("module_call_graph")) impl->module_call_graph.push_back(entry.value("fqn", ""));
     }
     Payloads payloads{path, {}, {}};
-    loadPayloads(*reader, "data/weights", impl->model_name, /*constants=*/false, payloads);
-    loadPayloads(*reader, "data/constants", impl->model_name, /*constants=*/true, payloads);
+    const std::shared_ptr<MappedFile> mapping = MappedFile::open(path);
+    loadPayloads(*reader, mapping, "data/weights", impl->model_name, /*constants=*/false, payloads);
+    loadPayloads(*reader, mapping, "data/constants", impl->model_name, /*constants=*/true, payloads);
     impl->entries = std::move(payloads.entries);
     impl->tensors = std::move(payloads.tensors);
   } catch (const json::exception& e) {
