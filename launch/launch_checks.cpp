@@ -52,10 +52,20 @@ std::string splitFor(const TrainConfig& config, const std::string& out_dir) {
 // Before any rank starts: every stage file is intact (Note [File digests]) and
 // every tied group names tensors of one shape and dtype, so a hand-edited or
 // damaged split folder fails here with its cause, not inside a collective.
+// The shapes come from pipe.json's parameter_meta, written with the stage
+// files the digests vouch for, so no stage file is loaded into this process
+// (issue 25: the launcher held the whole model); a manifest written before
+// parameter_meta has its stage files loaded, as before.
 void checkSplitFolder(const std::string& dir, const stage::PipeManifest& manifest) {
-  std::map<std::string, std::pair<int, at::Tensor>> params;  // FQN -> (stage, tensor)
+  std::map<std::string, std::pair<int, std::string>> params;  // FQN -> (stage, "float32[64, 16]")
   for (const stage::StageInfo& info : manifest.stages) {
     stage::verifyStageFile(dir, info);
+    if (info.parameter_meta.size() == info.parameters.size()) {
+      for (std::size_t k = 0; k < info.parameters.size(); ++k) {
+        params.emplace(info.parameters[k], std::make_pair(info.index, info.parameter_meta[k]));
+      }
+      continue;
+    }
     torch::jit::Module module;
     try {
       module = std::filesystem::path(info.file).extension() == ".pt2" ? frontend::loadPt2Model(dir + "/" + info.file)
@@ -67,9 +77,10 @@ void checkSplitFolder(const std::string& dir, const stage::PipeManifest& manifes
       throw ConfigError(fmt::format("stage {}: cannot load '{}/{}' ({}); re-run `pipeforge split`", info.index, dir,
                                     info.file, e.what()));
     }
-    for (const auto& p : module.named_parameters(true)) params.emplace(p.name, std::make_pair(info.index, p.value));
+    for (const auto& p : module.named_parameters(true)) {
+      params.emplace(p.name, std::make_pair(info.index, stage::tensorMeta(p.value)));
+    }
   }
-  auto describe = [](const at::Tensor& t) { return fmt::format("{}{}", c10::toString(t.scalar_type()), t.sizes()); };
   for (const auto& group : manifest.tied) {
     // A name of the group that no stage reads under that name (BERT's
     // cls.predictions.bias, read as cls.predictions.decoder.bias) is the same
@@ -79,7 +90,7 @@ void checkSplitFolder(const std::string& dir, const stage::PipeManifest& manifes
                                     "folder is inconsistent: re-run `pipeforge split`",
                                     dir, fmt::join(group, ", ")));
     }
-    const std::pair<int, at::Tensor>* first = nullptr;
+    const std::pair<int, std::string>* first = nullptr;
     for (const std::string& fqn : group) {
       auto it = params.find(fqn);
       if (it == params.end()) continue;
@@ -87,14 +98,14 @@ void checkSplitFolder(const std::string& dir, const stage::PipeManifest& manifes
         first = &it->second;
         continue;
       }
-      const at::Tensor& a = first->second;
-      const at::Tensor& b = it->second.second;
-      if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) {
+      const std::string& a = first->second;
+      const std::string& b = it->second.second;
+      if (a != b) {
         throw ConfigError(fmt::format("{}/pipe.json: tied group [{}] joins '{}' ({} in stage {}) and '{}' ({} in stage "
                                       "{}), which cannot be one tensor; the split folder is inconsistent: re-run "
                                       "`pipeforge split`",
-                                      dir, fmt::join(group, ", "), group.front(), describe(a), first->first, fqn,
-                                      describe(b), it->second.first));
+                                      dir, fmt::join(group, ", "), group.front(), a, first->first, fqn, b,
+                                      it->second.first));
       }
     }
   }

@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "frontend/graph_reads.h"
+#include "stage/value_meta.h"
 #include "frontend/model_dag.h"
 #include "frontend/module_paths.h"
 #include "frontend/opened_model.h"
@@ -308,6 +309,7 @@ BuiltStages buildStagesFromPlan(const frontend::OpenedModel& model, const fronte
     info.num_outputs = static_cast<int>(stage.flow.outputs.size());
     for (const auto& p : module.named_parameters(true)) {
       info.parameters.push_back(p.name);
+      info.parameter_meta.push_back(tensorMeta(p.value));
       holders[p.name].insert(k);
     }
     for (const auto& b : module.named_buffers(true)) {

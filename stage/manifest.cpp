@@ -117,6 +117,7 @@ std::string manifestToJson(const PipeManifest& m) {
     for (const auto& in : s.inputs) js["inputs"].push_back(sourceToJson(in));
     js["num_outputs"] = s.num_outputs;
     js["parameters"] = s.parameters;
+    if (!s.parameter_meta.empty()) js["parameter_meta"] = s.parameter_meta;
     js["buffers"] = s.buffers;
     if (!s.output_meta.empty()) js["output_meta"] = s.output_meta;
     if (!s.sha256.empty()) js["sha256"] = s.sha256;
@@ -164,6 +165,12 @@ StageInfo stageFromJson(const json& js) {
   for (const auto& in : js.at("inputs")) s.inputs.push_back(sourceFromJson(in));
   s.num_outputs = intAt(js, "num_outputs");
   s.parameters = js.value("parameters", std::vector<std::string>{});
+  s.parameter_meta = js.value("parameter_meta", std::vector<std::string>{});
+  if (!s.parameter_meta.empty() && s.parameter_meta.size() != s.parameters.size()) {
+    throw ManifestError("stage " + std::to_string(s.index) + " has " + std::to_string(s.parameter_meta.size()) +
+                        " parameter_meta entries for " + std::to_string(s.parameters.size()) +
+                        " parameters; re-run `pipeforge split`");
+  }
   s.buffers = js.value("buffers", std::vector<std::string>{});
   s.output_meta = js.value("output_meta", std::vector<std::string>{});
   s.sha256 = js.value("sha256", "");

@@ -49,6 +49,9 @@ struct StageInfo {
   std::vector<ValueSource> inputs;   // in the order the stage's forward takes them
   int num_outputs = 0;               // forward always returns a tuple of this size
   std::vector<std::string> parameters;  // original FQNs held by the stage
+  // "float32[64, 16]" per parameter, in that order; empty in older manifests.
+  // The launcher checks tied groups with it, without loading stage files.
+  std::vector<std::string> parameter_meta;
   std::vector<std::string> buffers;     // original FQNs held by the stage
   // Optional, from shape propagation: "float32[8, 16]" per output
   // (stage/value_meta.h; splits before it wrote c10's "Float[8, 16]").
@@ -58,7 +61,7 @@ struct StageInfo {
 
   friend bool operator==(const StageInfo& a, const StageInfo& b) {
     return a.index == b.index && a.file == b.file && a.inputs == b.inputs && a.num_outputs == b.num_outputs &&
-           a.parameters == b.parameters && a.buffers == b.buffers && a.output_meta == b.output_meta &&
+           a.parameters == b.parameters && a.parameter_meta == b.parameter_meta && a.buffers == b.buffers && a.output_meta == b.output_meta &&
            a.sha256 == b.sha256;
   }
 };

@@ -16,6 +16,7 @@
 #include "frontend/pt2_import.h"
 #include "partitioner/partition.h"
 #include "stage/build_stages.h"
+#include "stage/value_meta.h"
 
 // Note [PT2 stage files]
 // ~~~~~~~~~~~~~~~~~~~~~~
@@ -298,7 +299,12 @@ class Planner {
       info.num_outputs = static_cast<int>(stage.outputs.size());
       for (int l : stage.lifted) {
         const auto& spec = archive_.signature().inputs[l];
-        (spec.kind == frontend::Pt2InputKind::kParameter ? info.parameters : info.buffers).push_back(spec.target);
+        if (spec.kind == frontend::Pt2InputKind::kParameter) {
+          info.parameters.push_back(spec.target);
+          info.parameter_meta.push_back(tensorMeta(archive_.tensor(spec.target)));  // metadata: no bytes read
+        } else {
+          info.buffers.push_back(spec.target);
+        }
         holders[spec.target].insert(k);
       }
       m.stages.push_back(std::move(info));

@@ -114,11 +114,6 @@ at::ScalarType dtypeOf(const std::string& name) {
   PIPEFORGE_FAIL("unhandled Dtype");
 }
 
-// "float32[6, 8]" (stage/value_meta.h).
-std::string metaOf(const at::Tensor& t) {
-  return formatValueMeta({canonicalDtypeName(c10::toString(t.scalar_type())), t.sizes().vec()});
-}
-
 // Stage modules share their tensors with the model. Running them on example
 // inputs must not change what gets saved: a counter's `add_` or BatchNorm's
 // running statistics in training mode would, so they run on private copies.
@@ -135,12 +130,12 @@ void recordValueMeta(BuiltStages& stages, const partitioner::SplitSpec& spec) {
   if (spec.example_inputs.empty()) return;
   torch::NoGradGuard no_grad;
   std::vector<c10::IValue> inputs = makeExampleInputs(spec);
-  for (const auto& in : inputs) stages.manifest.input_meta.push_back(metaOf(in.toTensor()));
+  for (const auto& in : inputs) stages.manifest.input_meta.push_back(tensorMeta(in.toTensor()));
   std::vector<std::vector<at::Tensor>> outs;
   std::vector<torch::jit::Module> copies = privateCopies(stages.modules);
   runChained(copies, stages.manifest, inputs, nullptr, &outs);
   for (size_t k = 0; k < outs.size(); ++k) {
-    for (const auto& t : outs[k]) stages.manifest.stages[k].output_meta.push_back(metaOf(t));
+    for (const auto& t : outs[k]) stages.manifest.stages[k].output_meta.push_back(tensorMeta(t));
   }
 }
 
@@ -163,6 +158,10 @@ std::vector<double> measureUnitCosts(const frontend::OpenedModel& opened, const 
 }
 
 }  // namespace
+
+std::string tensorMeta(const at::Tensor& t) {
+  return formatValueMeta({canonicalDtypeName(c10::toString(t.scalar_type())), t.sizes().vec()});
+}
 
 std::vector<c10::IValue> makeExampleInputs(const partitioner::SplitSpec& spec) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(0);

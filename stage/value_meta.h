@@ -9,6 +9,10 @@
 #include <string_view>
 #include <vector>
 
+namespace at {
+class Tensor;
+}
+
 namespace pipeforge::stage {
 
 struct ValueMeta {
@@ -29,6 +33,10 @@ std::optional<ValueMeta> parseValueMeta(std::string_view text);
 
 // The pipe.json form: formatValueMeta({"float32", {6, 8}}) == "float32[6, 8]".
 std::string formatValueMeta(const ValueMeta& meta);
+
+// A tensor's dtype and shape in that form (defined with the split, which
+// links LibTorch; this header stays torch-free).
+std::string tensorMeta(const at::Tensor& t);
 
 // Bytes of the dense tensor: element size × element count (a float32[2, 16, 32]
 // is 4096 B). nullopt for a dtype whose element size we do not know.

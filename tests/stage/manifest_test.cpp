@@ -110,6 +110,17 @@ TEST(Manifest, RoundTripKeepsUnusedStateAndOlderFilesReadWithoutIt) {
   EXPECT_EQ(manifestFromJson(manifestToJson(m), "p.json"), m);
 }
 
+TEST(Manifest, ParameterMetaRoundTripsAndMustListEveryParameter) {
+  PipeManifest m = manifestFromJson(stageJson("stage_0.pt"), "p.json");
+  EXPECT_TRUE(m.stages[0].parameter_meta.empty()) << "a manifest written before \"parameter_meta\" existed";
+  m.stages[0].parameters = {"fc.weight", "fc.bias"};
+  m.stages[0].parameter_meta = {"float32[4, 8]", "float32[4]"};
+  EXPECT_EQ(manifestFromJson(manifestToJson(m), "p.json"), m);
+  m.stages[0].parameter_meta.pop_back();
+  EXPECT_EQ(errorOf(manifestToJson(m)),
+            "p.json: stage 0 has 1 parameter_meta entries for 2 parameters; re-run `pipeforge split`");
+}
+
 TEST(Manifest, ConstantInputsRoundTripAndOlderFilesReadWithoutThem) {
   PipeManifest m = manifestFromJson(stageJson("stage_0.pt"), "p.json");
   EXPECT_TRUE(m.constant_inputs.empty()) << "a manifest written before \"constant_inputs\" existed";

@@ -84,19 +84,37 @@ TEST(Integrity, ACorruptStageFileFailsBeforeAnyRankStarts) {
   EXPECT_EQ(run.output.find("rank 0"), std::string::npos) << "no rank should have started:\n" << run.output;
 }
 
-TEST(Integrity, ABogusTiedGroupFailsBeforeAnyRankStarts) {
+// The launcher compares the shapes pipe.json records (parameter_meta) without
+// loading a stage file; a manifest written before parameter_meta has its
+// stage files loaded instead. Both catch the bogus group.
+class BogusTiedGroup : public ::testing::TestWithParam<bool> {};
+
+TEST_P(BogusTiedGroup, FailsBeforeAnyRankStarts) {
   TrainWorkspace ws;
   const std::string dir = splitGpt(ws);
   auto j = nlohmann::json::parse(readText(dir + "/pipe.json"));
+  for (const auto& stage : j["stages"]) {
+    ASSERT_EQ(stage["parameter_meta"].size(), stage["parameters"].size()) << stage.dump();
+  }
+  EXPECT_EQ(j["stages"][0]["parameter_meta"][0].get<std::string>().rfind("float32[", 0), 0u);
+  const bool older_manifest = GetParam();
+  if (older_manifest) {
+    for (auto& stage : j["stages"]) stage.erase("parameter_meta");
+  }
   // Join two parameters of different shapes: the token embedding and the final norm's weight.
   j["tied"] = nlohmann::json::array({nlohmann::json::array({"wte.weight", "ln_f.weight"})});
   std::ofstream(dir + "/pipe.json", std::ios::trunc) << j.dump(1);
   auto run = runPipeforge(fmt::format("train --config '{}' --nproc 2", configOnSplit(ws, "tied", dir)));
   EXPECT_EQ(run.exit_code, 1) << run.output;
-  EXPECT_NE(run.output.find("tied group [wte.weight, ln_f.weight] joins 'wte.weight'"), std::string::npos)
+  EXPECT_NE(run.output.find("tied group [wte.weight, ln_f.weight] joins 'wte.weight' (float32[64, 16] in stage 0) "
+                            "and 'ln_f.weight' (float32[16] in stage 1)"),
+            std::string::npos)
       << run.output;
   EXPECT_EQ(run.output.find("signal"), std::string::npos) << run.output;
 }
+
+INSTANTIATE_TEST_SUITE_P(Integrity, BogusTiedGroup, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "OlderManifest" : "ParameterMeta"; });
 
 TEST(Integrity, ACorruptNewestCheckpointFallsBackToThePreviousOne) {
   TrainWorkspace ws;
