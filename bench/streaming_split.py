@@ -112,12 +112,8 @@ output: {{dir: {run}/out, log_every: 1}}
                             stderr=subprocess.PIPE, env=dict(os.environ, OMP_NUM_THREADS="1"))
 
     def find_ranks() -> dict:
-        found = {-1: proc.pid}  # the launcher itself (wait4's ru_maxrss would include its ranks)
-        for pid in procstat.children(proc.pid):
-            rank = procstat.env_var(pid, "RANK")
-            if rank is not None:
-                found[int(rank)] = pid
-        return found
+        # The ranks, and the launcher itself as -1 (wait4's ru_maxrss would include its ranks).
+        return {-1: proc.pid, **procstat.rank_pids(proc.pid)}
 
     with procstat.RankWatcher(find_ranks, tail) as watcher:
         _, status, _ = os.wait4(proc.pid, 0)

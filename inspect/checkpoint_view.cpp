@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <vector>
@@ -119,25 +120,19 @@ std::string checkpointText(const std::string& path, std::optional<int> stage) {
 
 std::string checkpointJson(const std::string& path, std::optional<int> stage) {
   const CheckpointView v = loadView(path, stage);
-  const train::CheckpointMeta& m = v.meta;
+  // meta.json as written (step, layout, source, schedule, seed, tied, loss
+  // scale, ...), with its per-file entries replaced by the stages' indexes.
   nlohmann::json j;
-  j["checkpoint"] = v.dir;
-  j["format"] = m.format_version;
-  j["step"] = m.step;
-  j["data_position"] = m.step;
-  j["source"] = m.source;
-  j["num_stages"] = m.num_stages;
-  j["world_size"] = m.world_size;
-  if (m.layout) {
-    j["layout"] = {{"pipeline_ranks", m.layout->pipeline_ranks},
-                   {"data_parallel", m.layout->data_parallel},
-                   {"stages_per_rank", m.layout->stages_per_rank}};
+  try {
+    std::ifstream in(fs::path(v.dir) / "meta.json");
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw train::CheckpointError(fmt::format("'{}/meta.json' is malformed: {}", v.dir, e.what()));
   }
-  j["schedule"] = m.schedule;
-  j["seed"] = m.seed;
-  j["tied"] = m.tied;
-  if (m.block_size) j["block_size"] = *m.block_size;
-  if (m.loss_scale) j["loss_scale"] = {{"scale", m.loss_scale->scale}, {"growth_tracker", m.loss_scale->growth_tracker}};
+  j.erase("files");
+  j["checkpoint"] = v.dir;
+  j["format"] = v.meta.format_version;
+  j["data_position"] = v.meta.step;
   j["stages"] = nlohmann::json::array();
   for (int s : v.shown) {
     nlohmann::json st = {{"index", s}};

@@ -88,15 +88,7 @@ def run(binary: str, job: dict, work: str) -> dict:
     proc = subprocess.Popen([binary, "train", "--config", config, "--nproc", str(job["ranks"])],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
 
-    def find_ranks() -> dict:
-        found = {}
-        for pid in procstat.children(proc.pid):
-            rank = procstat.env_var(pid, "RANK")
-            if rank is not None:
-                found[int(rank)] = pid
-        return found
-
-    with procstat.RankWatcher(find_ranks, tail) as watcher:
+    with procstat.RankWatcher(lambda: procstat.rank_pids(proc.pid), tail) as watcher:
         rc = proc.wait()
     log.close()
     if rc != 0:

@@ -28,6 +28,16 @@ def children(pid: int) -> list:
     return out
 
 
+def rank_pids(launcher: int) -> Dict[int, int]:
+    """RANK -> pid of the rank processes `launcher` (`pipeforge train --nproc N`) started."""
+    found = {}
+    for pid in children(launcher):
+        rank = env_var(pid, "RANK")
+        if rank is not None:
+            found[int(rank)] = pid
+    return found
+
+
 def env_var(pid: int, name: str) -> Optional[str]:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
