@@ -112,9 +112,11 @@ RankCheckpoint::RankCheckpoint(const TrainConfig& config, const runtime::DistEnv
 // (and with it the data position: Note [Stateless sampling] draws batch k
 // from the seed and k alone, for any number of replicas), and the fp16 loss
 // scale. What does not: each rank's generator. A rank takes the generator
-// saved with the checkpoint stage of its own first stage's index, so an
-// unchanged layout resumes bit for bit; on another layout dropout masks are
-// drawn from other streams than the uninterrupted run would have drawn
+// saved with the checkpoint stage of its own first stage's index when it
+// reads that file for its tensors, which it always does on an unchanged
+// layout, so that resumes bit for bit; otherwise it keeps its seeded one
+// (no file is read for a generator alone). On another layout dropout masks
+// are drawn from other streams than the uninterrupted run would have drawn
 // (masks are per rank, and a stage on another rank draws from another one).
 // Training without dropout is unaffected.
 
@@ -319,12 +321,8 @@ std::pair<at::Tensor, at::Tensor> RankCheckpoint::restoreByName(const std::strin
       device_rng = state.device_rng_state;
     }
   }
-  if (first_local >= meta.num_stages) {
-    // No saved generator of this index (a checkpoint of fewer stages): keep
-    // the seeded one (Note [Elastic resume]).
-  } else if (!rng.defined() && first_local >= 0) {
-    rng = readStageCheckpoint(dir, first_local).rng_state;
-  }
+  // Undefined when this rank read no stage file of its first stage's index
+  // (another layout): it keeps its seeded generator (Note [Elastic resume]).
   return {rng, device_rng};
 }
 
