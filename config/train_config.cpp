@@ -425,6 +425,8 @@ void parseOptimizer(const Section& top, const YAML::Node& node, TrainConfig& c) 
           {"eps", [&](const YAML::Node& v) { o.eps = s.number(v, "eps", 0.0, false); }},
           {"momentum", [&](const YAML::Node& v) { o.momentum = s.number(v, "momentum", 0.0, true); }},
           {"nesterov", [&](const YAML::Node& v) { o.nesterov = s.boolean(v, "nesterov"); }},
+          {"foreach", [&](const YAML::Node& v) { o.foreach = s.boolean(v, "foreach"); }},
+          {"fused", [&](const YAML::Node& v) { o.fused = s.boolean(v, "fused"); }},
           {"clip_grad_norm", [&](const YAML::Node& v) { o.clip_grad_norm = s.number(v, "clip_grad_norm", 0.0, true); }},
           {"no_decay",
            [&](const YAML::Node& v) {
@@ -448,6 +450,15 @@ void parseOptimizer(const Section& top, const YAML::Node& node, TrainConfig& c) 
   if (o.nesterov && (o.name != OptimizerName::kSgd || o.momentum <= 0.0)) {
     throw ConfigError(fmt::format("{}: optimizer.nesterov needs optimizer.name: sgd and optimizer.momentum > 0",
                                   s.where(node)));
+  }
+  if (o.foreach && o.fused) {
+    throw ConfigError(fmt::format("{}: optimizer.foreach and optimizer.fused cannot both be true, as in PyTorch; "
+                                  "keep one (fused is the faster)",
+                                  s.where(node)));
+  }
+  if ((o.foreach || o.fused) && o.name == OptimizerName::kSgd) {
+    throw ConfigError(fmt::format("{}: optimizer.{} applies to adam and adamw; remove it for optimizer.name: sgd",
+                                  s.where(node), o.fused ? "fused" : "foreach"));
   }
 }
 

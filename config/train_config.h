@@ -117,6 +117,11 @@ struct OptimizerConfig {
   double eps = 1e-8;
   double momentum = 0.0;  // SGD only
   bool nesterov = false;  // SGD only
+  // Adam and AdamW as PyTorch's foreach=True (its _foreach_ ops) or
+  // fused=True (one kernel for all tensors); neither: LibTorch's
+  // per-parameter loop (Note [Adam implementations] in train/optimizer_factory.cpp).
+  bool foreach = false;
+  bool fused = false;
   // The global gradient norm (every stage and replica, a tied parameter
   // counted once) is scaled down to at most this, as
   // torch.nn.utils.clip_grad_norm_ on the whole model; 0: no clipping.

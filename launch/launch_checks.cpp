@@ -259,6 +259,7 @@ void checkNoDecayPatterns(const TrainConfig& config, const stage::PipeManifest& 
 void checkAgainstSplit(const TrainConfig& config, const stage::PipeManifest& manifest, const DataLayout& layout) {
   checkInputSizes(config, manifest, layout);
   checkNoDecayPatterns(config, manifest);
+  checkOptimizerAvailable(config.optimizer);
 }
 
 }  // namespace pipeforge::train

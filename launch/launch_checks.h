@@ -27,7 +27,7 @@ class Dataset;
 void checkDataFitsInputs(const TrainConfig& config, const stage::PipeManifest& manifest, const DataLayout& layout,
                          Dataset& dataset);
 // What the config asks of the split: input sizes and the optimizer's
-// no_decay patterns.
+// no_decay patterns; and an optimizer implementation this LibTorch has.
 void checkAgainstSplit(const TrainConfig& config, const stage::PipeManifest& manifest, const DataLayout& layout);
 
 }  // namespace pipeforge::train

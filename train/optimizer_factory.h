@@ -1,5 +1,6 @@
-// The optimizer a config names (torch::optim SGD, Adam or AdamW), and the
-// learning rate set on it each step.
+// The optimizer a config names (torch::optim SGD, Adam or AdamW, the Adams
+// also with PyTorch's foreach or fused kernels), and the learning rate set on
+// it each step.
 #pragma once
 
 #include <memory>
@@ -30,6 +31,10 @@ struct NamedParameter {
 // updated once.
 std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const OptimizerConfig& config,
                                                        const std::vector<NamedParameter>& parameters);
+
+// Throws ConfigError when the config asks for an implementation this
+// LibTorch lacks (optimizer.foreach or fused on LibTorch 1.13).
+void checkOptimizerAvailable(const OptimizerConfig& config);
 
 // Whether `name` matches one of the no_decay globs (fnmatch: `*` and `?`
 // also match dots, `[...]` a set).

@@ -190,6 +190,10 @@ TEST_F(TrainConfigTest, MistakesNameTheKey) {
       {"bad inline constant", "num_stages: 2", "num_stages: 2\n  constant_inputs: {scale: [[1]]}",
        {"t.yaml:4: model: constant_inputs.scale must be a list of numbers"}},
       {"nesterov without sgd", "", "optimizer: {nesterov: true}\n", {"optimizer.nesterov"}},
+      {"foreach and fused", "", "optimizer: {foreach: true, fused: true}\n",
+       {"optimizer.foreach and optimizer.fused cannot both be true", "keep one"}},
+      {"fused sgd", "", "optimizer: {name: sgd, fused: true}\n",
+       {"optimizer.fused applies to adam and adamw", "remove it for optimizer.name: sgd"}},
       {"bad device", "", "distributed: {device: tpu}\n", {"distributed.device", "cpu, cuda"}},
       {"malformed yaml", "", "data: [\n", {"t.yaml:16: '[' is never closed; close it with ']'"}},
       {"deeper than its sibling", "  steps: 4\n", "  steps: 4\n    global_batch_size: 4\n",
@@ -507,6 +511,8 @@ TEST_F(TrainConfigTest, ExampleShowsEveryKeyWithTheCodesDefault) {
   EXPECT_EQ(e.optimizer.eps, d.optimizer.eps);
   EXPECT_EQ(e.optimizer.momentum, d.optimizer.momentum);
   EXPECT_EQ(e.optimizer.nesterov, d.optimizer.nesterov);
+  EXPECT_EQ(e.optimizer.foreach, d.optimizer.foreach);
+  EXPECT_EQ(e.optimizer.fused, d.optimizer.fused);
   EXPECT_EQ(e.optimizer.clip_grad_norm, d.optimizer.clip_grad_norm);
   EXPECT_EQ(e.optimizer.no_decay, d.optimizer.no_decay);
   EXPECT_EQ(e.lr_schedule.decay, d.lr_schedule.decay);

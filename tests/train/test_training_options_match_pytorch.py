@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Gradient clipping, no-decay groups, per-token loss and loss modules equal
-single-process PyTorch (issue 13).
+"""Gradient clipping, no-decay groups, per-token loss, loss modules and the
+foreach / fused Adam kernels equal single-process PyTorch (issues 13, 28).
 
 Every case trains the zoo's `gpt.pt` (2 blocks, weights tied between `wte` and
 the head, no dropout) for STEPS steps twice on the same token rows:
@@ -20,14 +20,18 @@ the head, no dropout) for STEPS steps twice on the same token rows:
         per-microbatch mean must differ from it on that data, or the case
         proves nothing;
       - loss module: a scripted (and, with torch.export, an exported) label-
-        smoothing loss, each microbatch's loss divided by their number.
+        smoothing loss, each microbatch's loss divided by their number;
+      - optimizer.foreach / optimizer.fused: torch.optim.AdamW (Adam) with
+        foreach=True / fused=True (torch 2.4 and later; before, the
+        refusal that names the fix).
 Losses and final parameters must agree within rtol 1e-4, atol 1e-5 (float32
 along different but equivalent paths; the measured differences are printed).
 Layouts: 2 ranks 1F1B; 2 ranks ZBVZeroBubble (both tied ends on rank 0, in
 two stages); 2 pipeline ranks x 2 data-parallel replicas.
 
 Then the refusals (exit 1, the message naming the fix): a no_decay glob that
-matches no parameter, per_token with a loss module, a missing loss module.
+matches no parameter, per_token with a loss module, a missing loss module,
+and on LibTorch 1.x optimizer.foreach and fused.
 
 Usage: test_training_options_match_pytorch.py PIPEFORGE_BINARY ZOO_DIR
 """
@@ -95,8 +99,12 @@ def train_pytorch(torch, model_path: str, data_path: str, case: dict, microbatch
         groups = [{"params": dec}, {"params": nd, "weight_decay": 0.0}]
     else:
         groups = [{"params": [p for _, p in named]}]
-    if case["optimizer"] == "adamw":
-        opt = torch.optim.AdamW(groups, lr=case["lr"], weight_decay=case["wd"], foreach=False)
+    if case["optimizer"] in ("adam", "adamw"):
+        # optimizer.foreach / fused select the arithmetic of PyTorch's flag of that name.
+        impl = case.get("impl")
+        cls = torch.optim.AdamW if case["optimizer"] == "adamw" else torch.optim.Adam
+        opt = cls(groups, lr=case["lr"], weight_decay=case["wd"], foreach=impl == "foreach",
+                  **({"fused": True} if impl == "fused" else {}))
     else:
         opt = torch.optim.SGD(groups, lr=case["lr"], weight_decay=case["wd"], foreach=False)
     loss_module = torch.jit.load(case["loss_module"]) if case.get("loss_module") else None
@@ -137,6 +145,8 @@ def config_text(run: str, model_path: str, data_path: str, case: dict, layout: t
     opt = f"name: {case['optimizer']}, lr: {case['lr']}, weight_decay: {case['wd']}"
     if case.get("clip"):
         opt += f", clip_grad_norm: {case['clip']}"
+    if case.get("impl"):
+        opt += f", {case['impl']}: true"
     if case.get("no_decay"):
         opt += ", no_decay: [" + ", ".join(f'"{g}"' for g in case["no_decay"]) + "]"
     loss = f"{{module: {case['loss_module']}}}" if case.get("loss_module") else "cross_entropy"
@@ -188,7 +198,7 @@ def compare(torch, label: str, case: dict, train: list, state: dict, ref) -> lis
     return [f"{label}: {p}" for p in problems]
 
 
-def refusals(binary: str, d: str, model_path: str, data_path: str, loss_pt: str) -> list:
+def refusals(binary: str, d: str, model_path: str, data_path: str, loss_pt: str, kernels: bool) -> list:
     cases = [
         ("no_decay glob matching nothing", {"optimizer": "adamw", "lr": 1e-3, "wd": 0.1, "no_decay": ["*.bais"]},
          ["optimizer.no_decay pattern '*.bais' matches no parameter"]),
@@ -202,6 +212,10 @@ def refusals(binary: str, d: str, model_path: str, data_path: str, loss_pt: str)
                                  "loss_module": os.path.join(d, "nope.pt")},
          ["loss.module", "does not exist"]),
     ]
+    if not kernels:
+        cases += [(f"optimizer.{impl} on LibTorch 1.x", {"optimizer": "adamw", "lr": 1e-3, "wd": 0.0, "impl": impl},
+                   [f"optimizer.{impl} needs LibTorch 2.4 or later", f"remove optimizer.{impl}"])
+                  for impl in ("foreach", "fused")]
     problems = []
     for label, case, fragments in cases:
         run = os.path.join(d, "refuse-" + label.replace(" ", "_"))
@@ -216,6 +230,8 @@ def main() -> None:
     import torch
     torch.set_num_threads(1)
     model_path = os.path.join(zoo, "gpt.pt")
+    # PyTorch's foreach and fused Adam(W) on CPU, and Pipeforge's (LibTorch 2.4 and later).
+    kernels = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 4)
     failures = []
     with common.temp_dir("pf-train-options-") as d:
         data_path = os.path.join(d, "tokens.pt")
@@ -227,6 +243,12 @@ def main() -> None:
                          ["2r-1F1B", "2r-ZBV"]),
             "per_token": ({"optimizer": "sgd", "lr": 0.5, "wd": 0.0, "per_token": True}, list(LAYOUTS)),
         }
+        if kernels:
+            # optimizer.foreach / fused against PyTorch's flag of the same name.
+            cases["adamw_fused"] = ({"optimizer": "adamw", "lr": 1e-2, "wd": 0.5, "impl": "fused"},
+                                    ["2r-ZBV", "2pp-x-2dp"])
+            cases["adamw_foreach"] = ({"optimizer": "adamw", "lr": 1e-2, "wd": 0.5, "impl": "foreach"}, ["2r-1F1B"])
+            cases["adam_fused"] = ({"optimizer": "adam", "lr": 1e-2, "wd": 0.0, "impl": "fused"}, ["2r-1F1B"])
         for kind, path in loss_paths.items():
             cases[f"loss_module_{kind}"] = ({"optimizer": "sgd", "lr": 0.5, "wd": 0.0, "loss_module": path},
                                             ["2r-1F1B"])
@@ -257,11 +279,11 @@ def main() -> None:
                 plain = train_pytorch(torch, model_path, data_path, dict(case, no_decay=None))[2]
                 if all(torch.allclose(plain[k], ref[2][k], rtol=RTOL, atol=ATOL) for k in plain):
                     failures.append("no_decay: decaying every parameter gives the same weights; raise the decay")
-        failures += refusals(binary, d, model_path, data_path, loss_paths["pt"])
+        failures += refusals(binary, d, model_path, data_path, loss_paths["pt"], kernels)
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
         sys.exit(1)
-    print(f"clipping, no-decay groups, per-token loss and loss modules equal PyTorch (rtol {RTOL}, atol {ATOL})")
+    print(f"clipping, no-decay groups, per-token loss, loss modules and Adam kernels equal PyTorch (rtol {RTOL}, atol {ATOL})")
 
 
 if __name__ == "__main__":
