@@ -131,6 +131,26 @@ def cuts(spec: ModelSpec, num_stages: int) -> List[str]:
     return [spec.units[k * step - 1] for k in range(1, num_stages)]
 
 
+def split_points(cuts: list) -> List[Tuple[str, str]]:
+    """(FQN, "BEGINNING" | "END") of each cut. A cut is an FQN (a cut at the
+    BEGINNING of that module's call) or an [FQN, "END"] pair (after it): the
+    cuts read back from a Pipeforge cost split (pipeforge_side.split_cuts)
+    can need the latter."""
+    return [(c, "BEGINNING") if isinstance(c, str) else (c[0], c[1]) for c in cuts]
+
+
+def cut_label(cut) -> str:
+    return cut if isinstance(cut, str) else f"{cut[0]}:{cut[1]}"
+
+
+def example_input(spec: ModelSpec, rows: int) -> dict:
+    """One microbatch of the model's input for a split spec's `example_inputs`
+    (the cost policy times each submodule call on it)."""
+    if spec.input_kind == "tokens":
+        return {"shape": [rows, *spec.input_shape], "dtype": "int64", "high": spec.vocab}
+    return {"shape": [rows, *spec.input_shape], "dtype": "float32"}
+
+
 def make_model_file(spec: ModelSpec, zoo: str, work: str) -> str:
     """The file Pipeforge splits: TorchScript, or for an exported model the
     .pt2 a user writes with torch.export (dynamic batch and sequence), with

@@ -7,6 +7,13 @@ after step k+1 (Note [Deferred reports]), so the driver stamps each record
 when it appears and takes "end of step 1" as the appearance of record 1
 minus step 2's step_s. The rank processes are the launcher's children (their
 RANK variable says which); procstat watches them.
+
+A job either names its cuts (`cuts`: both sides split at those FQNs) or asks
+Pipeforge to choose them (`split_policy`: `num_stages` + `policy: cost` with
+one microbatch as `example_inputs`); then the cuts the split made are read
+back from the split folder (split_cuts) for PyTorch to use, and with
+`schedule: auto` the run's choice, its measured per-stage costs and its
+simulated times come from the start record of metrics.jsonl.
 """
 import json
 import os
@@ -14,23 +21,62 @@ import shutil
 import subprocess
 import time
 
+import models
 import procstat
 
+# job "adamw" (vs_pytorch.py --adamw) -> the train config's optimizer keys. loop: neither key,
+# LibTorch's per-parameter loop, also for a job without "adamw" (bench/activation_checkpointing.py).
+ADAMW_KEYS = {"loop": "", "foreach": ", foreach: true", "fused": ", fused: true"}
 
-def write_spec(path: str, cuts: list) -> None:
+
+def write_spec(path: str, job: dict) -> None:
     with open(path, "w") as f:
-        f.write("split_points:\n" + "".join(f"  {fqn}: BEGINNING\n" for fqn in cuts))
+        if "split_policy" in job:
+            p = job["split_policy"]
+            f.write(f"num_stages: {p['num_stages']}\npolicy: {p['policy']}\nexample_inputs:\n"
+                    + "".join(f"  - {json.dumps(e)}\n" for e in p["example_inputs"]))
+        else:
+            points = models.split_points(job["cuts"])
+            f.write("split_points:\n" + "".join(f"  {fqn}: {where}\n" for fqn, where in points))
+
+
+def split_cuts(binary: str, split_dir: str) -> list:
+    """The cuts a split made, as FQNs that PyTorch's pipeline() takes (see
+    models.split_points). pipe.json lists each stage's parameters, inputs and
+    outputs but not where it begins; `pipeforge inspect DIR --format json`
+    shows the same split folder with each stage's graph nodes in program
+    order, a module call as {"kind": "call", "callee": FQN}. The cut before
+    stage s is the BEGINNING of its first call, or, when stage s starts with
+    a plain op, the END of stage s-1's last call. Raises RuntimeError when
+    neither holds (a cut between two ops of one module: no FQN names it)."""
+    r = subprocess.run([binary, "inspect", split_dir, "--format", "json"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"pipeforge inspect {split_dir} exited {r.returncode}: {r.stderr.strip()}")
+    stages = json.loads(r.stdout)["stages"]
+    body = [[n for n in st["nodes"] if n["kind"] not in ("inputs", "outputs")] for st in stages]
+    cuts = []
+    for s in range(1, len(body)):
+        if body[s] and body[s][0]["kind"] == "call":
+            cuts.append(body[s][0]["callee"])
+        elif body[s - 1] and body[s - 1][-1]["kind"] == "call":
+            cuts.append([body[s - 1][-1]["callee"], "END"])
+        else:
+            first = body[s][0]["op"] if body[s] else "nothing"
+            raise RuntimeError(f"the cut before stage {s} falls between two ops (stage {s} starts with {first}, "
+                               f"owner '{body[s][0]['owner'] if body[s] else ''}'): no module FQN names it")
+    return cuts
 
 
 def write_config(path: str, job: dict, split_dir: str, out_dir: str) -> None:
     opt = job["optimizer"]
     # bench/activation_checkpointing.py sets it; absent: the default (none).
     ckpt = f", activation_checkpointing: {job['activation_checkpointing']}" if "activation_checkpointing" in job else ""
+    impl = ADAMW_KEYS[job.get("adamw", "loop")]
     with open(path, "w") as f:
         f.write(f"""model: {{split_dir: {split_dir}}}
 pipeline: {{schedule: {job['schedule']}, microbatches: {job['microbatches']}, stages_per_rank: {job['stages_per_rank']}{ckpt}}}
 loss: cross_entropy
-optimizer: {{name: adamw, lr: {opt['lr']}, betas: {opt['betas']}, eps: {opt['eps']}, weight_decay: {opt['weight_decay']}}}
+optimizer: {{name: adamw, lr: {opt['lr']}, betas: {opt['betas']}, eps: {opt['eps']}, weight_decay: {opt['weight_decay']}{impl}}}
 lr_schedule: {{decay: constant, warmup_steps: 0}}
 data: {{format: tensors, path: {job['data']}, val_fraction: 0.0}}
 training: {{steps: {len(job['rows'])}, global_batch_size: {job['batch']}, seed: {job['seed']}, eval_every: 0}}
@@ -41,13 +87,14 @@ output: {{dir: {out_dir}, log_every: 1, trace: false}}
 
 class _MetricsTail:
     """Stamps each new train record of metrics.jsonl with the time it was
-    seen and the ranks' CPU seconds then."""
+    seen and the ranks' CPU seconds then; keeps the start record."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._offset = 0
         self._partial = ""
         self.records = []  # (seen monotonic, {rank: cpu s}, record)
+        self.start = {}    # the "start" record (with auto_schedule under schedule: auto)
 
     def __call__(self, now: float, watcher: procstat.RankWatcher) -> None:
         try:
@@ -64,13 +111,15 @@ class _MetricsTail:
                 record = json.loads(line)
                 if record.get("event") == "train":
                     self.records.append((now, dict(watcher.cpu_s), record))
+                elif record.get("event") == "start":
+                    self.start = record
 
 
 def run(binary: str, job: dict, work: str) -> dict:
     name = job["name"]
     spec, split_dir = os.path.join(work, name + ".spec.yaml"), os.path.join(work, name + ".stages")
     config, out_dir = os.path.join(work, name + ".train.yaml"), os.path.join(work, name + ".out")
-    write_spec(spec, job["cuts"])
+    write_spec(spec, job)
     env = dict(os.environ, OMP_NUM_THREADS=str(job["threads"]))
 
     t0 = time.monotonic()
@@ -79,6 +128,12 @@ def run(binary: str, job: dict, work: str) -> dict:
     split_s = time.monotonic() - t0
     if r.returncode != 0:
         raise RuntimeError(f"pipeforge split exited {r.returncode}:\n{r.stdout}{r.stderr}")
+    cuts, cuts_error = job.get("cuts"), None
+    if "split_policy" in job:  # outside the split's time: the bench's own look-up
+        try:
+            cuts = split_cuts(binary, split_dir)
+        except RuntimeError as e:
+            cuts_error = str(e)
 
     write_config(config, job, split_dir, out_dir)
     shutil.rmtree(out_dir, ignore_errors=True)  # metrics.jsonl is appended to
@@ -108,4 +163,5 @@ def run(binary: str, job: dict, work: str) -> dict:
     return {"step_s": step_s, "peak_kib": [watcher.peak_kib.get(r) for r in range(job["ranks"])],
             "split_s": split_s, "first_step_s": split_s + (first_step_end - t_launch),
             "parallelism": cpu / (t_b - t_a),
-            "cpu_per_step": cpu / (steps - 1 - w), "first_loss": by_step[1][2]["loss"]}
+            "cpu_per_step": cpu / (steps - 1 - w), "first_loss": by_step[1][2]["loss"],
+            "cuts": cuts, "cuts_error": cuts_error, "auto_schedule": tail.start.get("auto_schedule")}

@@ -5,12 +5,16 @@ Usage: torch_rank.py JOB.json RANK   (the driver starts one process per rank)
 What it does, all of it inside "time to first step": import torch, join the
 Gloo group on 127.0.0.1, build the eager model and load the weights of the
 model file Pipeforge splits, split it with `pipeline()` at the same FQNs
-(SplitPoint.BEGINNING), wrap this rank's stage modules in PipelineStage (1F1B: stage r; the V
-schedules: stages r and 2P-1-r, as Pipeforge places them), then train.
+(SplitPoint.BEGINNING, or END where a cut read back from a Pipeforge cost
+split needs it), wrap this rank's stage modules in PipelineStage (GPipe,
+1F1B: stage r; the loop schedules Interleaved1F1B and InterleavedZeroBubble:
+stages r and r+P; the V schedules ZBVZeroBubble and DualPipeV: stages r and
+2P-1-r, as Pipeforge places them), then train.
 
 One timed step = what `pipeforge train` times as one step (train/trainer.cpp,
 runStep): take the batch, run the schedule (forward, backward, PyTorch's
-gradient scaling), one AdamW update per local stage, zero the gradients.
+gradient scaling), one AdamW update per local stage (job "adamw": loop =
+foreach=False, foreach = foreach=True, fused = fused=True), zero the gradients.
 Writes JOB.rank<R>.json: per-step wall times and monotonic end stamps, CPU
 seconds of this process at each step end, the step-1 loss (on the rank with
 the last stage) and ru_maxrss.
@@ -31,8 +35,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
 
 
-def local_stages(rank: int, ranks: int, per_rank: int) -> list:
-    return [rank] if per_rank == 1 else [rank, 2 * ranks - 1 - rank]
+def local_stages(rank: int, ranks: int, per_rank: int, placement: str) -> list:
+    """The stages rank `rank` holds: one stage per rank, stage r; otherwise
+    the loop layout (r, r+P, r+2P, ...: Interleaved1F1B, InterleavedZeroBubble)
+    or the V (r and 2P-1-r: ZBVZeroBubble, DualPipeV)."""
+    if per_rank == 1:
+        return [rank]
+    if placement == "loop":
+        return [rank + k * ranks for k in range(per_rank)]
+    if placement == "v" and per_rank == 2:
+        return [rank, 2 * ranks - 1 - rank]
+    raise SystemExit(f"no placement '{placement}' with {per_rank} stages per rank (loop, or v with 2)")
+
+
+# AdamW implementation (the driver's --adamw) -> torch.optim.AdamW keyword.
+ADAMW_IMPL = {"loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 
 
 def main() -> None:
@@ -49,10 +66,11 @@ def main() -> None:
     inputs, targets = data["inputs"], data["targets"]
     model = models.load_eager(spec, job["model_file"])
     example = inputs[: job["batch"] // m]
-    pipe = pipeline(model, (example,), split_spec={fqn: SplitPoint.BEGINNING for fqn in job["cuts"]})
+    points = {fqn: getattr(SplitPoint, where) for fqn, where in models.split_points(job["cuts"])}
+    pipe = pipeline(model, (example,), split_spec=points)
     if pipe.num_stages != num_stages:
         raise SystemExit(f"pipeline() made {pipe.num_stages} stages from cuts {job['cuts']}, expected {num_stages}")
-    mine = local_stages(rank, ranks, per_rank)
+    mine = local_stages(rank, ranks, per_rank, job.get("placement", "v"))
     # Note [Stages from pipeline()]: pipe.build_stage(s) returns a _PipelineStage,
     # whose legacy P2P warm-up in torch 2.13 (schedules.py, _warmup_p2p) posts a
     # Gloo send/recv between the two stages a V schedule puts on one rank, which
@@ -63,8 +81,9 @@ def main() -> None:
     cls = getattr(schedules, "Schedule" + job["schedule"])
     schedule = cls(stages[0] if per_rank == 1 else stages, m, loss_fn=models.loss_fn)
     opt = job["optimizer"]
+    impl = ADAMW_IMPL[job.get("adamw", "loop")]
     optimizers = [torch.optim.AdamW(st.submod.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
-                                    weight_decay=opt["weight_decay"], foreach=False) for st in stages]
+                                    weight_decay=opt["weight_decay"], **impl) for st in stages]
     has_first, has_last = 0 in mine, num_stages - 1 in mine
 
     step_s, end_t, end_cpu, first_loss = [], [], [], None

@@ -3,7 +3,9 @@
 "Time to first step" runs from just before the driver starts the rank
 processes to the end of step 1 on rank 0 (both on CLOCK_MONOTONIC, which all
 processes share). Peak RSS per rank is the larger of procstat's VmHWM and the
-rank's own ru_maxrss.
+rank's own ru_maxrss. When ranks fail, the error raised is the log of a
+rank with an error of its own: the others fail after it with Gloo's
+"Connection closed by peer", often before it exits, which hides the cause.
 """
 import json
 import os
@@ -47,9 +49,16 @@ def run(job: dict, work: str) -> dict:
     for log in logs:
         log.close()
     if any(rcs):
-        bad = next(r for r, rc in enumerate(rcs) if rc)
-        with open(logs[bad].name) as f:
-            raise RuntimeError(f"PyTorch rank {bad} exited {rcs[bad]}:\n{f.read()[-4000:]}")
+        tails = {}
+        for r, rc in enumerate(rcs):
+            if rc:
+                with open(logs[r].name) as f:
+                    tails[r] = f.read()[-4000:]
+        # A rank with an error of its own first; then one that lost its peer; then one killed here.
+        lost_peer = ("Connection closed by peer", "Connection reset by peer")
+        has_error = {r: "Error:" in t or "Exception:" in t for r, t in tails.items()}
+        bad = min(tails, key=lambda r: (not has_error[r], any(m in tails[r] for m in lost_peer), r))
+        raise RuntimeError(f"PyTorch rank {bad} exited {rcs[bad]}:\n{tails[bad]}")
 
     out = []
     for r in range(ranks):
