@@ -7,7 +7,7 @@
 namespace pipeforge::train {
 
 GradientCheckFlags::GradientCheckFlags(int num_stages)
-    : num_stages_(num_stages), values_(static_cast<std::size_t>(num_stages) + 4, 0.0) {}
+    : num_stages_(num_stages), values_(2 * static_cast<std::size_t>(num_stages) + 4, 0.0) {}
 
 void GradientCheckFlags::addStageNorm2(int stage, double squared_norm) { values_.at(stage) += squared_norm; }
 
@@ -20,6 +20,8 @@ void GradientCheckFlags::markInterrupted(int signal) {
   if (signal == SIGTERM) values_[num_stages_ + 3] = 1.0;
 }
 
+void GradientCheckFlags::markUpdateNonFinite(int stage) { values_.at(num_stages_ + 4 + stage) = 1.0; }
+
 GradientCheck GradientCheckFlags::decode() const {
   const int n = num_stages_;
   const std::vector<double>& f = values_;
@@ -31,6 +33,9 @@ GradientCheck GradientCheckFlags::decode() const {
   out.norm = std::sqrt(f[n + 1]);
   // SIGTERM (a scheduler's) outranks SIGINT when ranks got different ones.
   out.interrupted_by = f[n + 3] > 0 ? SIGTERM : f[n + 2] > 0 ? SIGINT : 0;
+  for (int s = 0; s < n && out.updated_nonfinite_stage < 0; ++s) {
+    if (f[n + 4 + s] > 0) out.updated_nonfinite_stage = s;
+  }
   return out;
 }
 

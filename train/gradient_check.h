@@ -9,8 +9,14 @@
 // optimizer.clip_grad_norm and the metrics. The global norm counts each
 // gradient once: a tied group only on the first stage holding it (its
 // copies hold the summed gradient), and only replica 0 (after the step
-// every replica holds the averaged gradients). Norms are taken in float64,
-// so a large finite gradient never reads as an overflow.
+// every replica holds the averaged gradients). Each gradient's norm comes
+// from one foreach norm over all of a rank's gradients, in their dtype, read
+// back at once; a norm that is not finite is taken again in float64, so a
+// large finite gradient never reads as an overflow. The same all-reduce
+// carries, per stage, whether the previous step's update left non-finite
+// parameters (Note [Non-finite steps]): that check needs no collective of
+// its own, except before a checkpoint, an evaluation or the run's end,
+// where the trainer settles it at once.
 #pragma once
 
 #include <map>
@@ -26,6 +32,7 @@ struct GradientCheck {
   NonFinite bad;
   double norm = 0.0;       // the global gradient norm before clipping
   int interrupted_by = 0;  // SIGINT or SIGTERM when any rank was interrupted (Note [Graceful interrupts])
+  int updated_nonfinite_stage = -1;  // the first stage the previous update left non-finite, or -1
 };
 
 // One rank's contribution to the all-reduce, and its sum decoded.
@@ -38,10 +45,13 @@ class GradientCheckFlags {
   void markLossNonFinite();
   // This rank's interruptSignal(): SIGINT, SIGTERM, or 0 (none).
   void markInterrupted(int signal);
+  // The previous update left parameters of `stage` non-finite on this rank.
+  void markUpdateNonFinite(int stage);
 
   // The values the all-reduce sums, in place: [0, n) squared gradient norm
   // per stage; n: the loss is not finite; n + 1: squared global norm; n + 2,
-  // n + 3: ranks interrupted by SIGINT, by SIGTERM.
+  // n + 3: ranks interrupted by SIGINT, by SIGTERM; [n + 4, 2n + 4): the
+  // previous update left stage s non-finite.
   std::vector<double>& values() { return values_; }
 
   // After the all-reduce: the same verdict on every rank.

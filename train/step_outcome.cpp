@@ -41,12 +41,12 @@ StepOutcome StepOutcomePolicy::decide(const NonFinite& bad) {
   return StepOutcome::kSkipped;
 }
 
-void StepOutcomePolicy::checkUpdate(int first_nonfinite_stage) const {
+void StepOutcomePolicy::checkUpdate(int first_nonfinite_stage, std::int64_t step) const {
   if (first_nonfinite_stage < 0) return;
   // Past the point skip_step can help: the update itself overflowed.
-  throw Error(ErrorCode::kUserInput, fmt::format("the update made the parameters of stage {} ({}) non-finite{}",
-                                                 first_nonfinite_stage, someParameters(first_nonfinite_stage),
-                                                 kStopFix));
+  throw Error(ErrorCode::kUserInput,
+              fmt::format("the update of step {} made the parameters of stage {} ({}) non-finite{}", step,
+                          first_nonfinite_stage, someParameters(first_nonfinite_stage), kStopFix));
 }
 
 std::string StepOutcomePolicy::describe(const NonFinite& bad) const {

@@ -8,7 +8,8 @@
 // stop (training.on_nonfinite: stop), or drop the whole step's update
 // (skip_step). After an update the parameters are checked the same way: an
 // update that overflowed cannot be skipped any more, so the run stops under
-// either policy. Under training.precision fp16 non-finite gradients with a
+// either policy. That verdict rides on the next step's all-reduce, or is
+// taken at once before a checkpoint, an evaluation or the run's end. Under training.precision fp16 non-finite gradients with a
 // finite loss are a loss-scale overflow instead (Note [Dynamic loss
 // scaling] in train/loss_scaler.h). Checkpoints come after both checks, so every checkpoint
 // holds finite parameters and rotation (checkpoint.keep) can never leave
@@ -51,9 +52,10 @@ class StepOutcomePolicy {
   // and the counts. Throws pipeforge::Error (kUserInput) when the run must
   // stop: training.on_nonfinite: stop, or an fp16 scale that fell to 0.
   StepOutcome decide(const NonFinite& bad);
-  // After an update: throws pipeforge::Error (kUserInput) when it made the
-  // parameters of `first_nonfinite_stage` non-finite (-1: none).
-  void checkUpdate(int first_nonfinite_stage) const;
+  // After the update of `step` (1-based): throws pipeforge::Error
+  // (kUserInput) when it made the parameters of `first_nonfinite_stage`
+  // non-finite (-1: none).
+  void checkUpdate(int first_nonfinite_stage, std::int64_t step) const;
 
   // "the loss is finite, and the gradients are first non-finite at stage 1 (w, b)".
   std::string describe(const NonFinite& bad) const;

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -152,7 +154,7 @@ class RankTrainer {
     switch (policy_.decide(bad)) {
       case StepOutcome::kUpdate:
         stepOptimizers(check.norm);
-        policy_.checkUpdate(firstNonFiniteParameters());
+        pending_update_ = PendingUpdateCheck{step + 1, nonFiniteParameterStages()};
         break;
       case StepOutcome::kOverflow:
         if (rank() == 0) report_->overflowed(step + 1, *loss_scale, bad, policy_);
@@ -181,8 +183,13 @@ class RankTrainer {
       window_s_ = 0.0;
       window_steps_ = 0;
     }
-    if (config_.eval_every > 0 && (done % config_.eval_every == 0 || done == config_.steps)) evaluate(done);
-    if (checkpointDue(config_.checkpoint, done, end_)) summary.checkpoint = saveCheckpoint(done, summary);
+    const bool eval_due = config_.eval_every > 0 && (done % config_.eval_every == 0 || done == config_.steps);
+    const bool checkpoint_due = checkpointDue(config_.checkpoint, done, end_);
+    // Note [One collective per step's checks]: nothing reads the parameters
+    // before the next step's collective but these.
+    if (eval_due || checkpoint_due || done == end_) settleUpdateCheck();
+    if (eval_due) evaluate(done);
+    if (checkpoint_due) summary.checkpoint = saveCheckpoint(done, summary);
   }
 
   int rank() const { return runner_->rank(); }
@@ -216,10 +223,18 @@ class RankTrainer {
     const SpanTimer timer = phase(runtime::SpanKind::kCheck, "gradient check");
     GradientCheckFlags flags(plan_.manifest.num_stages);
     std::set<const void*> counted;
-    for (const auto& p : runner_->parameters()) {
-      const at::Tensor& g = p.tensor.grad();
-      if (!g.defined()) continue;
-      const double norm = at::linalg_vector_norm(g, 2, c10::nullopt, false, at::kDouble).item<double>();
+    const auto parameters = runner_->parameters();
+    std::vector<const runtime::NamedTensor*> owners;
+    std::vector<at::Tensor> grads;
+    for (const auto& p : parameters) {
+      if (!p.tensor.grad().defined()) continue;
+      owners.push_back(&p);
+      grads.push_back(p.tensor.grad());
+    }
+    const std::vector<double> norms = norms2(grads);
+    for (std::size_t k = 0; k < owners.size(); ++k) {
+      const auto& p = *owners[k];
+      const double norm = norms[k];
       flags.addStageNorm2(p.stage, norm * norm);
       const bool first_holder = tied_.firstHolder(p.name) == p.stage;
       if (runner_->dpRank() == 0 && first_holder && counted.insert(p.tensor.unsafeGetTensorImpl()).second) {
@@ -228,8 +243,64 @@ class RankTrainer {
     }
     if (result.has_loss && !std::isfinite(result.loss)) flags.markLossNonFinite();
     flags.markInterrupted(interruptSignal());
+    const std::optional<PendingUpdateCheck> update = std::exchange(pending_update_, std::nullopt);
+    if (update) {
+      for (int s : update->nonfinite_stages) flags.markUpdateNonFinite(s);
+    }
     allreduceSum(flags.values());
-    return flags.decode();
+    const GradientCheck check = flags.decode();
+    // The previous update's verdict first: it is the cause of anything this step found.
+    if (update) policy_.checkUpdate(check.updated_nonfinite_stage, update->step);
+    return check;
+  }
+
+  // Each tensor's L2 norm: one foreach norm in the tensors' dtype, read back
+  // at once (one host sync on a GPU); a norm that overflowed its dtype is
+  // taken again in float64 (Note [One collective per step's checks]).
+  static std::vector<double> norms2(const std::vector<at::Tensor>& tensors) {
+    std::vector<double> out(tensors.size(), 0.0);
+    if (tensors.empty()) return out;
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> norms = at::_foreach_norm(tensors, 2);
+    for (auto& n : norms) n = n.to(at::kDouble);
+    const at::Tensor host = at::stack(norms).cpu();
+    const auto h = host.accessor<double, 1>();
+    for (std::size_t k = 0; k < tensors.size(); ++k) {
+      out[k] = h[static_cast<std::int64_t>(k)];
+      if (!std::isfinite(out[k])) {
+        out[k] = at::linalg_vector_norm(tensors[k], 2, c10::nullopt, false, at::kDouble).item<double>();
+      }
+    }
+    return out;
+  }
+
+  // The stages (this rank's) holding a parameter that is not finite.
+  std::vector<int> nonFiniteParameterStages() {
+    const SpanTimer timer = phase(runtime::SpanKind::kCheck, "parameter check");
+    const auto parameters = runner_->parameters();
+    std::vector<at::Tensor> tensors;
+    for (const auto& p : parameters) tensors.push_back(p.tensor.detach());
+    const std::vector<double> norms = norms2(tensors);
+    std::vector<int> stages;
+    std::size_t k = 0;
+    for (const auto& p : parameters) {
+      if (!std::isfinite(norms[k++]) && (stages.empty() || stages.back() != p.stage)) stages.push_back(p.stage);
+    }
+    return stages;
+  }
+
+  // The pending parameter check, in a collective of its own: before what
+  // reads the parameters (an evaluation, a checkpoint) and at the run's end.
+  void settleUpdateCheck() {
+    const std::optional<PendingUpdateCheck> update = std::exchange(pending_update_, std::nullopt);
+    if (!update) return;
+    const SpanTimer timer = phase(runtime::SpanKind::kCheck, "parameter check");
+    std::vector<double> flags(plan_.manifest.num_stages, 0.0);
+    for (int s : update->nonfinite_stages) flags[s] = 1.0;
+    allreduceSum(flags);
+    for (int s = 0; s < plan_.manifest.num_stages; ++s) {
+      if (flags[s] > 0) policy_.checkUpdate(s, update->step);
+    }
   }
 
   // Sums `values` over all ranks, in place, in one float64 all-reduce.
@@ -251,20 +322,6 @@ class RankTrainer {
       at::Tensor g = p.tensor.grad();
       if (g.defined() && scaled.insert(g.unsafeGetTensorImpl()).second) g.mul_(coef);
     }
-  }
-
-  // The first stage (on every rank the same) holding a non-finite parameter, or -1.
-  int firstNonFiniteParameters() {
-    const SpanTimer timer = phase(runtime::SpanKind::kCheck, "parameter check");
-    std::vector<double> flags(plan_.manifest.num_stages, 0.0);
-    for (const auto& p : runner_->parameters()) {
-      if (!std::isfinite(at::sum(p.tensor.detach(), at::kDouble).item<double>())) flags[p.stage] = 1.0;
-    }
-    allreduceSum(flags);
-    for (int s = 0; s < plan_.manifest.num_stages; ++s) {
-      if (flags[s] > 0) return s;
-    }
-    return -1;
   }
 
   // This replica's rows of the global batch.
@@ -351,6 +408,13 @@ class RankTrainer {
   std::optional<DeferredReports> reports_;  // after report_, which it reports to
   TiedNames tied_;
   std::optional<AutoChoice> auto_choice_;  // pipeline.schedule auto (Note [Auto schedule])
+  // The last update's parameter check, until a collective carries it (Note
+  // [One collective per step's checks]).
+  struct PendingUpdateCheck {
+    std::int64_t step = 0;               // 1-based
+    std::vector<int> nonfinite_stages;   // this rank's
+  };
+  std::optional<PendingUpdateCheck> pending_update_;
 };
 
 }  // namespace

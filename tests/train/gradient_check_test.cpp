@@ -27,7 +27,19 @@ TEST(GradientCheckFlags, LayoutIsStageNormsThenLossNormAndSignals) {
   flags.markLossNonFinite();
   flags.addGlobalNorm2(9.0);
   flags.markInterrupted(SIGTERM);
-  EXPECT_EQ(flags.values(), (std::vector<double>{0.0, 9.0, 1.0, 9.0, 0.0, 1.0}));
+  flags.markUpdateNonFinite(1);
+  EXPECT_EQ(flags.values(), (std::vector<double>{0.0, 9.0, 1.0, 9.0, 0.0, 1.0, 0.0, 1.0}));
+}
+
+TEST(GradientCheckFlags, TheFirstStageThePreviousUpdateLeftNonFinite) {
+  GradientCheckFlags a(3), b(3), c(3);
+  EXPECT_EQ(sumAndDecode({a, b}).updated_nonfinite_stage, -1);
+  a.markUpdateNonFinite(2);
+  b.markUpdateNonFinite(1);
+  const GradientCheck check = sumAndDecode({a, b, c});
+  EXPECT_EQ(check.updated_nonfinite_stage, 1);
+  // Parameters are not gradients: the step's own verdict is unaffected.
+  EXPECT_FALSE(check.bad.found());
 }
 
 TEST(GradientCheckFlags, FiniteStepGivesTheGlobalNormOfAllRanks) {

@@ -99,14 +99,14 @@ TEST(StepOutcome, Fp16ScaleThatFallsToZeroStopsTheRun) {
 
 TEST(StepOutcome, AnUpdateThatMadeParametersNonFiniteStops) {
   StepOutcomePolicy policy(configWith(NonFinitePolicy::kSkipStep, PrecisionName::kFp32), twoStages());
-  EXPECT_NO_THROW(policy.checkUpdate(-1));
+  EXPECT_NO_THROW(policy.checkUpdate(-1, 3));
   try {
-    policy.checkUpdate(0);
+    policy.checkUpdate(0, 3);
     ADD_FAILURE() << "checkUpdate did not throw";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUserInput);
-    EXPECT_EQ(std::string(e.what()), std::string("the update made the parameters of stage 0 (embed.weight) non-finite") +
-                                         kStopFix);
+    EXPECT_EQ(std::string(e.what()),
+              std::string("the update of step 3 made the parameters of stage 0 (embed.weight) non-finite") + kStopFix);
   }
 }
 
