@@ -85,9 +85,9 @@ nlohmann::json stageIndexJson(const StageCheckpoint& state) {
   j["stage"] = state.stage;
   j["step"] = state.step;
   j["parameters"] = nlohmann::json::object();
-  for (const auto& [name, t] : state.parameters) j["parameters"][name] = tensorDescription(t);
+  for (const auto& [name, t] : state.parameters) j["parameters"][name] = stage::tensorMeta(t);
   j["buffers"] = nlohmann::json::object();
-  for (const auto& [name, t] : state.buffers) j["buffers"][name] = tensorDescription(t);
+  for (const auto& [name, t] : state.buffers) j["buffers"][name] = stage::tensorMeta(t);
   nlohmann::json per_name = nlohmann::json::object();
   for (const auto& [name, p] : state.optimizer.by_name) {
     std::vector<std::string> slots;
@@ -164,10 +164,6 @@ std::vector<char> pickleForTorchLoad(const c10::IValue& value) {
 }
 
 }  // namespace
-
-std::string tensorDescription(const at::Tensor& t) {
-  return stage::formatValueMeta({stage::canonicalDtypeName(c10::toString(t.scalar_type())), t.sizes().vec()});
-}
 
 std::string checkpointDir(const std::string& root, std::int64_t step) {
   return (fs::path(root) / fmt::format("step_{:08d}", step)).string();

@@ -122,9 +122,6 @@ struct CheckpointMeta {
 inline constexpr const char* kCheckpointFormat = "pipeforge.checkpoint/2";
 inline constexpr const char* kCheckpointFormatV1 = "pipeforge.checkpoint/1";
 
-// "float32[64, 32]": a tensor as stage_<i>.json (and pipe.json) describe it.
-std::string tensorDescription(const at::Tensor& t);
-
 // CKPT/step_<step, 8 digits>.
 std::string checkpointDir(const std::string& root, std::int64_t step);
 std::string partialCheckpointDir(const std::string& root, std::int64_t step);

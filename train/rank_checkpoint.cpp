@@ -16,6 +16,7 @@
 #include "checkpoint/checkpoint.h"
 #include "runtime/pipeline_runner.h"
 #include "runtime/rng_state.h"
+#include "stage/value_meta.h"
 #include "train/optimizer_state.h"
 
 namespace pipeforge::train {
@@ -269,7 +270,7 @@ std::pair<at::Tensor, at::Tensor> RankCheckpoint::restoreByName(const std::strin
   std::set<int> needed;
   auto check = [&](const runtime::NamedTensor& t) {
     const Held& h = held.at(tied.canonical(t.name));
-    const std::string ours_meta = tensorDescription(t.tensor);
+    const std::string ours_meta = stage::tensorMeta(t.tensor);
     if (ours_meta != h.meta) {
       throw CheckpointError(fmt::format("'{}' is {} in this split's model but {} in checkpoint '{}' (its stage {}): "
                                         "it was written for another model; resume from a checkpoint of this model, or "

@@ -142,6 +142,30 @@ def batch_rows(seed: int, train_rows: int, step: int, batch_size: int) -> list:
     return rows
 
 
+def train_token_steps(torch, model, opt, inputs, targets, seed: int, steps: range, microbatches: int,
+                      rows_per_mb: int) -> list:
+    """Eager PyTorch doing what a Pipeforge run of `steps` (0-based) does with
+    cross_entropy over token rows: the rows batch_rows draws, each
+    microbatch's mean loss / microbatches backward, one optimizer step.
+    Returns each step's mean loss over its microbatches."""
+    import torch.nn.functional as F
+    losses = []
+    for step in steps:
+        rows = torch.tensor(batch_rows(seed, targets.size(0), step, rows_per_mb * microbatches))
+        x, y = inputs.index_select(0, rows), targets.index_select(0, rows)
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for mb in range(microbatches):
+            part = slice(mb * rows_per_mb, (mb + 1) * rows_per_mb)
+            out = model(x[part])
+            loss = F.cross_entropy(out.reshape(-1, out.size(-1)), y[part].reshape(-1))
+            (loss / microbatches).backward()
+            total += loss.item()
+        opt.step()
+        losses.append(total / microbatches)
+    return losses
+
+
 # --- comparing two trainings of the same model ------------------------------
 
 

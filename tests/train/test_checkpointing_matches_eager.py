@@ -55,26 +55,12 @@ def make_data(torch, path: str) -> None:
 
 
 def train_eager(torch, model_path: str, data_path: str):
-    import torch.nn.functional as F
     model = torch.jit.load(model_path)
     model.train()
     data = torch.load(data_path)
-    inputs, targets = data["inputs"], data["targets"]
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, foreach=False)
-    losses = []
-    for step in range(STEPS):
-        rows = torch.tensor(common.batch_rows(SEED, targets.size(0), step, ROWS_PER_MB * MICROBATCHES))
-        x, y = inputs.index_select(0, rows), targets.index_select(0, rows)
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for mb in range(MICROBATCHES):
-            part = slice(mb * ROWS_PER_MB, (mb + 1) * ROWS_PER_MB)
-            out = model(x[part])
-            loss = F.cross_entropy(out.reshape(-1, out.size(-1)), y[part].reshape(-1))
-            (loss / MICROBATCHES).backward()
-            total += loss.item()
-        opt.step()
-        losses.append(total / MICROBATCHES)
+    losses = common.train_token_steps(torch, model, opt, data["inputs"], data["targets"], SEED, range(STEPS),
+                                      MICROBATCHES, ROWS_PER_MB)
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 

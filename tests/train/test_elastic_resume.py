@@ -140,7 +140,6 @@ def by_alias(table: dict, aliases: dict, name: str):
 
 def train_from_checkpoint(torch, model_path: str, data_path: str, step_dir: str, optimizer: str):
     """HALF steps of eager PyTorch from the state a checkpoint holds."""
-    import torch.nn.functional as F
     meta, tensors, names, states, aliases = read_checkpoint(torch, step_dir)
     assert names == {optimizer}, f"the checkpoint holds {names} state, expected {optimizer}"
     model = torch.jit.load(model_path)
@@ -164,21 +163,8 @@ def train_from_checkpoint(torch, model_path: str, data_path: str, step_dir: str,
         else:
             opt.state[p] = {"momentum_buffer": st["momentum_buffer"].clone()}
     data = torch.load(data_path)
-    inputs, targets = data["inputs"], data["targets"]
-    losses = []
-    for step in range(meta["step"], meta["step"] + HALF):
-        rows = torch.tensor(common.batch_rows(SEED, targets.size(0), step, ROWS_PER_MB * MICROBATCHES))
-        x, y = inputs.index_select(0, rows), targets.index_select(0, rows)
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for mb in range(MICROBATCHES):
-            part = slice(mb * ROWS_PER_MB, (mb + 1) * ROWS_PER_MB)
-            out = model(x[part])
-            loss = F.cross_entropy(out.reshape(-1, out.size(-1)), y[part].reshape(-1))
-            (loss / MICROBATCHES).backward()
-            total += loss.item()
-        opt.step()
-        losses.append(total / MICROBATCHES)
+    losses = common.train_token_steps(torch, model, opt, data["inputs"], data["targets"], SEED,
+                                      range(meta["step"], meta["step"] + HALF), MICROBATCHES, ROWS_PER_MB)
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}, tensors, aliases
 
 
