@@ -25,6 +25,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "common/host_memory.h"
 #include "runtime/c10d_comm.h"
 #include "runtime/comm_plan.h"
 #include "runtime/local_launcher.h"
@@ -38,6 +39,8 @@
 #include "stage/split_model.h"
 
 namespace {
+
+bool kept_freed_memory = false;  // keepFreedHostMemory() in main
 
 using namespace pipeforge;
 using Clock = std::chrono::steady_clock;
@@ -238,8 +241,10 @@ int run(const Args& a, const char* self) {
   auto [idx, tgt] = batch(a);
   (void)tgt;
   int p = 2, m = a.microbatches;
-  fmt::print("model {} | batch {}x{} | {} microbatches | split before {} | {} steps measured\n\n", a.model, a.batch,
+  fmt::print("model {} | batch {}x{} | {} microbatches | split before {} | {} steps measured\n", a.model, a.batch,
              a.seq, m, a.split_points, a.steps);
+  fmt::print("host malloc: {} (Note [Freed memory stays in the process])\n\n",
+             kept_freed_memory ? "keeps freed memory, as training ranks do" : "left as the environment set it");
 
   // 1. I+W vs B on one microbatch of each stage. A first stage fed token ids
   // has no input gradient (I is empty); the later stages show the split.
@@ -352,6 +357,9 @@ int run(const Args& a, const char* self) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // As every training rank does (train/trainer.cpp, trainRank); the
+  // two-rank workers are this executable too.
+  kept_freed_memory = pipeforge::keepFreedHostMemory();
   Args a;
 #ifdef PIPEFORGE_ZOO_DIR
   a.model = std::string(PIPEFORGE_ZOO_DIR) + "/gpt_demo.pt";

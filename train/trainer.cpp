@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/host_memory.h"
 #include "common/interrupt.h"
 #include "data/dataset.h"
 #include "data/open_dataset.h"
@@ -420,6 +421,7 @@ class RankTrainer {
 }  // namespace
 
 TrainSummary trainRank(const TrainConfig& config, const RunPlan& plan, const TrainerOptions& options) {
+  keepFreedHostMemory();  // Note [Freed memory stays in the process]
   RankTrainer trainer(config, plan, options);
   return trainer.run();
 }
