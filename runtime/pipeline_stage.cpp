@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "frontend/load_model.h"
+#include "frontend/module_mode.h"
 #include "frontend/pt2_import.h"
 #include "runtime/comm_plan.h"
 #include "runtime/errors.h"
@@ -533,6 +534,8 @@ PipelineStage PipelineStage::fromSplit(const std::string& split_dir, const stage
     throw RuntimeError(fmt::format("stage {}: cannot load '{}' ({}); is '{}' a folder written by `pipeforge split`?",
                                    index, path, e.what(), split_dir));
   }
+  // Note [Ops that follow the mode]: dropout and batch norm in the mode of the step.
+  frontend::followModuleMode(module);
   std::set<std::string> have;
   for (const auto& p : module.named_parameters(true)) have.insert(p.name);
   for (const std::string& fqn : info.parameters) {
