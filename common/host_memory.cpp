@@ -1,13 +1,14 @@
 #include "common/host_memory.h"
 
+#include <unistd.h>  // environ (g++ defines _GNU_SOURCE)
+
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
-
-extern char** environ;
 
 namespace pipeforge {
 

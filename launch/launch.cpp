@@ -1,11 +1,14 @@
 #include "launch/launch.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/folder_lock.h"
 #include "common/interrupt.h"
 #include "config/train_config.h"
 #include "data/open_dataset.h"
@@ -67,6 +70,28 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
   return result.exitStatus();  // Note [Run exit status]
 }
 
+// Note [One run per folder] in common/folder_lock.h: the folders a run writes,
+// each locked once (checkpoint.dir may be output.dir itself).
+std::vector<FolderLock> lockRunFolders(const TrainConfig& config) {
+  std::vector<FolderLock> locks;
+  std::vector<fs::path> seen;
+  auto lock = [&](const std::string& dir, const char* key) {
+    if (dir.empty()) return;
+    std::error_code ec;
+    fs::path canonical = fs::weakly_canonical(fs::absolute(dir), ec);
+    if (ec) canonical = fs::absolute(dir).lexically_normal();
+    if (std::find(seen.begin(), seen.end(), canonical) != seen.end()) return;
+    seen.push_back(canonical);
+    locks.emplace_back(dir, key);
+  };
+  lock(config.output_dir, "output.dir");
+  lock(config.checkpoint.dir, "checkpoint.dir");
+  return locks;
+}
+
+// Set by a launcher that holds its run's folder locks, for the ranks it starts.
+constexpr const char* kLocksHeldVariable = "PIPEFORGE_RUN_LOCKS_HELD";
+
 }  // namespace
 
 int runTrainRequest(const TrainRequest& request) {
@@ -78,9 +103,16 @@ int runTrainRequest(const TrainRequest& request) {
   if (request.stop_after && *request.stop_after < 1) {
     throw ConfigError(fmt::format("--stop-after {}: give a step >= 1", *request.stop_after));
   }
-  if (request.launch.nproc > 0) return launch(request, config);
+  if (request.launch.nproc > 0) {
+    const std::vector<FolderLock> locks = lockRunFolders(config);  // before the split it writes there
+    ::setenv(kLocksHeldVariable, "1", 1);  // its ranks inherit the locks
+    return launch(request, config);
+  }
 
   const runtime::DistEnv env = runtime::resolveDistEnv({});
+  // A job without our launcher (torchrun, srun, one process): its rank 0 holds them.
+  std::vector<FolderLock> locks;
+  if (env.rank == 0 && std::getenv(kLocksHeldVariable) == nullptr) locks = lockRunFolders(config);
   checkDevice(config, env.local_rank + 1);
   TrainerOptions options;
   options.stop_after = request.stop_after;
