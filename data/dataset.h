@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,15 @@ class Dataset {
 
   // One line for the log: "GPL-3: 35149 tokens (31634 train, 3515 held out), block 64".
   virtual std::string describe() const = 0;
+  // The largest token id of the training and held-out data and where it
+  // lies, for data that is a token stream (the launcher checks it against
+  // the embedding it indexes); nullopt for other data.
+  struct LargestToken {
+    std::int64_t id = 0;
+    std::string file;
+    std::int64_t position = 0;  // in tokens
+  };
+  virtual std::optional<LargestToken> largestToken() const { return std::nullopt; }
 };
 
 // Rows [begin, end) of every tensor of `batch` along its row dim; replicated

@@ -140,6 +140,22 @@ class TokenDataset::Impl {
   TokenSpan train_;
   TokenSpan held_out_;
 
+  // One pass over each mapped file (the held-out tail of data.path is in it).
+  Dataset::LargestToken largestToken() const {
+    Dataset::LargestToken best{-1, "", 0};
+    auto scan = [&](const MappedFile& file, const std::string& path) {
+      const auto n = static_cast<std::int64_t>(file.size() / width_);
+      const TokenSpan all{&file, 0, n};
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t t = token(all, i);
+        if (t > best.id) best = Dataset::LargestToken{t, path, i};
+      }
+    };
+    scan(*train_file_, config_.path);
+    if (val_file_) scan(*val_file_, config_.val_path);
+    return best;
+  }
+
  private:
   std::int64_t tokensIn(const MappedFile& file, const std::string& path, const std::string& key) const {
     if (file.size() % width_ != 0) {
@@ -183,6 +199,9 @@ Batch TokenDataset::batch(DataSplit split, std::int64_t index, std::int64_t batc
   return impl_->batch(split, index, batch_size);
 }
 std::string TokenDataset::describe() const { return impl_->describe(); }
+std::optional<Dataset::LargestToken> TokenDataset::largestToken() const {
+  return impl_->largestToken();
+}
 std::int64_t TokenDataset::trainTokens() const { return impl_->train_.length; }
 std::int64_t TokenDataset::heldOutTokens() const { return impl_->held_out_.length; }
 

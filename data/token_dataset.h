@@ -25,6 +25,7 @@ class TokenDataset : public Dataset {
 
   Batch batch(DataSplit split, std::int64_t index, std::int64_t batch_size) override;
   std::string describe() const override;
+  std::optional<LargestToken> largestToken() const override;
 
   // Number of tokens in each part.
   std::int64_t trainTokens() const;

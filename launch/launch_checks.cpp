@@ -134,21 +134,50 @@ void checkInputSizes(const TrainConfig& config, const stage::PipeManifest& manif
     if (chunk.replicate) continue;
     const auto b = static_cast<std::size_t>(chunk.dim);
     if (dims.size() > b && !accepts(dims[b], rows)) {
-      const std::int64_t fit = dims[b].min * config.pipeline.microbatches * config.pipeline.data_parallel;
+      const stage::InputDim& d = dims[b];
+      const std::int64_t per_row = config.pipeline.microbatches * config.pipeline.data_parallel;
+      const std::string fed = fmt::format(
+          "training feeds microbatches of {} rows (training.global_batch_size {} / pipeline.data_parallel {} / "
+          "pipeline.microbatches {})",
+          rows, config.global_batch_size, config.pipeline.data_parallel, config.pipeline.microbatches);
+      if (d.min == d.max) {
+        throw ConfigError(fmt::format(
+            "model '{}' was exported with {} in dimension {} (the batch) of input '{}', but {}; re-export with a "
+            "dynamic batch, torch.export.export(..., dynamic_shapes={{\"{}\": {{{}: torch.export.Dim(\"batch\")}}}}), "
+            "or set training.global_batch_size to {}",
+            manifest.source, describe(d), b, name, fed, name, b, d.min * per_row));
+      }
+      if (rows < d.min) {
+        throw ConfigError(fmt::format(
+            "model '{}' was exported with {} in dimension {} (the batch) of input '{}', but {}; set "
+            "training.global_batch_size to at least {} ({} rows per microbatch), or lower pipeline.microbatches",
+            manifest.source, describe(d), b, name, fed, d.min * per_row, d.min));
+      }
+      // Above the export's maximum (torch.export.Dim("batch", max=N) caps it).
       throw ConfigError(fmt::format(
-          "model '{}' was exported with {} in dimension {} (the batch) of input '{}', but training feeds microbatches "
-          "of {} rows (training.global_batch_size {} / pipeline.data_parallel {} / pipeline.microbatches {}); "
-          "re-export with a dynamic batch, torch.export.export(..., dynamic_shapes={{\"{}\": {{{}: "
-          "torch.export.Dim(\"batch\")}}}}), or set training.global_batch_size to {}",
-          manifest.source, describe(dims[b]), b, name, rows, config.global_batch_size, config.pipeline.data_parallel,
-          config.pipeline.microbatches, name, b, fit));
+          "model '{}' was exported with {} in dimension {} (the batch) of input '{}': the export caps a microbatch "
+          "at {} rows (torch.export.Dim(..., max={})), but {}; set training.global_batch_size to at most {} ({} rows "
+          "per microbatch), or re-export with a larger max",
+          manifest.source, describe(d), b, name, d.max, d.max, fed, d.max * per_row, d.max));
     }
     if (config.data.format != DataFormat::kTensors && i == 0 && dims.size() >= 2 &&
         !accepts(dims[1], config.data.block_size)) {
+      const stage::InputDim& d = dims[1];
+      std::string fix;
+      if (d.min == d.max) {
+        fix = fmt::format("set data.block_size to {}, or re-export with that dimension dynamic, "
+                          "torch.export.export(..., dynamic_shapes={{\"{}\": {{1: torch.export.Dim(\"seq\")}}}})",
+                          d.min, name);
+      } else if (config.data.block_size < d.min) {
+        fix = fmt::format("set data.block_size to at least {}", d.min);
+      } else {
+        fix = fmt::format("the export caps the sequence at {} tokens (torch.export.Dim(\"seq\", max={})): set "
+                          "data.block_size to at most {}, or re-export with a larger max",
+                          d.max, d.max, d.max);
+      }
       throw ConfigError(fmt::format("model '{}' was exported with {} in dimension 1 (the sequence) of input '{}', but "
-                                    "data.block_size is {}; set data.block_size to {} or export with that dimension "
-                                    "dynamic",
-                                    manifest.source, describe(dims[1]), name, config.data.block_size, dims[1].min));
+                                    "data.block_size is {}; {}",
+                                    manifest.source, describe(d), name, config.data.block_size, fix));
     }
   }
 }
@@ -179,8 +208,40 @@ void checkDataDtypes(const TrainConfig& config, const stage::PipeManifest& manif
   }
 }
 
+// Token ids against the embedding the first input indexes (pipe.json
+// "input_embeddings"): an id past its rows fails inside stage 0's forward,
+// on its first step, as "index out of range in self". The usual cause is a
+// text file read as data.format: tokens (bytes paired into uint16 ids).
+void checkTokenIds(const TrainConfig& config, const stage::PipeManifest& manifest, const Dataset& dataset) {
+  if (config.data.format == DataFormat::kTensors || manifest.input_embeddings.empty()) return;
+  const stage::InputEmbedding& embedding = manifest.input_embeddings.front();
+  if (embedding.module.empty()) return;
+  const std::optional<Dataset::LargestToken> largest = dataset.largestToken();
+  if (!largest || largest->id < embedding.rows) return;
+  std::string fix;
+  if (config.data.format == DataFormat::kText) {
+    fix = fmt::format("data.format: text feeds each byte as an id (0..255), which needs an embedding of at least 256 "
+                      "rows; train a byte-level model, or tokenize the text into ids below {} (data.format: tokens)",
+                      embedding.rows);
+  } else if (embedding.rows >= 256) {
+    fix = fmt::format("if '{}' is text, set data.format: text (its bytes are the ids); else tokenize it for this "
+                      "model's vocabulary (ids below {}) and check data.dtype",
+                      largest->file, embedding.rows);
+  } else {
+    fix = fmt::format("tokenize the data for this model's vocabulary (ids below {}) and check data.dtype",
+                      embedding.rows);
+  }
+  throw ConfigError(fmt::format("{} '{}' holds token id {} (at token {}, read as data.format: {}), but the model's "
+                                "input '{}' indexes embedding '{}', which has {} rows (ids 0..{}); {}",
+                                largest->file == config.data.val_path ? "data.val_path" : "data.path", largest->file,
+                                largest->id, largest->position,
+                                config.data.format == DataFormat::kText ? "text" : "tokens", manifest.inputs.at(0),
+                                embedding.module, embedding.rows, embedding.rows - 1, fix));
+}
+
 void checkDataFitsInputs(const TrainConfig& config, const stage::PipeManifest& manifest, const DataLayout& layout,
                          Dataset& dataset) {
+  checkTokenIds(config, manifest, dataset);
   if (manifest.input_dims.empty() && manifest.input_dtypes.empty() && manifest.input_meta.empty()) return;
   const std::int64_t rows = replicaBatchSize(config) / config.pipeline.microbatches;
   if (rows < 1) return;  // refused with its own message by checkInputSizes

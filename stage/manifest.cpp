@@ -136,6 +136,13 @@ std::string manifestToJson(const PipeManifest& m) {
   }
   if (!m.input_dtypes.empty()) j["input_dtypes"] = m.input_dtypes;
   if (!m.input_meta.empty()) j["input_meta"] = m.input_meta;
+  if (!m.input_embeddings.empty()) {
+    json embeddings = json::array();
+    for (const auto& e : m.input_embeddings) {
+      embeddings.push_back(e.module.empty() ? json(nullptr) : json{{"module", e.module}, {"rows", e.rows}});
+    }
+    j["input_embeddings"] = std::move(embeddings);
+  }
   if (!m.constant_inputs.empty()) {
     json constants = json::object();
     for (const auto& [name, value] : m.constant_inputs) constants[name] = json::parse(value);
@@ -218,6 +225,25 @@ void readInputRecords(const json& j, PipeManifest& m) {
         throw ManifestError("input_dtypes has \"" + name + "\", which is not a dtype (" + dtypeChoices() +
                             "); re-run `pipeforge split`");
       }
+    }
+  }
+  if (j.contains("input_embeddings")) {
+    for (const json& e : j.at("input_embeddings")) {
+      InputEmbedding embedding;
+      if (!e.is_null()) {
+        embedding.module = e.at("module").get<std::string>();
+        embedding.rows = e.at("rows").get<int64_t>();
+        if (embedding.module.empty() || embedding.rows < 1) {
+          throw ManifestError("input_embeddings has an entry without a module or with rows < 1; re-run `pipeforge "
+                              "split`");
+        }
+      }
+      m.input_embeddings.push_back(std::move(embedding));
+    }
+    if (m.input_embeddings.size() != m.inputs.size()) {
+      throw ManifestError("input_embeddings lists " + std::to_string(m.input_embeddings.size()) +
+                          " inputs but the model has " + std::to_string(m.inputs.size()) +
+                          "; re-run `pipeforge split`");
     }
   }
   m.input_meta = j.value("input_meta", std::vector<std::string>{});

@@ -13,6 +13,7 @@
 //    "input_dims": [[[4, 4], [2, null]]],   (.pt2 only: [min, max] per dimension)
 //    "input_dtypes": ["int64"],             (.pt2 only; "" for a dtype we do not name)
 //    "input_meta": ["float32[8, 16]"],      (only when the spec gave example_inputs)
+//    "input_embeddings": [{"module": "wte", "rows": 256}],  (null for an input no embedding reads)
 //    "constant_inputs": {"scale": 2.0}}     (only when forward took non-tensor arguments)
 #pragma once
 
@@ -74,6 +75,15 @@ struct InputDim {
   friend bool operator==(const InputDim& a, const InputDim& b) { return a.min == b.min && a.max == b.max; }
 };
 
+// The embedding a model input indexes: its module's FQN and its rows.
+struct InputEmbedding {
+  std::string module;  // "" when no embedding reads the input
+  int64_t rows = 0;
+  friend bool operator==(const InputEmbedding& a, const InputEmbedding& b) {
+    return a.module == b.module && a.rows == b.rows;
+  }
+};
+
 struct PipeManifest {
   int num_stages = 0;
   std::string source;                    // the model file the split came from
@@ -95,6 +105,11 @@ struct PipeManifest {
   // Per model input, "int64[8, 128]": the example input the split ran when
   // the spec gave example_inputs (stage/value_meta.h); empty otherwise.
   std::vector<std::string> input_meta;
+  // Per model input, the embedding that indexes its values directly (its
+  // module's FQN and rows), so that token data is checked against it before
+  // any rank starts; an empty module for an input no embedding reads. Empty
+  // when no input indexes an embedding, and in older manifests.
+  std::vector<InputEmbedding> input_embeddings;
   // The non-tensor forward arguments baked into the stages as constants, not
   // in `inputs` (Note [Constant inputs]): name -> value as JSON text ("2.0",
   // "true", "[2, 3]", "null", "\"mean\""). Empty in older manifests.
@@ -104,7 +119,7 @@ struct PipeManifest {
     return a.num_stages == b.num_stages && a.source == b.source && a.inputs == b.inputs &&
            a.outputs == b.outputs && a.stages == b.stages && a.tied == b.tied && a.unused == b.unused &&
            a.input_dims == b.input_dims && a.input_dtypes == b.input_dtypes && a.input_meta == b.input_meta &&
-           a.constant_inputs == b.constant_inputs;
+           a.input_embeddings == b.input_embeddings && a.constant_inputs == b.constant_inputs;
   }
 };
 

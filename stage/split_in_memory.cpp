@@ -53,20 +53,21 @@ std::string attributePath(torch::jit::Value* value, const torch::jit::Value* sel
   return value == self ? fmt::format("{}", fmt::join(parts, ".")) : std::string();
 }
 
-std::optional<std::string> embeddingRangeHint(const torch::jit::Module& model, const partitioner::SplitSpec& spec) {
+}  // namespace
+
+std::vector<InputEmbedding> inputEmbeddings(const torch::jit::Module& model) {
   std::shared_ptr<torch::jit::Graph> graph = model.get_method("forward").graph()->copy();
   torch::jit::Inline(*graph);
   const torch::jit::Value* self = graph->inputs().at(0);
+  const auto& args = graph->inputs();
+  std::vector<InputEmbedding> out(args.size() - 1);
+  bool any = false;
   for (torch::jit::Node* node : graph->nodes()) {
     if (node->kind() != c10::aten::embedding) continue;
-    const auto& args = graph->inputs();
     const auto it = std::find(args.begin(), args.end(), node->input(1));
     if (it == args.end() || it == args.begin()) continue;
-    const std::size_t i = static_cast<std::size_t>(it - args.begin()) - 1;
-    if (i >= spec.example_inputs.size()) continue;
-    const partitioner::ExampleInput& in = spec.example_inputs[i];
-    const auto dtype = parseDtype(in.dtype);
-    if (!dtype || (*dtype != Dtype::kInt64 && *dtype != Dtype::kInt32)) continue;
+    InputEmbedding& entry = out[static_cast<std::size_t>(it - args.begin()) - 1];
+    if (!entry.module.empty()) continue;  // the first embedding that reads it
     const std::string path = attributePath(node->input(0), self);
     if (path.empty()) continue;
     c10::IValue weight = model._ivalue();
@@ -78,15 +79,31 @@ std::optional<std::string> embeddingRangeHint(const torch::jit::Module& model, c
       start = dot + 1;
     }
     if (!weight.isTensor() || weight.toTensor().dim() != 2) continue;
-    const std::int64_t rows = weight.toTensor().size(0);
+    entry.rows = weight.toTensor().size(0);
+    entry.module = path.size() > 7 && path.compare(path.size() - 7, 7, ".weight") == 0
+                       ? path.substr(0, path.size() - 7)
+                       : path;
+    any = true;
+  }
+  if (!any) out.clear();
+  return out;
+}
+
+namespace {
+
+std::optional<std::string> embeddingRangeHint(const torch::jit::Module& model, const partitioner::SplitSpec& spec) {
+  const std::vector<InputEmbedding> embeddings = inputEmbeddings(model);
+  for (std::size_t i = 0; i < embeddings.size() && i < spec.example_inputs.size(); ++i) {
+    const InputEmbedding& e = embeddings[i];
+    if (e.module.empty()) continue;
+    const partitioner::ExampleInput& in = spec.example_inputs[i];
+    const auto dtype = parseDtype(in.dtype);
+    if (!dtype || (*dtype != Dtype::kInt64 && *dtype != Dtype::kInt32)) continue;
     const double high = in.high > in.low ? in.high : in.low + 2;
-    if (high <= static_cast<double>(rows)) continue;
-    const std::string module = path.size() > 7 && path.compare(path.size() - 7, 7, ".weight") == 0
-                                   ? path.substr(0, path.size() - 7)
-                                   : path;
+    if (high <= static_cast<double>(e.rows)) continue;
     return fmt::format("example_inputs[{}] draws integers in [{}, {}), but it indexes embedding '{}', which has {} "
                        "rows (indices 0..{}); set example_inputs[{}].high to at most {}",
-                       i, in.low, high, module, rows, rows - 1, i, rows);
+                       i, in.low, high, e.module, e.rows, e.rows - 1, i, e.rows);
   }
   return std::nullopt;
 }
@@ -233,6 +250,7 @@ SplitResult splitInMemory(const torch::jit::Module& given_model, const partition
       });
   BuiltStages stages = buildStages(best.opened, best.dag, best.partition);
   stages.manifest.constant_inputs = std::move(constants);
+  stages.manifest.input_embeddings = inputEmbeddings(model);
   recordValueMeta(stages, spec);
   return SplitResult{std::move(best.opened), std::move(best.dag), std::move(best.partition), std::move(stages)};
 }
@@ -249,6 +267,7 @@ SplitResult splitAtCalls(const torch::jit::Module& given_model, const partitione
   partitioner::Partition partition = partitioner::partitionAtStarts(dag, partitioner::policyUnits(dag).starts);
   BuiltStages stages = buildStages(opened, dag, partition);
   stages.manifest.constant_inputs = std::move(constants);
+  stages.manifest.input_embeddings = inputEmbeddings(model);
   recordValueMeta(stages, spec);
   return SplitResult{std::move(opened), std::move(dag), std::move(partition), std::move(stages)};
 }

@@ -35,6 +35,10 @@ SplitResult splitInMemory(const torch::jit::Module& model, const partitioner::Sp
 // `pipeforge inspect --depth` draws.
 SplitResult splitAtCalls(const torch::jit::Module& model, const partitioner::SplitSpec& spec, int open_depth);
 
+// Per forward argument of `model`, the embedding that indexes it directly
+// (pipe.json "input_embeddings"); empty when none does.
+std::vector<InputEmbedding> inputEmbeddings(const torch::jit::Module& model);
+
 // Deterministic tensors matching the spec's example_inputs.
 std::vector<c10::IValue> makeExampleInputs(const partitioner::SplitSpec& spec);
 

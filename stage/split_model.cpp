@@ -4,11 +4,15 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <iostream>
 #include <optional>
+
+#include <fmt/format.h>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "frontend/load_model.h"
+#include "frontend/module_mode.h"
 #include "frontend/pipe_split_op.h"
 #include "frontend/pt2_archive.h"
 #include "frontend/pt2_import.h"
@@ -18,11 +22,40 @@
 #include "stage/file_digest.h"
 #include "stage/pt2_stage_plan.h"
 #include "stage/pt2_stage_writer.h"
+#include "stage/run_chained.h"
+#include "stage/value_meta.h"
 #include "stage/split_in_memory.h"
 
 namespace pipeforge::stage {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// The dtypes and shapes of the inputs and of what crosses each cut, as a
+// TorchScript split records them (recordValueMeta): the spec's example inputs
+// run through the `.pt2` stage files just written in `dir`, chained, each
+// stage as its import, the way a rank runs it.
+void recordPt2ValueMeta(const std::string& dir, const partitioner::SplitSpec& spec, PipeManifest& manifest) {
+  if (spec.example_inputs.empty()) return;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::jit::Module> stages;
+  for (const StageInfo& info : manifest.stages) {
+    stages.push_back(frontend::loadPt2Model((fs::path(dir) / info.file).string()));
+    stages.back().eval();
+  }
+  const std::vector<c10::IValue> inputs = makeExampleInputs(spec);
+  std::vector<std::vector<at::Tensor>> outs;
+  runChained(stages, manifest, inputs, nullptr, &outs);
+  manifest.input_meta.clear();
+  for (const auto& in : inputs) manifest.input_meta.push_back(tensorMeta(in.toTensor()));
+  for (size_t k = 0; k < outs.size() && k < manifest.stages.size(); ++k) {
+    manifest.stages[k].output_meta.clear();
+    for (const auto& t : outs[k]) manifest.stages[k].output_meta.push_back(tensorMeta(t));
+  }
+}
+
+}  // namespace
 
 SplitSummary splitModelToDirectory(const SplitRequest& request) {
   fs::path out = fs::absolute(request.out_dir).lexically_normal();
@@ -53,10 +86,18 @@ SplitSummary splitModelToDirectory(const SplitRequest& request) {
     archive.emplace(frontend::Pt2Archive::open(request.model_path));
   }
   torch::jit::Module model = archive ? frontend::importPt2(*archive) : frontend::loadModel(request.model_path);
+  // Note [Ops that follow the mode]: what a stage cannot switch to eval mode.
+  for (const std::string& op : frontend::randomOpsIgnoringMode(model)) {
+    std::cerr << fmt::format("warning: {} draws random numbers in training and evaluation alike; held-out losses, "
+                             "eval and generate include them (Pipeforge switches only dropout and batch norm to "
+                             "eval mode)\n",
+                             op);
+  }
   SplitResult result = splitInMemory(model, spec);
   std::optional<Pt2SplitPlan> pt2;
   if (archive) {
     pt2 = planPt2Stages(*archive, result.dag, result.partition);
+    pt2->manifest.input_embeddings = std::move(result.stages.manifest.input_embeddings);
     result.stages.manifest = std::move(pt2->manifest);
     // The sizes the export accepts travel in pipe.json, so that training can
     // refuse a microbatch a static export cannot take before any rank starts.
@@ -95,6 +136,7 @@ SplitSummary splitModelToDirectory(const SplitRequest& request) {
     }
     info.sha256 = sha256OfFile(file);  // Note [File digests]
   }
+  if (pt2) recordPt2ValueMeta(temp.tempPath(), spec, manifest);
   writeFileAtomically((fs::path(temp.tempPath()) / kManifestFileName).string(), manifestToJson(manifest));
   temp.commit();
   return SplitSummary{std::move(result.stages.manifest), std::move(result.partition.balance)};

@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>
 
 #include "checkpoint/checkpoint.h"
+#include "common/english.h"
 #include "checkpoint/checkpoint_weights.h"
 #include "config/train_config.h"
 #include "data/sampling.h"
@@ -154,14 +155,15 @@ void runRank(const GenerateRequest& r) {
   // any model): a prompt token outside it is refused by every rank alike,
   // before it reaches an embedding lookup.
   std::vector<std::int64_t> probe(static_cast<std::size_t>(std::min<std::int64_t>(prompt.size(), fit.block)), 0);
-  at::Tensor shape = at::zeros({4}, at::kDouble);  // ndim, sizes[0..2]
+  constexpr int kMaxDims = 8;
+  at::Tensor shape = at::zeros({1 + kMaxDims}, at::kDouble);  // ndim, sizes[0..kMaxDims)
   {
     at::Tensor out;
     forward(probe, &out);
     if (out.defined()) {
       auto s = shape.accessor<double, 1>();
       s[0] = static_cast<double>(out.dim());
-      for (int d = 0; d < std::min<int>(3, out.dim()); ++d) s[d + 1] = static_cast<double>(out.size(d));
+      for (int d = 0; d < std::min<int>(kMaxDims, out.dim()); ++d) s[d + 1] = static_cast<double>(out.size(d));
     }
   }
   runner.allreduceSumAll(shape);
@@ -170,9 +172,14 @@ void runRank(const GenerateRequest& r) {
   const auto vocab = static_cast<std::int64_t>(s[3]);
   if (ndim != 3 || static_cast<std::int64_t>(s[1]) != fit.rows ||
       static_cast<std::int64_t>(s[2]) != static_cast<std::int64_t>(probe.size()) || vocab < 1) {
-    throw ConfigError(fmt::format("the first output of model '{}' has {} dimensions (sizes {}, {}, {}) for {} "
-                                  "row(s) of {} tokens; generate needs logits [batch, sequence, vocabulary]",
-                                  manifest.source, ndim, s[1], s[2], s[3], fit.rows, probe.size()));
+    std::vector<std::int64_t> sizes;
+    for (std::int64_t d = 0; d < std::min<std::int64_t>(ndim, kMaxDims); ++d) {
+      sizes.push_back(static_cast<std::int64_t>(s[d + 1]));
+    }
+    throw ConfigError(fmt::format("the first output of model '{}' has {} (sizes [{}]{}) for {} row(s) of {} tokens; "
+                                  "generate needs logits [batch, sequence, vocabulary]",
+                                  manifest.source, counted(ndim, "dimension"), fmt::join(sizes, ", "),
+                                  ndim > kMaxDims ? ", ..." : "", fit.rows, probe.size()));
   }
   if (r.prompt && vocab > 256) {
     throw ConfigError(fmt::format("the model's vocabulary has {} tokens (its logits' last dimension), more than the "
@@ -282,6 +289,17 @@ void launch(const GenerateRequest& r) {
                                   "recorded none (tensor data), it has no position embedding (wpe.weight, pos_emb, "
                                   "...) and no dynamic sequence dimension; give it with --block-size N",
                                   step_dir));
+  }
+  if (exported_sequence && block > manifest.input_dims[0][1].max) {
+    const std::int64_t longest = manifest.input_dims[0][1].max;
+    if (r.block_size) {
+      throw ConfigError(fmt::format("--block-size {} is longer than the longest sequence model '{}' was exported for "
+                                    "({} tokens in dimension 1 of '{}'); give --block-size {} or less, or re-export "
+                                    "with a larger max (torch.export.Dim(\"seq\", max=...))",
+                                    *r.block_size, r.model_path, longest, manifest.inputs[0], longest));
+    }
+    block = longest;
+    block_from += ", capped at the longest sequence the model was exported for";
   }
   fitInputs(manifest, static_cast<std::int64_t>(prompt.size()), block);  // refuses here, once, not on every rank
   std::cout << fmt::format("context: at most {} tokens ({})\n", block, block_from) << std::flush;
