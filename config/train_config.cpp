@@ -232,6 +232,13 @@ void parseModel(const Section& top, const YAML::Node& node, TrainConfig& c) {
   }
   requireFile(o, "model.path", c.model.path);
   if (!c.model.split_spec.empty() && has_inline) {
+    if (!overridden.empty()) {
+      // The inline key came from the command line: no line of the file to point at.
+      throw ConfigError(fmt::format("{}: {} sets an inline split key, but the config splits with model.split_spec "
+                                    "'{}'; give either model.split_spec or inline split keys, not both: put the key "
+                                    "in '{}' instead",
+                                    o, fmt::join(overridden, ", "), c.model.split_spec, c.model.split_spec));
+    }
     throw ConfigError(fmt::format("{}: give either model.split_spec or inline split keys (split_points, num_stages, "
                                   "policy, example_inputs, constant_inputs), not both",
                                   s.where(node)));
@@ -779,8 +786,20 @@ std::optional<schedules::Program> checkLayout(const TrainConfig& c, int world_si
   if (num_stages != stages_needed) {
     // Every way out that fits: another split, another rank count, or the
     // extra ranks as data-parallel replicas.
-    std::vector<std::string> fixes{
-        fmt::format("split into {} (model.num_stages: {})", counted(stages_needed, "stage"), stages_needed)};
+    // The split fix names where this config's split is set: each fix a message
+    // names must work as written.
+    std::string resplit;
+    if (!c.model.split_dir.empty()) {
+      resplit = fmt::format("split the model again into {} (`pipeforge split` with num_stages: {} in its spec) and "
+                            "set model.split_dir to that folder",
+                            counted(stages_needed, "stage"), stages_needed);
+    } else if (!c.model.split_spec.empty()) {
+      resplit = fmt::format("split into {} (num_stages: {} in model.split_spec '{}')", counted(stages_needed, "stage"),
+                            stages_needed, c.model.split_spec);
+    } else {
+      resplit = fmt::format("split into {} (model.num_stages: {})", counted(stages_needed, "stage"), stages_needed);
+    }
+    std::vector<std::string> fixes{resplit};
     if (num_stages % p.stages_per_rank == 0) {
       const std::int64_t ranks = static_cast<std::int64_t>(num_stages / p.stages_per_rank) * p.data_parallel;
       fixes.push_back(fmt::format("run {} (--nproc {})", counted(ranks, "rank"), ranks));

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <regex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -112,6 +113,54 @@ TEST(TrainCliErrors, EveryMistakeIsNamed) {
     // (which prints "split MODEL into DIR").
     if (std::string(c.name) == "more ranks than stages") EXPECT_EQ(r.output.find(".pt into "), std::string::npos);
   }
+}
+
+// Issue 39 item 4: every way out the layout refusal names works as written,
+// for a config that splits inline and one that uses model.split_spec; and an
+// inline split key given by --set beside model.split_spec is named as the
+// override it is, not as a line of the file.
+TEST(TrainCliErrors, TheLayoutRefusalsFixesWork) {
+  TrainWorkspace ws;
+  RunSpec s;
+  s.split = "num_stages: 2\n  policy: parameters";
+  s.steps = 1;
+  const std::string inline_config = ws.writeConfig("inline", s);
+  const std::string spec = ws.dir() + "/split.yaml";
+  std::ofstream(spec) << "num_stages: 2\npolicy: parameters\n";
+  s.split = fmt::format("split_spec: {}", spec);
+  const std::string spec_config = ws.writeConfig("spec", s);
+
+  auto train = [&](const std::string& config, const std::string& args) {
+    return runPipeforge(fmt::format("train --config '{}' {}", config, args));
+  };
+  auto expect_refused = [](const CommandResult& r, const std::vector<std::string>& fragments) {
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    for (const auto& f : fragments) EXPECT_NE(r.output.find(f), std::string::npos) << f << " in:\n" << r.output;
+  };
+  auto expect_trains = [](const CommandResult& r, const std::string& fix) {
+    EXPECT_EQ(r.exit_code, 0) << "the fix '" << fix << "' failed:\n" << r.output;
+  };
+
+  // The spec file's config: the split fix names the file, and each fix works.
+  expect_refused(train(spec_config, "--nproc 4"),
+                 {fmt::format("split into 4 stages (num_stages: 4 in model.split_spec '{}')", spec),
+                  "run 2 ranks (--nproc 2)", "(pipeline.data_parallel: 2)"});
+  expect_trains(train(spec_config, "--nproc 2"), "--nproc 2");
+  expect_trains(train(spec_config, "--nproc 4 --set pipeline.data_parallel=2"), "pipeline.data_parallel: 2");
+  std::ofstream(spec) << "num_stages: 4\npolicy: parameters\n";
+  expect_trains(train(spec_config, "--nproc 4"), "num_stages: 4 in the spec");
+
+  // The inline config: the split fix is the config key itself.
+  expect_refused(train(inline_config, "--nproc 4"), {"split into 4 stages (model.num_stages: 4)"});
+  expect_trains(train(inline_config, "--nproc 4 --set model.num_stages=4"), "model.num_stages: 4");
+
+  // An inline key by --set beside model.split_spec: named as the override.
+  const CommandResult both = train(spec_config, "--nproc 4 --set model.num_stages=4");
+  expect_refused(both, {"--set model.num_stages=4 sets an inline split key, but the config splits with "
+                        "model.split_spec",
+                        fmt::format("put the key in '{}' instead", spec)});
+  EXPECT_FALSE(std::regex_search(both.output, std::regex(R"(\.yaml:[0-9])"))) << "no line of the file to point at:\n"
+                                                                               << both.output;
 }
 
 TEST(TrainCliErrors, ExportNamesWhatIsWrong) {
