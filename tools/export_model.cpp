@@ -125,6 +125,21 @@ void copyCheckpointInto(torch::jit::Module& model, const std::map<std::string, F
 
 ExportSummary exportTrainedModel(const ExportRequest& request) {
   std::error_code ec;
+  // Only the formats written below: a name asking for another one is refused
+  // before anything is read, not written in the wrong format under it.
+  const std::string extension = fs::path(request.out_path).extension().string();
+  const bool folder = !request.out_path.empty() && request.out_path.back() == '/';
+  if (folder || fs::is_directory(request.out_path, ec) || (extension != ".pt" && extension != ".pt2")) {
+    const std::string what = folder || fs::is_directory(request.out_path, ec) ? "a folder"
+                             : extension.empty()                             ? "a file name without an extension"
+                                                                             : "a '" + extension + "' file";
+    throw CheckpointError(fmt::format(
+        "--out '{}' names {}, a format pipeforge export does not write; it writes TorchScript (--out NAME.pt, loads "
+        "with torch.jit.load) and, from a torch.export model, a torch.export archive (--out NAME.pt2, loads with "
+        "torch.export.load); for safetensors or a transformers folder, load the .pt2's weights in Python "
+        "(torch.export.load(path).module().state_dict()) and save them from there",
+        request.out_path, what));
+  }
   if (fs::exists(request.out_path, ec) && !request.force) {
     throw CheckpointError(fmt::format("'{}' already exists; pass --force to replace it", request.out_path));
   }

@@ -90,6 +90,33 @@ TEST_F(ExportTest, DivergedTiesAndWrongModelsAreRefused) {
   EXPECT_FALSE(fs::exists(root_ + "/t.pt"));
 }
 
+// Issue 39 item 8: an output name whose format export does not write (a
+// .safetensors file, a folder) is refused naming the formats it writes,
+// before anything is read; the fix it names (--out NAME.pt) then works.
+TEST_F(ExportTest, OutputNamesOfOtherFormatsAreRefusedNamingTheOnesWritten) {
+  writeCheckpoint(false);
+  fs::create_directories(root_ + "/hf_out");
+  for (const std::string& out : {root_ + "/trained.safetensors", root_ + "/hf_out/", root_ + "/hf_out",
+                                 root_ + "/trained"}) {
+    SCOPED_TRACE(out);
+    try {
+      exportTrainedModel({root_, testing::zooModelPath("gpt"), out, false});
+      ADD_FAILURE() << "exported";
+    } catch (const CheckpointError& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.code(), ErrorCode::kUserInput);
+      EXPECT_NE(what.find("a format pipeforge export does not write"), std::string::npos) << what;
+      EXPECT_NE(what.find("--out NAME.pt,"), std::string::npos) << what;
+      EXPECT_NE(what.find("--out NAME.pt2"), std::string::npos) << what;
+    }
+  }
+  EXPECT_FALSE(fs::exists(root_ + "/trained.safetensors"));
+  EXPECT_TRUE(fs::is_empty(root_ + "/hf_out"));
+  ExportSummary s = exportTrainedModel({root_, testing::zooModelPath("gpt"), root_ + "/trained.pt", false});
+  EXPECT_EQ(s.step, 3);
+  EXPECT_NO_THROW(torch::jit::load(root_ + "/trained.pt"));
+}
+
 // State forward never reads is in no stage and so in no checkpoint: export
 // keeps the model's values for exactly the names the split listed unused.
 TEST(ExportUnused, KeepsWhatNoStageHeldAndStillRefusesOtherGaps) {
