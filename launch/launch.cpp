@@ -15,6 +15,7 @@
 #include "launch/device_check.h"
 #include "launch/launch_checks.h"
 #include "runtime/dist_env.h"
+#include "runtime/failure_report.h"
 #include "stage/manifest.h"
 #include "train/trainer.h"
 
@@ -56,16 +57,36 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
     ranks.args.push_back(std::to_string(*request.stop_after));
   }
   ranks.num_ranks = request.launch.nproc;
-  if (const int signal = interruptSignal(); signal != 0) {
+  auto interrupted_before_training = [](int signal) {
     std::cout << fmt::format("interrupted by {} before training started; nothing to resume\n",
-                             interruptSignalName(signal));
+                             interruptSignalName(signal))
+              << std::flush;
     return interruptedExitStatus(signal);
-  }
-  // Rank 0 draws the progress bar on our terminal.
+  };
+  if (const int signal = interruptSignal(); signal != 0) return interrupted_before_training(signal);
+  // Rank 0 draws the progress bar on our terminal, where every rank prints
+  // (Note [One report per terminal]).
+  ::setenv(runtime::kBriefPeerReportsVariable, "1", 1);
   const runtime::LaunchResult result = startRanks(request.launch, ranks, RankOutput::kTerminal);
   if (result.ok()) return 0;
   // Note [Graceful interrupts]: rank 0 said where the run stopped.
   if (const int status = result.interruptedStatus(); status != 0) return status;
+  // Interrupted while the ranks started: a rank that had not yet installed
+  // its handlers died of the signal itself (the launcher relays it, and a
+  // terminal's Ctrl-C reaches the whole group). No rank trained a step, so
+  // this is the interrupt it was, not a failed rank.
+  if (const int signal = interruptSignal(); signal != 0) {
+    bool died_of_it = false, anything_else = false;
+    for (const runtime::RankExit& r : result.ranks) {
+      if (r.signal == signal && !r.killed_by_launcher) {
+        died_of_it = true;
+      } else if (!r.ok() && !r.killed_by_launcher && !isInterruptedExitStatus(r.exit_code) &&
+                 r.exit_code != exitStatusFor(ErrorCode::kPeerFailure)) {  // saw the other go
+        anything_else = true;
+      }
+    }
+    if (died_of_it && !anything_else) return interrupted_before_training(signal);
+  }
   std::cerr << "pipeforge train: the run failed:\n" << result.summary();
   return result.exitStatus();  // Note [Run exit status]
 }

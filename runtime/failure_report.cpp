@@ -1,5 +1,7 @@
 #include "runtime/failure_report.h"
 
+#include <cstdlib>
+
 #include <fmt/format.h>
 
 #include "schedules/format_grid.h"
@@ -19,7 +21,19 @@ std::string failureReport(const schedules::Program& program, int pipeline_rank, 
                                                      pipeline_rank, grid));
 }
 
+// Note [One report per terminal]: the ranks `pipeforge train --nproc N`
+// starts share its terminal, where the failed rank prints its own report; a
+// rank it stopped then names it in one line instead of printing it again.
+// Elsewhere (torchrun, srun, several hosts) each rank prints the cause whole,
+// since its terminal or log may be the only one a user reads.
 std::string stoppedByPeerReport(int rank, const schedules::Action* action, int step, const std::string& peer_report) {
+  if (std::getenv(kBriefPeerReportsVariable) != nullptr) {
+    const std::string first = peer_report.substr(0, peer_report.find('\n'));
+    const auto failed = first.find(" failed:");
+    const std::string who = failed == std::string::npos ? std::string("another rank") : first.substr(0, failed);
+    return fmt::format("{} stopped because {} failed (that rank's error is printed above or below)",
+                       failurePlace(rank, action, step), who);
+  }
   return fmt::format("{} stopped because another rank failed:\n{}", failurePlace(rank, action, step), peer_report);
 }
 

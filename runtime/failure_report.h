@@ -20,6 +20,10 @@ std::string failureReport(const schedules::Program& program, int pipeline_rank, 
                           const schedules::Action* action, int step, const std::string& what);
 
 // The report of a rank that stopped because another published `peer_report`.
+// Set by a launcher whose ranks print to one terminal (Note [One report per
+// terminal]): a rank stopped by another's failure names it in one line.
+inline constexpr const char* kBriefPeerReportsVariable = "PIPEFORGE_BRIEF_PEER_REPORTS";
+
 std::string stoppedByPeerReport(int rank, const schedules::Action* action, int step, const std::string& peer_report);
 
 }  // namespace pipeforge::runtime

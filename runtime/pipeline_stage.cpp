@@ -1,6 +1,7 @@
 #include "runtime/pipeline_stage.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -45,6 +46,30 @@ void checkSegmentsShareTensors(const torch::jit::Module& stage_module, int stage
     for (const auto& p : segments[j].named_parameters(true)) check(p.name, p.value);
     for (const auto& b : segments[j].named_buffers(true)) check(b.name, b.value);
   }
+}
+
+// An op's error in a stage's forward, without the interpreter's framing:
+// "The following operation failed in the TorchScript interpreter. Traceback
+// of TorchScript (most recent call last): <source>RuntimeError: <what>"
+// becomes " in the stage's program at `<source>`: <what>" (a .pt2 stage runs
+// as TorchScript, but its user wrote no TorchScript). Other text is kept.
+std::string describeForwardError(const std::string& what, bool exported) {
+  const std::string kHeader = "Traceback of TorchScript (most recent call last):";
+  const auto header = what.find(kHeader);
+  const auto error = what.rfind("Error: ");
+  if (header == std::string::npos || error == std::string::npos || error < header) return ": " + what;
+  auto kind = error;  // back to the start of "RuntimeError"
+  while (kind > 0 && std::isalnum(static_cast<unsigned char>(what[kind - 1]))) --kind;
+  std::string source = what.substr(header + kHeader.size(), kind - header - kHeader.size());
+  // The innermost frame, trimmed: the line of the model's code that failed.
+  while (!source.empty() && std::isspace(static_cast<unsigned char>(source.back()))) source.pop_back();
+  if (const auto nl = source.rfind('\n'); nl != std::string::npos) source = source.substr(nl + 1);
+  while (!source.empty() && std::isspace(static_cast<unsigned char>(source.front()))) source.erase(0, 1);
+  std::string message = what.substr(error + 7);
+  while (!message.empty() && std::isspace(static_cast<unsigned char>(message.back()))) message.pop_back();
+  const char* where = exported ? "the stage's program" : "the stage's TorchScript";
+  return source.empty() ? fmt::format(" in {}: {}", where, message)
+                        : fmt::format(" in {} at `{}`: {}", where, source, message);
 }
 
 // Stage `stage_index` cut by `cut` for checkpointing every `every_n`-th call
@@ -136,15 +161,15 @@ class PipelineStage::Impl {
       try {
         result = module.forward(std::move(args));
       } catch (const c10::Error& e) {
-        throw RuntimeError(fmt::format("stage {} forward of microbatch {}{} failed: {}", sig_.index, mb, segment,
-                                       e.what_without_backtrace()));
+        throw RuntimeError(fmt::format("stage {} forward of microbatch {}{} failed{}", sig_.index, mb, segment,
+                                       describeForwardError(e.what_without_backtrace(), sig_.exported)));
       } catch (const pipeforge::Error&) {
         throw;
       } catch (const std::bad_alloc&) {
         throw;
       } catch (const std::exception& e) {
-        throw RuntimeError(fmt::format("stage {} forward of microbatch {}{} failed: {}", sig_.index, mb, segment,
-                                       e.what()));
+        throw RuntimeError(fmt::format("stage {} forward of microbatch {}{} failed{}", sig_.index, mb, segment,
+                                       describeForwardError(e.what(), sig_.exported)));
       }
     }
     std::vector<at::Tensor> outputs;
@@ -551,6 +576,7 @@ PipelineStage PipelineStage::fromSplit(const std::string& split_dir, const stage
   sig.num_module_inputs = sp.num_module_inputs;
   sig.num_outputs = sp.num_outputs;
   for (const StageInput& in : sp.inputs) sig.input_wants_grad.push_back(in.kind == StageInput::Kind::kEdge);
+  sig.exported = std::filesystem::path(info.file).extension() == ".pt2";
   module.train(true);
   return PipelineStage(module, std::move(sig));
 }

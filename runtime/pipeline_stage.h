@@ -39,6 +39,9 @@ struct StageSignature {
   // One per input (module inputs, then loss inputs): may it carry a gradient
   // back? (True for values from other stages; floating point is checked per tensor.)
   std::vector<bool> input_wants_grad;
+  // A torch.export stage (.pt2): its errors name "the stage's program", not
+  // the TorchScript interpreter it runs on.
+  bool exported = false;
 };
 
 class PipelineStage {

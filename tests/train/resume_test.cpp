@@ -130,6 +130,75 @@ pid_t findRank(pid_t launcher, int rank) {
   return -1;
 }
 
+// Whether process `pid` has a handler for `signal` (SigCgt of /proc/PID/status).
+bool catches(pid_t pid, int signal) {
+  std::ifstream status(fmt::format("/proc/{}/status", pid));
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("SigCgt:", 0) == 0) return (std::stoull(line.substr(7), nullptr, 16) >> (signal - 1)) & 1;
+  }
+  return false;
+}
+
+// Issue 39 item 7: Ctrl-C while `pipeforge train --nproc 2` starts, during
+// the split or while its ranks have not yet installed their handlers (they
+// died of the signal, and the run exited 4, "a rank failed"), exits 130
+// saying the run was interrupted before training started.
+class InterruptAtStart : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(InterruptAtStart, Exits130BeforeTraining) {
+  const std::string when = GetParam();
+  TrainWorkspace ws;
+  RunSpec s = gptTwoStages();
+  s.steps = 1000;
+  const std::string config = ws.writeConfig("start", s);
+  const std::string log = ws.dir() + "/launcher.log";
+  pid_t launcher = ::fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    ::setpgid(0, 0);
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execl(PIPEFORGE_BINARY, PIPEFORGE_BINARY, "train", "--config", config.c_str(), "--nproc", "2", nullptr);
+    ::_exit(127);
+  }
+  auto stop = [&] {
+    ::kill(-launcher, SIGKILL);
+    ::waitpid(launcher, nullptr, 0);
+  };
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  // The launcher catches SIGINT from its first lines on.
+  while (Clock::now() < deadline && !catches(launcher, SIGINT)) std::this_thread::yield();
+  if (when == "spawn") {
+    // A rank exec'd (its environment has RANK=0, which findRank reads) but
+    // with no handler yet.
+    pid_t rank = -1;
+    while (Clock::now() < deadline && (rank = findRank(launcher, 0)) <= 0) std::this_thread::yield();
+    if (rank <= 0 || catches(rank, SIGINT)) {
+      stop();
+      GTEST_SKIP() << "rank 0 installed its handlers before the test could interrupt it:\n" << readBytes(log);
+    }
+  }
+  ASSERT_EQ(::kill(-launcher, SIGINT), 0);  // a terminal's Ctrl-C: the whole group
+  int status = 0;
+  while (::waitpid(launcher, &status, WNOHANG) == 0) {
+    if (Clock::now() > deadline) {
+      stop();
+      FAIL() << "the run did not stop:\n" << readBytes(log);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const std::string output = readBytes(log);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status) << ":\n" << output;
+  EXPECT_EQ(WEXITSTATUS(status), 130) << output;
+  EXPECT_EQ(output.find("the run failed"), std::string::npos) << output;
+  EXPECT_NE(output.find("interrupted by SIGINT before training started; nothing to resume"), std::string::npos)
+      << output;
+  EXPECT_FALSE(train::latestCheckpoint(ws.checkpointDir("start"))) << output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Train, InterruptAtStart, ::testing::Values("split", "spawn"));
+
 class KillOneRank : public ::testing::TestWithParam<int> {};
 
 TEST_P(KillOneRank, OthersStopWithinTheTimeoutAndTheCheckpointResumes) {

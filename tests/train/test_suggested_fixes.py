@@ -146,6 +146,33 @@ def main() -> None:
             ["holds token id", "read as data.format: tokens", "indexes embedding 'wte', which has 256 rows",
              "set data.format: text"],
             ["train", "--config", c, "--nproc", "2", "--set", "data.format=text"])
+        # Item 10: a split from before input_embeddings existed (no pre-check):
+        # the failure inside stage 0 is printed once, as the stage's program's.
+        stages, two = os.path.join(d, "old_split"), os.path.join(d, "two.yaml")
+        with open(two, "w") as f:
+            f.write("num_stages: 2\npolicy: parameters\n")
+        run(binary, "split", gpt, "--spec", two, "--out", stages)
+        with open(os.path.join(stages, "pipe.json")) as f:
+            pipe = json.load(f)
+        pipe.pop("input_embeddings", None)
+        with open(os.path.join(stages, "pipe.json"), "w") as f:
+            json.dump(pipe, f)
+        c = write_config(d, "old_split", gpt, text, "tokens", 16, 8)
+        with open(c) as f:
+            yaml = f.read().replace(f"path: {gpt}, num_stages: 2, policy: parameters", f"split_dir: {stages}")
+        with open(c, "w") as f:
+            f.write(yaml)
+        code, out = run(binary, "train", "--config", c, "--nproc", "2")
+        wanted = ["in the stage's program at `", "index out of range in self",
+                  "stopped because rank 0 at step 0 (action 0F0) failed (that rank's error is printed above or below)"]
+        missing = [w for w in wanted if w not in out]
+        if code != 1 or missing or out.count("index out of range") != 1 or "TorchScript" in out:
+            problems.append(f"a failure inside a .pt2 stage: exit {code}, missing {missing}, printed "
+                            f"{out.count('index out of range')} times:\n{out}")
+        else:
+            print("a failure inside a .pt2 stage is printed once: " +
+                  next(line for line in out.splitlines() if "index out of range" in line)[:200])
+
         # Item 11: generate's --block-size past the export's maximum.
         ckpt = os.path.join(d, "text", "ckpt")
         problems += refused_then_fixed(
