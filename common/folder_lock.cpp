@@ -98,6 +98,7 @@ std::string describeHolder(const std::string& line) {
 
 FolderLock::FolderLock(const std::string& dir, const std::string& key) {
   std::error_code ec;
+  if (!fs::exists(dir, ec)) made_ = dir;
   fs::create_directories(dir, ec);
   if (ec) throw Error(ErrorCode::kIo, key + ": cannot create folder '" + dir + "': " + ec.message());
   path_ = (fs::path(dir) / kFolderLockFileName).string();
@@ -136,12 +137,27 @@ FolderLock::FolderLock(const std::string& dir, const std::string& key) {
   }
 }
 
-FolderLock::FolderLock(FolderLock&& other) noexcept : path_(std::move(other.path_)), fd_(other.fd_) {
+FolderLock::FolderLock(FolderLock&& other) noexcept
+    : path_(std::move(other.path_)), made_(std::move(other.made_)), fd_(other.fd_) {
   other.fd_ = -1;
 }
 
 FolderLock::~FolderLock() {
   if (fd_ < 0) return;
+  // A folder this lock made and nothing else used goes again, while the lock
+  // is still held.
+  std::error_code ec;
+  if (!made_.empty()) {
+    bool only_lock = true;
+    for (const auto& entry : fs::directory_iterator(made_, ec)) {
+      if (entry.path().filename() != kFolderLockFileName) only_lock = false;
+    }
+    if (!ec && only_lock && fs::remove(path_, ec)) {
+      fs::remove(made_, ec);
+      ::close(fd_);
+      return;
+    }
+  }
   // Released cleanly: an empty file tells the next run nobody died holding it.
   if (::ftruncate(fd_, 0) != 0) {
     // Nothing to do: the next run only warns about a lock left behind.

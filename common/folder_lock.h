@@ -17,7 +17,9 @@ class FolderLock {
   // the run that holds it (PID, host, command, since when) and the fix, or
   // Error{kIo} when the lock file cannot be made. A lock file left by a
   // process that died without releasing it is taken over, with a warning on
-  // stderr naming that process.
+  // stderr naming that process. A folder the lock created is removed again
+  // on release when nothing but the lock file is in it (a run refused before
+  // it wrote anything leaves nothing behind).
   FolderLock(const std::string& dir, const std::string& key);
   ~FolderLock();
   FolderLock(FolderLock&& other) noexcept;
@@ -29,6 +31,7 @@ class FolderLock {
 
  private:
   std::string path_;
+  std::string made_;  // the folder, when this lock created it
   int fd_ = -1;
 };
 

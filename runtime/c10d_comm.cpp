@@ -1,10 +1,15 @@
 #include "runtime/c10d_comm.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <string_view>
@@ -18,6 +23,7 @@
 #include "common/error.h"
 #include "compat/c10d_store.h"
 #include "compat/torch_compat.h"
+#include "runtime/gloo_address.h"
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -41,6 +47,33 @@ constexpr std::string_view kReportTag = "pipeforge-failure-report-v1\n";
 constexpr milliseconds kPoll{100};
 // How long a failed rank 0 keeps the store up so peers can read its report.
 constexpr milliseconds kLingerAfterAbort{2000};
+
+// Note [Bounded store calls]: a store client blocks in recv() for as long as
+// TCP keeps a connection it cannot use, which across a network partition is
+// many minutes (the store has no receive timeout of its own). Every store
+// call a failing or watching rank makes runs on a thread of its own, and the
+// caller waits `limit` for it: past that the store counts as unreachable,
+// and the thread is left to end with the process (it holds its own
+// reference to the store).
+// `give_up`, polled, ends the wait early (a rank shutting down).
+template <class R>
+std::optional<R> withinLimit(std::function<R()> fn, milliseconds limit,
+                             const std::function<bool()>& give_up = nullptr) {
+  auto done = std::make_shared<std::promise<R>>();
+  std::future<R> result = done->get_future();
+  std::thread([done, fn = std::move(fn)] {
+    try {
+      done->set_value(fn());
+    } catch (...) {
+      done->set_exception(std::current_exception());
+    }
+  }).detach();
+  const auto deadline = Clock::now() + limit;
+  while (result.wait_for(std::min<milliseconds>(limit, milliseconds(100))) != std::future_status::ready) {
+    if (Clock::now() >= deadline || (give_up && give_up())) return std::nullopt;
+  }
+  return result.get();  // rethrows the store's error
+}
 
 std::vector<std::uint8_t> toBytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string fromBytes(const std::vector<std::uint8_t>& b) { return {b.begin(), b.end()}; }
@@ -227,15 +260,30 @@ class C10dComm : public Communicator {
  public:
   explicit C10dComm(const C10dCommOptions& options) : options_(options), shared_(std::make_shared<Shared>()) {
     const DistEnv& env = options.env;
+    // Note [Which address Gloo binds]: a GLOO_SOCKET_IFNAME this host lacks,
+    // or no route to MASTER_ADDR, fails here, on every rank, before any waits.
+    if (!options.nccl) binding_ = chooseGlooBinding(env);
     store_ = connectStore(env.rank == 0 && !env.agent_store);
+    // Note [Naming lost peers]: each rank's host, for messages about a peer.
+    if (env.world_size > 1) store_->set(hostKey(env.rank), toBytes(thisHost()));
     world_ = makeGroup(c10::make_intrusive<c10d::PrefixStore>("world", store_), env.rank, env.world_size);
+    // Every rank set its key before it joined the group the line above formed.
+    for (int r = 0; r < env.world_size && env.world_size > 1; ++r) {
+      const std::vector<uint8_t> bytes = store_->get(hostKey(r));
+      hosts_.emplace_back(bytes.begin(), bytes.end());
+    }
     for (const auto& ranks : options.groups) {
       if (std::find(ranks.begin(), ranks.end(), env.rank) == ranks.end() || groups_.count(ranks)) continue;
       groups_.emplace(ranks, joinGroup(ranks));
     }
     shared_->read_store = [this]() -> std::optional<std::string> {
-      if (!store_->check({kAbortKey})) return std::nullopt;
-      return parseReport(store_->get(kAbortKey), abortKeyName());
+      std::optional<std::optional<std::string>> read = storeCall<std::optional<std::string>>(
+          [store = store_, key = abortKeyName()]() -> std::optional<std::string> {
+            if (!store->check({kAbortKey})) return std::nullopt;
+            return parseReport(store->get(kAbortKey), key);
+          },
+          storeLimit());
+      return read ? *read : std::nullopt;
     };
     watch_store_ = connectStore(false);
     watchdog_ = std::thread([this] { watch(); });
@@ -261,6 +309,28 @@ class C10dComm : public Communicator {
     }
   }
 
+  // Note [Naming lost peers]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~
+  // A peer lost to a partition or a dead host is only ever seen from the
+  // other side: a receive that times out, a connection that closes. On many
+  // hosts "rank 5" alone does not say which machine to look at, so every rank
+  // publishes its host name and Gloo address in the store when it joins, and
+  // messages about a peer read "rank 5 (host node2, 10.0.0.2)".
+  static std::string hostKey(int rank) { return fmt::format("host/{}", rank); }
+
+  std::string thisHost() const {
+    char name[256] = {};
+    if (::gethostname(name, sizeof(name) - 1) != 0) std::snprintf(name, sizeof(name), "?");
+    if (options_.nccl) return name;
+    return binding_.interfaces.empty() ? fmt::format("{}, {}", name, binding_.address)
+                                       : fmt::format("{}, {}", name, fmt::join(binding_.interfaces, ","));
+  }
+
+  std::string peerName(int peer) const {
+    if (peer < 0 || static_cast<std::size_t>(peer) >= hosts_.size()) return fmt::format("rank {}", peer);
+    return fmt::format("rank {} (host {})", peer, hosts_[static_cast<std::size_t>(peer)]);
+  }
+
   int rank() const override { return options_.env.rank; }
   int worldSize() const override { return options_.env.world_size; }
   milliseconds timeout() const override { return options_.timeout; }
@@ -268,7 +338,7 @@ class C10dComm : public Communicator {
   std::unique_ptr<PendingOp> isend(const at::Tensor& tensor, int dst, std::uint32_t tag) override {
     auto state = std::make_shared<SendState>();
     state->keep = {tensor};
-    state->what = fmt::format("rank {} sending tag {} to rank {}", rank(), tag, dst);
+    state->what = fmt::format("rank {} sending tag {} to {}", rank(), tag, peerName(dst));
     state->peer = dst;
     state->work = post(state->what, dst, [&] { return world_->send(state->keep, dst, static_cast<int>(tag)); });
     {
@@ -282,7 +352,7 @@ class C10dComm : public Communicator {
 
   std::unique_ptr<PendingOp> irecv(const at::Tensor& tensor, int src, std::uint32_t tag) override {
     std::vector<at::Tensor> keep{tensor};
-    std::string what = fmt::format("rank {} receiving tag {} from rank {}", rank(), tag, src);
+    std::string what = fmt::format("rank {} receiving tag {} from {}", rank(), tag, peerName(src));
     WorkPtr work = post(what, src, [&] { return world_->recv(keep, src, static_cast<int>(tag)); });
     return std::make_unique<RecvOp>(shared_, work, std::move(keep), options_.timeout, std::move(what), src);
   }
@@ -299,7 +369,7 @@ class C10dComm : public Communicator {
       it = groups_.emplace(group, joinGroup(group)).first;
     }
     runCollective(it->second, tensor,
-                  fmt::format("rank {} in an allreduce over ranks {}", rank(), fmt::join(group, ",")));
+                  fmt::format("rank {} in an allreduce over ranks {}", rank(), fmt::join(group, ",")), group);
   }
 
   void barrier() override {
@@ -309,12 +379,32 @@ class C10dComm : public Communicator {
 
   void abort(const std::string& report) override {
     try {
-      if (store_->add(kAbortClaimKey, 1) == 1) store_->set(kAbortKey, reportBytes(report));
+      storeCall<bool>(
+          [store = store_, bytes = reportBytes(report)] {
+            if (store->add(kAbortClaimKey, 1) == 1) store->set(kAbortKey, bytes);
+            return true;
+          },
+          storeLimit());
     } catch (const std::exception&) {
       // The store is gone (rank 0 died): peers learn it from their watchdogs.
     }
     shared_->fail(report);
   }
+
+  // A bounded store call (Note [Bounded store calls]); once one has run out
+  // of time the store counts as lost, and later calls (a failing rank
+  // publishing its report, then counting itself out) return at once.
+  template <class R>
+  std::optional<R> storeCall(std::function<R()> fn, milliseconds limit) {
+    if (store_lost_) return std::nullopt;
+    std::optional<R> r = withinLimit<R>(std::move(fn), limit);
+    if (!r) store_lost_ = true;
+    return r;
+  }
+
+  // How long a store call may take before the store counts as unreachable
+  // (Note [Bounded store calls]).
+  milliseconds storeLimit() const { return std::min(options_.timeout, milliseconds(5000)); }
 
   std::optional<std::string> abortReport() override { return shared_->currentReport(); }
 
@@ -385,9 +475,13 @@ class C10dComm : public Communicator {
                         "use the gloo backend or a CUDA build of LibTorch");
       }
       auto opts = c10d::ProcessGroupGloo::Options::create(options_.timeout);
-      const std::string& addr = options_.env.master_addr;
-      opts->devices.push_back(isLoopbackAddress(addr) ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                                               : c10d::ProcessGroupGloo::createDefaultDevice());
+      // Note [Which address Gloo binds]: GLOO_SOCKET_IFNAME, else the route to MASTER_ADDR.
+      for (const std::string& name : binding_.interfaces) {
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
+      }
+      if (binding_.interfaces.empty()) {
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(binding_.address));
+      }
       opts->threads = 1;
       return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
     } catch (const CommError&) {
@@ -405,7 +499,7 @@ class C10dComm : public Communicator {
   // in older releases, no half) kernel ("Invalid scalar type"). It sums a
   // float32 copy instead, which also rounds once instead of at every hop.
   void runCollective(const c10::intrusive_ptr<PIPEFORGE_C10D_GROUP>& pg, const at::Tensor& tensor,
-                     const std::string& what) {
+                     const std::string& what, const std::vector<int>& group = {}) {
     const bool widen = !options_.nccl && (tensor.scalar_type() == at::kBFloat16 || tensor.scalar_type() == at::kHalf);
     // NCCL sums GPU tensors only ("Tensors must be CUDA and dense"); a step's
     // small host-side figures (losses, norms, flags) make the trip to the
@@ -414,13 +508,35 @@ class C10dComm : public Communicator {
     std::vector<at::Tensor> tensors{widen     ? tensor.to(at::kFloat)
                                     : to_gpu ? tensor.to(c10::Device(c10::kCUDA, options_.cuda_device))
                                              : tensor};
-    waitCollective(pg->allreduce(tensors), what);
+    waitCollective(pg->allreduce(tensors), what, group);
     if (widen || to_gpu) tensor.copy_(tensors[0]);
   }
 
   // Collectives run on the group's worker thread: poll their completion so a
   // published failure ends the wait (Note [Bounded waits]).
-  void waitCollective(const WorkPtr& work, const std::string& what) {
+  // Note [Naming lost peers]: the peers a failed collective may have lost:
+  // the ranks at the address Gloo's error names, else every other member.
+  std::string suspects(const std::vector<int>& group, const std::string& error) const {
+    std::vector<int> members = group;
+    if (members.empty()) {
+      for (int r = 0; r < worldSize(); ++r) members.push_back(r);
+    }
+    std::vector<std::string> named, others;
+    for (int r : members) {
+      if (r == rank() || static_cast<std::size_t>(r) >= hosts_.size()) continue;
+      const std::string& host = hosts_[static_cast<std::size_t>(r)];
+      const std::string address = host.substr(host.rfind(", ") == std::string::npos ? 0 : host.rfind(", ") + 2);
+      if (error.find("[" + address + "]") != std::string::npos) named.push_back(peerName(r));
+      others.push_back(peerName(r));
+    }
+    std::vector<std::string>& list = named.empty() ? others : named;
+    if (list.empty()) return "";
+    const std::size_t more = list.size() > 4 ? list.size() - 4 : 0;
+    list.resize(list.size() - more);
+    return fmt::format(" (waiting on {}{})", fmt::join(list, ", "), more ? fmt::format(" and {} more", more) : "");
+  }
+
+  void waitCollective(const WorkPtr& work, const std::string& what, const std::vector<int>& group = {}) {
     if (options_.nccl) {
       work->wait();
       return;
@@ -442,14 +558,19 @@ class C10dComm : public Communicator {
           return;
         } catch (const std::exception& e) {
           if (auto r = shared_->published()) throw abortedError(what, *r);
-          throw classify(what, e, options_.timeout);
+          throw classify(what + suspects(group, e.what()), e, options_.timeout);
         }
       }
       if (Clock::now() > deadline) {
-        throw CommError(CommError::Kind::kTimeout,
-                        fmt::format("{}: timed out after {} ms", what, options_.timeout.count()));
+        throw CommError(CommError::Kind::kTimeout, fmt::format("{}{}: timed out after {} ms", what,
+                                                               suspects(group, ""), options_.timeout.count()));
       }
     }
+  }
+
+  bool stopping() {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    return shared_->stopping || shared_->report.has_value();
   }
 
   void watch() {
@@ -459,13 +580,24 @@ class C10dComm : public Communicator {
       if (shared_->stopping || shared_->report) break;
       lock.unlock();
       std::optional<std::string> found;
+      const DistEnv& env = options_.env;
+      const std::string lost = fmt::format(
+          "rank 0 failed: the rendezvous store it hosts at {}:{} stopped answering, so {} has exited, crashed or "
+          "is cut off from rank {}'s host",
+          env.master_addr, env.master_port, peerName(0), env.rank);
       try {
-        if (watch_store_->check({kAbortKey})) found = parseReport(watch_store_->get(kAbortKey), abortKeyName());
+        // The whole job's timeout: a slow store is not yet a lost one.
+        std::optional<std::optional<std::string>> read = withinLimit<std::optional<std::string>>(
+            [store = watch_store_, key = abortKeyName()]() -> std::optional<std::string> {
+              if (!store->check({kAbortKey})) return std::nullopt;
+              return parseReport(store->get(kAbortKey), key);
+            },
+            options_.timeout, [this] { return stopping(); });
+        if (!read && stopping()) break;
+        if (!read) store_lost_ = true;
+        found = read ? *read : lost;
       } catch (const std::exception& e) {
-        const DistEnv& env = options_.env;
-        found = fmt::format("rank 0 failed: the rendezvous store it hosts at {}:{} stopped answering, so rank 0 "
-                            "has exited or crashed (seen by rank {})",
-                            env.master_addr, env.master_port, env.rank);
+        found = lost;
       }
       if (found) shared_->fail(*found);
       lock.lock();
@@ -501,11 +633,11 @@ class C10dComm : public Communicator {
   // the count (briefly after a failure, so peers can still read its report).
   void leaveStore() {
     try {
-      store_->add(kExitKey, 1);
+      if (!storeCall<bool>([store = store_] { return store->add(kExitKey, 1) > 0; }, storeLimit())) return;
       if (rank() != 0) return;
       auto limit = aborted() ? std::min(options_.timeout, kLingerAfterAbort) : options_.timeout;
       auto deadline = Clock::now() + limit;
-      while (store_->add(kExitKey, 0) < worldSize() && Clock::now() < deadline) {
+      while (store_->add(kExitKey, 0) < worldSize() && Clock::now() < deadline) {  // rank 0's own store: local
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     } catch (const std::exception&) {
@@ -518,6 +650,9 @@ class C10dComm : public Communicator {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Store> watch_store_;
   c10::intrusive_ptr<PIPEFORGE_C10D_GROUP> world_;
+  std::atomic<bool> store_lost_{false};  // a store call ran out of time (Note [Bounded store calls])
+  GlooBinding binding_;             // Gloo only (Note [Which address Gloo binds])
+  std::vector<std::string> hosts_;  // by rank: "node2, 10.0.0.2" (Note [Naming lost peers])
   std::map<std::vector<int>, c10::intrusive_ptr<PIPEFORGE_C10D_GROUP>> groups_;
   std::deque<std::shared_ptr<SendState>> sends_;  // guarded by shared_->mu
   std::thread watchdog_;

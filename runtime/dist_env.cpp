@@ -1,5 +1,7 @@
 #include "runtime/dist_env.h"
 
+#include <algorithm>
+
 #include <cctype>
 #include <cstdlib>
 #include <string_view>
@@ -134,6 +136,12 @@ DistEnv resolveDistEnv(const DistOptions& options, const EnvLookup& env) {
   out.run_id = runIdFrom(env);
   out.private_dir = env("PIPEFORGE_STORE_DIR").value_or("");
   out.agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  const std::string ifnames = env("GLOO_SOCKET_IFNAME").value_or("");
+  for (std::size_t start = 0; start < ifnames.size();) {
+    const std::size_t comma = std::min(ifnames.find(',', start), ifnames.size());
+    if (comma > start) out.gloo_interfaces.push_back(ifnames.substr(start, comma - start));
+    start = comma + 1;
+  }
 
   if (out.world_size < 1) {
     throw DistEnvError("world size " + std::to_string(out.world_size) + " (from " + out.source +

@@ -12,6 +12,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/error.h"
 
@@ -50,6 +51,10 @@ struct DistEnv {
   // torchrun's agent already serves the store at MASTER_ADDR:MASTER_PORT
   // (TORCHELASTIC_USE_AGENT_STORE=True): rank 0 connects to it as a client.
   bool agent_store = false;
+  // GLOO_SOCKET_IFNAME, split at commas (PyTorch's meaning): the interfaces
+  // Gloo binds to; empty: the one that reaches MASTER_ADDR (Note [Which
+  // address Gloo binds] in runtime/gloo_address.h).
+  std::vector<std::string> gloo_interfaces;
 
   // The prefix of this run's keys in the store.
   std::string storePrefix() const { return "pipeforge/run/" + run_id; }

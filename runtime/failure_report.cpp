@@ -27,12 +27,14 @@ std::string failureReport(const schedules::Program& program, int pipeline_rank, 
 // Elsewhere (torchrun, srun, several hosts) each rank prints the cause whole,
 // since its terminal or log may be the only one a user reads.
 std::string stoppedByPeerReport(int rank, const schedules::Action* action, int step, const std::string& peer_report) {
-  if (std::getenv(kBriefPeerReportsVariable) != nullptr) {
-    const std::string first = peer_report.substr(0, peer_report.find('\n'));
-    const auto failed = first.find(" failed:");
-    const std::string who = failed == std::string::npos ? std::string("another rank") : first.substr(0, failed);
+  // Only a rank's own report is printed by that rank; anything else read from
+  // the store (a malformed key, Note [Store exposure]) is printed here.
+  const std::string first = peer_report.substr(0, peer_report.find('\n'));
+  const auto failed = first.find(" failed:");
+  if (std::getenv(kBriefPeerReportsVariable) != nullptr && first.rfind("rank ", 0) == 0 &&
+      failed != std::string::npos) {
     return fmt::format("{} stopped because {} failed (that rank's error is printed above or below)",
-                       failurePlace(rank, action, step), who);
+                       failurePlace(rank, action, step), first.substr(0, failed));
   }
   return fmt::format("{} stopped because another rank failed:\n{}", failurePlace(rank, action, step), peer_report);
 }

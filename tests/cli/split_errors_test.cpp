@@ -54,7 +54,7 @@ TEST_F(SplitErrors, MissingModelFile) {
 
 TEST_F(SplitErrors, NotATorchScriptArchive) {
   expectFailure(writeFile("text.pt", "hello, I am not a model\n"), "split_points: {a: END}",
-                {"not a TorchScript archive"});
+                {"neither a torch.export archive (.pt2) nor a TorchScript archive", "torch.export.save("});
 }
 
 TEST_F(SplitErrors, TruncatedArchive) {

@@ -30,8 +30,9 @@ class FolderLockTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  std::string lockText() const {
-    std::ifstream in(fs::path(dir_) / kFolderLockFileName);
+  std::string lockText() const { return lockTextIn(dir_); }
+  static std::string lockTextIn(const std::string& dir) {
+    std::ifstream in(fs::path(dir) / kFolderLockFileName);
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   }
 
@@ -89,6 +90,20 @@ TEST_F(FolderLockTest, ACleanReleaseLeavesNoWarningAndTheLockIsFree) {
   EXPECT_EQ(lockText(), "");
   std::string warned = stderrOf([&] { FolderLock again(dir_, "checkpoint.dir"); });
   EXPECT_EQ(warned, "");
+}
+
+TEST_F(FolderLockTest, AFolderItMadeIsRemovedAgainUnlessSomethingWasWritten) {
+  { FolderLock unused(dir_ + "/refused", "checkpoint.dir"); }
+  EXPECT_FALSE(fs::exists(dir_ + "/refused")) << "a refused run leaves nothing behind";
+  {
+    FolderLock used(dir_ + "/used", "output.dir");
+    std::ofstream(dir_ + "/used/metrics.jsonl") << "{}\n";
+  }
+  EXPECT_TRUE(fs::exists(dir_ + "/used/metrics.jsonl"));
+  EXPECT_EQ(lockTextIn(dir_ + "/used"), "");
+  fs::create_directories(dir_ + "/existing");
+  { FolderLock given(dir_ + "/existing", "output.dir"); }
+  EXPECT_TRUE(fs::exists(dir_ + "/existing")) << "a folder the user made stays";
 }
 
 TEST_F(FolderLockTest, ALockLeftByADeadProcessIsTakenOverWithAWarning) {

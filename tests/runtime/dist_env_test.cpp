@@ -1,4 +1,5 @@
 #include "runtime/dist_env.h"
+#include "runtime/gloo_address.h"
 
 #include <gtest/gtest.h>
 
@@ -82,6 +83,34 @@ TEST(DistEnvTest, FirstSlurmHost) {
   EXPECT_EQ(firstSlurmHost("node[03-05,07],gpu1"), "node03");
   EXPECT_EQ(firstSlurmHost("a1,b2"), "a1");
   EXPECT_EQ(firstSlurmHost("rack[2,4]"), "rack2");
+}
+
+// Note [Which address Gloo binds]: GLOO_SOCKET_IFNAME first (split at
+// commas, each checked to exist), loopback for a loopback MASTER_ADDR, else
+// the route's source address; a missing interface is refused naming the
+// variable, the interfaces the host has and the fix.
+TEST(GlooBindingTest, ChoosesAsDocumented) {
+  DistEnv env = resolveDistEnv({}, fakeEnv({{"GLOO_SOCKET_IFNAME", "lo,lo"}}));
+  EXPECT_EQ(env.gloo_interfaces, (std::vector<std::string>{"lo", "lo"}));
+  GlooBinding b = chooseGlooBinding(env);
+  EXPECT_EQ(b.interfaces, env.gloo_interfaces);
+  EXPECT_EQ(b.why, "GLOO_SOCKET_IFNAME=lo,lo");
+
+  env = resolveDistEnv({}, fakeEnv({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}}));
+  b = chooseGlooBinding(env);
+  EXPECT_TRUE(b.interfaces.empty());
+  EXPECT_EQ(b.address, "127.0.0.1");
+
+  env = resolveDistEnv({}, fakeEnv({{"GLOO_SOCKET_IFNAME", "nope0"}}));
+  try {
+    chooseGlooBinding(env);
+    ADD_FAILURE() << "no error";
+  } catch (const DistEnvError& e) {
+    EXPECT_NE(std::string(e.what()).find("GLOO_SOCKET_IFNAME names interface 'nope0', which this host lacks (it has "),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("lo"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
