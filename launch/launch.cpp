@@ -25,6 +25,28 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Note [One run per folder] in common/folder_lock.h: the folders a run writes,
+// each locked once (checkpoint.dir may be output.dir itself).
+std::vector<FolderLock> lockRunFolders(const TrainConfig& config) {
+  std::vector<FolderLock> locks;
+  std::vector<fs::path> seen;
+  auto lock = [&](const std::string& dir, const char* key) {
+    if (dir.empty()) return;
+    std::error_code ec;
+    fs::path canonical = fs::weakly_canonical(fs::absolute(dir), ec);
+    if (ec) canonical = fs::absolute(dir).lexically_normal();
+    if (std::find(seen.begin(), seen.end(), canonical) != seen.end()) return;
+    seen.push_back(canonical);
+    locks.emplace_back(dir, key);
+  };
+  lock(config.output_dir, "output.dir");
+  lock(config.checkpoint.dir, "checkpoint.dir");
+  return locks;
+}
+
+// Set by a launcher that holds its run's folder locks, for the ranks it starts.
+constexpr const char* kLocksHeldVariable = "PIPEFORGE_RUN_LOCKS_HELD";
+
 int launch(const TrainRequest& request, const TrainConfig& config) {
   checkDevice(config, request.launch.nproc);
   std::string split_dir = config.model.split_dir;
@@ -33,6 +55,9 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
   if (split_dir.empty() && config.model.spec && config.model.spec->num_stages) {
     checkLayout(config, request.launch.nproc, *config.model.spec->num_stages);
   }
+  // Note [One run per folder]: before the split, the first thing written there.
+  const std::vector<FolderLock> locks = lockRunFolders(config);
+  ::setenv(kLocksHeldVariable, "1", 1);  // the ranks inherit the locks
   if (split_dir.empty()) {
     split_dir = fs::absolute(fs::path(config.output_dir) / "stages").string();
     splitFor(config, split_dir);
@@ -91,28 +116,6 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
   return result.exitStatus();  // Note [Run exit status]
 }
 
-// Note [One run per folder] in common/folder_lock.h: the folders a run writes,
-// each locked once (checkpoint.dir may be output.dir itself).
-std::vector<FolderLock> lockRunFolders(const TrainConfig& config) {
-  std::vector<FolderLock> locks;
-  std::vector<fs::path> seen;
-  auto lock = [&](const std::string& dir, const char* key) {
-    if (dir.empty()) return;
-    std::error_code ec;
-    fs::path canonical = fs::weakly_canonical(fs::absolute(dir), ec);
-    if (ec) canonical = fs::absolute(dir).lexically_normal();
-    if (std::find(seen.begin(), seen.end(), canonical) != seen.end()) return;
-    seen.push_back(canonical);
-    locks.emplace_back(dir, key);
-  };
-  lock(config.output_dir, "output.dir");
-  lock(config.checkpoint.dir, "checkpoint.dir");
-  return locks;
-}
-
-// Set by a launcher that holds its run's folder locks, for the ranks it starts.
-constexpr const char* kLocksHeldVariable = "PIPEFORGE_RUN_LOCKS_HELD";
-
 }  // namespace
 
 int runTrainRequest(const TrainRequest& request) {
@@ -124,11 +127,7 @@ int runTrainRequest(const TrainRequest& request) {
   if (request.stop_after && *request.stop_after < 1) {
     throw ConfigError(fmt::format("--stop-after {}: give a step >= 1", *request.stop_after));
   }
-  if (request.launch.nproc > 0) {
-    const std::vector<FolderLock> locks = lockRunFolders(config);  // before the split it writes there
-    ::setenv(kLocksHeldVariable, "1", 1);  // its ranks inherit the locks
-    return launch(request, config);
-  }
+  if (request.launch.nproc > 0) return launch(request, config);
 
   const runtime::DistEnv env = runtime::resolveDistEnv({});
   // A job without our launcher (torchrun, srun, one process): its rank 0 holds them.

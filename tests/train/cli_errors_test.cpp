@@ -87,6 +87,12 @@ TEST(TrainCliErrors, EveryMistakeIsNamed) {
           if (!c.from2.empty() && text.find(c.from2) != std::string::npos) {
             text.replace(text.find(c.from2), c.from2.size(), c.to2);
           }
+          // Folders of its own: cases run side by side, and a run holds its
+          // folders (Note [One run per folder]).
+          const std::string out = ws.outDir("valid"), own = fmt::format("{}/case{}", ws.dir(), k);
+          for (auto at = text.find(out); at != std::string::npos; at = text.find(out, at + own.size())) {
+            text.replace(at, out.size(), own);
+          }
           std::ofstream(path) << text;
         }
         results[k] = runPipeforge(fmt::format("train --config '{}' --nproc {}", path, c.nproc));
