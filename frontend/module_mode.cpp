@@ -49,7 +49,7 @@ using torch::jit::Graph;
 using torch::jit::Node;
 using torch::jit::Value;
 
-// Dropout ops and the position of their train flag.
+// Dropout ops: each takes its train flag third (input 2).
 bool isDropout(const Node* node) {
   static const std::set<std::string> kinds = {
       "aten::dropout",       "aten::dropout_",       "aten::feature_dropout",       "aten::feature_dropout_",

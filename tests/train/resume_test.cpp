@@ -152,16 +152,8 @@ TEST_P(InterruptAtStart, Exits130BeforeTraining) {
   s.steps = 1000;
   const std::string config = ws.writeConfig("start", s);
   const std::string log = ws.dir() + "/launcher.log";
-  pid_t launcher = ::fork();
-  ASSERT_GE(launcher, 0);
-  if (launcher == 0) {
-    ::setpgid(0, 0);
-    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::execl(PIPEFORGE_BINARY, PIPEFORGE_BINARY, "train", "--config", config.c_str(), "--nproc", "2", nullptr);
-    ::_exit(127);
-  }
+  const pid_t launcher = startTrainInBackground(config, log);
+  ASSERT_GT(launcher, 0);
   auto stop = [&] {
     ::kill(-launcher, SIGKILL);
     ::waitpid(launcher, nullptr, 0);

@@ -49,16 +49,8 @@ TEST(RunLock, ASecondRunInTheSameFolderIsRefusedAndADeadOnesLockIsTakenOver) {
   const std::string log = ws.dir() + "/first.log";
   const std::string ckpt = ws.checkpointDir("shared");
 
-  const pid_t first = ::fork();
-  ASSERT_GE(first, 0);
-  if (first == 0) {
-    ::setpgid(0, 0);  // its own group, so that the test can kill the launcher and its ranks at once
-    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::execl(PIPEFORGE_BINARY, PIPEFORGE_BINARY, "train", "--config", config.c_str(), "--nproc", "2", nullptr);
-    ::_exit(127);
-  }
+  const pid_t first = startTrainInBackground(config, log);
+  ASSERT_GT(first, 0);
   auto stop_first = [&] {
     ::kill(-first, SIGKILL);
     ::waitpid(first, nullptr, 0);

@@ -1,5 +1,8 @@
 #include "tests/train/train_fixture.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <torch/optim.h>
 #include <torch/script.h>
 #include <torch/serialize.h>
@@ -12,7 +15,6 @@
 #include "data/dataset.h"
 #include "data/open_dataset.h"
 #include "frontend/load_model.h"
-#include "tests/support/build_paths.h"
 #include "tests/support/build_paths.h"
 #include "tests/support/zoo.h"
 #include "train/lr_schedule.h"
@@ -75,6 +77,19 @@ std::string torchrunUnusable() {
   if (r.exit_code == 0) return "";
   std::string last = r.output.substr(0, r.output.find_last_not_of('\n') + 1);
   return last.substr(last.rfind('\n') + 1);
+}
+
+pid_t startTrainInBackground(const std::string& config, const std::string& log) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execl(PIPEFORGE_BINARY, PIPEFORGE_BINARY, "train", "--config", config.c_str(), "--nproc", "2", nullptr);
+    ::_exit(127);
+  }
+  return pid;
 }
 
 CommandResult runPipeforge(const std::string& args) {

@@ -2,6 +2,8 @@
 // CLI, and the single-process reference training to compare against.
 #pragma once
 
+#include <sys/types.h>
+
 #include <map>
 #include <string>
 #include <vector>
@@ -53,6 +55,11 @@ std::string torchrunUnusable();
 
 // `pipeforge <args>`, output captured.
 CommandResult runPipeforge(const std::string& args);
+
+// `pipeforge train --config CONFIG --nproc 2` started in the background, in a
+// process group of its own (so that kill(-pid, ...) reaches the launcher and
+// its ranks, as a terminal's Ctrl-C does), its output in `log`. Returns its pid.
+pid_t startTrainInBackground(const std::string& config, const std::string& log);
 
 // Exports the newest checkpoint of a run and returns the model's parameters by name.
 std::map<std::string, at::Tensor> exportedParameters(const std::string& checkpoint, const std::string& model_path,
