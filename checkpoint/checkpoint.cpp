@@ -17,9 +17,11 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
@@ -204,7 +206,59 @@ void writeStageCheckpoint(const std::string& root, const StageCheckpoint& state)
   writeFileAtomically((dir / indexFile(state.stage)).string(), stageIndexJson(state).dump(1) + "\n");
 }
 
-void commitCheckpoint(const std::string& root, const CheckpointMeta& meta, int keep) {
+std::string folderContentsToJson(const FolderContents& contents) {
+  nlohmann::json j;
+  j["host"] = contents.host;
+  j["digests"] = contents.digests;
+  j["indexes"] = contents.indexes;
+  return j.dump();
+}
+
+FolderContents folderContentsFromJson(const std::string& text, const std::string& from) {
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    FolderContents out;
+    out.host = j.at("host").get<std::string>();
+    out.digests = j.at("digests").get<std::map<std::string, std::string>>();
+    out.indexes = j.at("indexes").get<std::map<std::string, std::string>>();
+    for (const auto& [name, digest] : out.digests) {
+      if (!stage::isSha256(digest) || name.find('/') != std::string::npos) {
+        throw CheckpointError(fmt::format("{}: the entry for '{}' is malformed", from, name));
+      }
+    }
+    for (const auto& [name, text] : out.indexes) {
+      if (name.find('/') != std::string::npos) throw CheckpointError(fmt::format("{}: '{}' is no index name", from, name));
+    }
+    return out;
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(fmt::format("{} is not a checkpoint folder's contents: {}", from, e.what()));
+  }
+}
+
+FolderContents listPartialCheckpoint(const std::string& root, std::int64_t step, const std::string& host) {
+  FolderContents out;
+  out.host = host;
+  const fs::path dir = partialCheckpointDir(root, step);
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    // Only the stage files and indexes (a writer's temporary is not one).
+    if (name.rfind("stage_", 0) != 0 || !entry.is_regular_file(ec)) continue;
+    const bool index = name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0;
+    const bool file = name.size() > 3 && name.compare(name.size() - 3, 3, ".pt") == 0;
+    if (!index && !file) continue;
+    out.digests[name] = stage::sha256OfFile(entry.path().string());
+    if (index) out.indexes[name] = readFile(entry.path().string(), "stage index");
+  }
+  if (ec) {
+    throw CheckpointError(fmt::format("cannot list checkpoint folder '{}': {}", dir.string(), ec.message()),
+                          ErrorCode::kIo);
+  }
+  return out;
+}
+
+void sealCheckpoint(const std::string& root, const CheckpointMeta& meta, const FolderContents& own,
+                    const std::vector<FolderContents>& others) {
   const std::string partial = partialCheckpointDir(root, meta.step);
   const std::string final_dir = checkpointDir(root, meta.step);
   nlohmann::json j;
@@ -230,22 +284,50 @@ void commitCheckpoint(const std::string& root, const CheckpointMeta& meta, int k
   for (int s = 0; s < meta.num_stages; ++s) {
     j["stages"].push_back({{"index", s}, {"file", stageFile(s)}, {"index_file", indexFile(s)}});
   }
-  // Several hosts sharing this folder may commit at once: whoever renames
+  // Note [File digests]: this folder's files as written here; a file only
+  // other folders hold, as written there (what a copy brings).
+  std::map<std::string, std::string> digests = own.digests;
+  std::map<std::string, std::set<std::string>> hosts;
+  for (const auto& [name, digest] : own.digests) hosts[name].insert(own.host);
+  std::map<std::string, std::string> missing_indexes;
+  for (const FolderContents& other : others) {
+    for (const auto& [name, digest] : other.digests) {
+      digests.emplace(name, digest);
+      hosts[name].insert(other.host);
+    }
+    for (const auto& [name, text] : other.indexes) {
+      if (!own.indexes.count(name)) missing_indexes.emplace(name, text);
+    }
+  }
+  for (int s = 0; s < meta.num_stages; ++s) {
+    for (const std::string& name : {stageFile(s), indexFile(s)}) {
+      if (!digests.count(name)) {
+        throw CheckpointError(fmt::format("checkpoint step {}: no rank wrote '{}' (stage {})", meta.step, name, s));
+      }
+    }
+  }
+  // Every folder holds every index, so that any host can check the model.
+  for (const auto& [name, text] : missing_indexes) digests[name] = stage::sha256OfBytes(text);
+  j["files"] = digests;
+  // Where each file was written; only needed when some folder lacks one.
+  bool everywhere = true;
+  for (const auto& [name, digest] : digests) {
+    if (!own.digests.count(name) && !missing_indexes.count(name)) everywhere = false;
+  }
+  if (!everywhere) {
+    nlohmann::json where = nlohmann::json::object();
+    for (const auto& [name, on] : hosts) where[name] = std::vector<std::string>(on.begin(), on.end());
+    j["hosts"] = where;
+  }
+  // Several hosts sharing this folder may seal at once: whoever renames
   // first wins, and the others find the final folder in place. A host that
-  // loses the race midway (the folder renamed while it read a digest or
-  // wrote meta.json) finds the winner's complete folder, which the checks
-  // below confirm; anything else is a real failure.
+  // loses the race midway (the folder renamed while it wrote meta.json)
+  // finds the winner's complete folder, which the checks below confirm;
+  // anything else is a real failure.
   std::error_code ec;
   if (fs::exists(partial, ec)) {
     try {
-      // Note [File digests]: what each file held when it was written.
-      j["files"] = nlohmann::json::object();
-      for (int s = 0; s < meta.num_stages; ++s) {
-        for (const std::string& name : {stageFile(s), indexFile(s)}) {
-          const fs::path file = fs::path(partial) / name;
-          if (fs::exists(file, ec)) j["files"][name] = stage::sha256OfFile(file.string());
-        }
-      }
+      for (const auto& [name, text] : missing_indexes) writeFileAtomically((fs::path(partial) / name).string(), text);
       writeFileAtomically((fs::path(partial) / "meta.json").string(), j.dump(2) + "\n");
       if (::rename(partial.c_str(), final_dir.c_str()) != 0 && !fs::exists(final_dir, ec)) {
         throw CheckpointError(fmt::format("cannot rename '{}' to '{}': {}", partial, final_dir, std::strerror(errno)),
@@ -258,15 +340,18 @@ void commitCheckpoint(const std::string& root, const CheckpointMeta& meta, int k
   if (!fs::exists(fs::path(final_dir) / "meta.json", ec)) {
     throw CheckpointError(fmt::format("checkpoint step {}: '{}' was never written", meta.step, final_dir));
   }
-  for (int s = 0; s < meta.num_stages; ++s) {
-    if (!fs::exists(fs::path(final_dir) / stageFile(s), ec)) {
-      throw CheckpointError(fmt::format("checkpoint step {}: stage {} is missing from '{}' (a host without a shared "
-                                        "folder holds it?)",
-                                        meta.step, s, final_dir));
-    }
-  }
-  writeFileAtomically((fs::path(root) / "latest").string(), fs::path(final_dir).filename().string() + "\n");
+}
+
+void pointLatest(const std::string& root, std::int64_t step, int keep) {
+  writeFileAtomically((fs::path(root) / "latest").string(), fs::path(checkpointDir(root, step)).filename().string() + "\n");
   pruneCheckpoints(root, keep);
+}
+
+void commitCheckpoint(const std::string& root, const CheckpointMeta& meta, int keep) {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) std::snprintf(name, sizeof(name), "?");
+  sealCheckpoint(root, meta, listPartialCheckpoint(root, meta.step, name), {});
+  pointLatest(root, meta.step, keep);
 }
 
 std::optional<std::string> latestCheckpoint(const std::string& root) {
@@ -284,6 +369,45 @@ std::optional<std::string> latestCheckpoint(const std::string& root) {
   return dir.string();
 }
 
+namespace {
+
+// The hosts meta.json says hold `file`, when not every folder holds it.
+std::vector<std::string> hostsHolding(const nlohmann::json& meta, const std::string& file) {
+  if (!meta.contains("hosts") || !meta["hosts"].is_object() || !meta["hosts"].contains(file)) return {};
+  std::vector<std::string> out;
+  for (const auto& h : meta["hosts"][file]) {
+    if (h.is_string()) out.push_back(h.get<std::string>());
+  }
+  return out;
+}
+
+// A file of `step_dir` a reader needs: refused, naming the host that holds
+// it and the fix, when it is another host's (Note [Checkpoints on each
+// host's own disk]).
+void requireHere(const std::string& step_dir, const std::string& file) {
+  std::error_code ec;
+  if (fs::exists(fs::path(step_dir) / file, ec)) return;
+  nlohmann::json meta;
+  try {
+    meta = nlohmann::json::parse(readFile((fs::path(step_dir) / "meta.json").string(), "meta"));
+  } catch (const std::exception&) {
+    return;  // the reader names the missing file
+  }
+  const std::vector<std::string> hosts = hostsHolding(meta, file);
+  if (hosts.empty()) return;
+  // "node2, 10.0.0.2" -> "node2"
+  const std::string host = hosts[0].substr(0, hosts[0].find(','));
+  const std::string dir = fs::path(step_dir).lexically_normal().string();
+  throw CheckpointError(fmt::format(
+      "checkpoint '{}' has no {} on this host: it was written on host {} (checkpoint.dir is not shared across "
+      "hosts), and this run's ranks on this host need it. Copy that host's step folder into this one, e.g. `rsync "
+      "-a --ignore-existing {}:{}/ {}/` (meta.json's digests check the copied files), or resume on the hosts and "
+      "ranks that wrote it (README \"Checkpoints on each host's own disk\")",
+      dir, file, hosts[0], host, dir, dir));
+}
+
+}  // namespace
+
 void verifyCheckpoint(const std::string& step_dir) {
   const std::string meta_path = (fs::path(step_dir) / "meta.json").string();
   nlohmann::json j;
@@ -298,6 +422,9 @@ void verifyCheckpoint(const std::string& step_dir) {
     if (!digest.is_string() || !stage::isSha256(digest.get<std::string>()) || name.find('/') != std::string::npos) {
       throw CheckpointError(fmt::format("'{}': the digest entry for '{}' is malformed", meta_path, name));
     }
+    // Note [Checkpoints on each host's own disk]: another host's file.
+    std::error_code ec;
+    if (!fs::exists(fs::path(step_dir) / name, ec) && !hostsHolding(j, name).empty()) continue;
     try {
       stage::verifyFileDigest((fs::path(step_dir) / name).string(), digest.get<std::string>(), "checkpoint file",
                               "resume from another checkpoint (CKPT/step_<N>) or restore the file");
@@ -327,6 +454,22 @@ std::optional<std::string> newestIntactCheckpoint(const std::string& root, std::
   for (const std::string& dir : candidates) {
     try {
       verifyCheckpoint(dir);
+      // Note [Checkpoint commit]: a newer step a lost rank never finished.
+      std::vector<std::string> unfinished;
+      const std::int64_t chosen = stepOfFolder(fs::path(dir).filename().string());
+      for (const auto& entry : fs::directory_iterator(root, ec)) {
+        const std::string name = entry.path().filename().string();
+        const std::string suffix = ".partial";
+        if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+          continue;
+        }
+        if (stepOfFolder(name.substr(0, name.size() - suffix.size())) > chosen) unfinished.push_back(name);
+      }
+      std::sort(unfinished.begin(), unfinished.end());
+      if (!unfinished.empty()) {
+        problems += fmt::format("{}{} was never completed (a rank or host was lost while writing it)",
+                                problems.empty() ? "" : "; ", fmt::join(unfinished, ", "));
+      }
       if (!problems.empty() && warning != nullptr) {
         *warning = fmt::format("{}; resuming from '{}' instead", problems, dir);
       }
@@ -398,6 +541,7 @@ CheckpointMeta readCheckpointMeta(const std::string& step_dir) {
 }
 
 StageCheckpoint readStageCheckpoint(const std::string& step_dir, int stage) {
+  requireHere(step_dir, stageFile(stage));
   const std::string path = (fs::path(step_dir) / stageFile(stage)).string();
   const std::string bytes = readFile(path, "stage file");
   c10::IValue value;

@@ -18,11 +18,33 @@
 // stage_0.optim.pt torch::serialize archive, keyed by parameter position:
 // those checkpoints still resume, on the split that wrote them.
 //
-// Note [Checkpoint commit]: every rank writes its stages' files into
-// step_N.partial/ (each file through a temporary name and a rename); after a
-// barrier one process per host renames the folder to step_N and then
-// replaces `latest`. A rank killed at any moment leaves either the previous
-// checkpoint or the new one as `latest`, never a torn one.
+// Note [Checkpoint commit]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// Every rank writes its stages' files into step_N.partial/ (each through a
+// temporary name, fsync and a rename), then all ranks meet at a barrier: past
+// it, every file of the step is durable wherever it was written. One process
+// per host (its lowest rank) then lists what its folder holds and sends it
+// to rank 0, which sends every such leader what all folders hold; each leader
+// writes meta.json (every file's SHA-256, and which hosts wrote it), adds the
+// stage indexes its folder lacks, and renames the folder to step_N. After a
+// second barrier (every host's folder is complete) the leaders move `latest`.
+// So `latest` moves only once every rank's files of the step are durable, and
+// a rank or host lost at any moment leaves the previous checkpoint as
+// `latest` (a step_N.partial/ that a resume names in a warning), never a
+// torn one.
+//
+// Note [Checkpoints on each host's own disk]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// checkpoint.dir need not be shared: on local disks each host's step folder
+// holds the stage files its own ranks wrote, every stage's index, and a
+// meta.json that names every file, its digest, and the hosts that hold it.
+// The same hosts and ranks resume from their own folders. A resume that
+// needs a stage file another host holds (another layout, fewer hosts) is
+// refused, naming that host and the fix: copy that host's step folder into
+// this one (`rsync -a --ignore-existing`), after which the digests in
+// meta.json check the copied files. Ranks agree on the step they resume from:
+// the newest one every rank finds intact (Note [Resume agreement] in
+// train/rank_checkpoint.cpp).
 #pragma once
 
 #include <cstdint>
@@ -133,8 +155,35 @@ void clearCheckpointStep(const std::string& root, std::int64_t step);
 // Writes stage_<i>.pt and stage_<i>.json into the partial folder.
 void writeStageCheckpoint(const std::string& root, const StageCheckpoint& state);
 
-// Once every stage was written: meta.json, the rename, then `latest`; then
-// drops all but the `keep` newest step folders (keep 0: none dropped).
+// What one checkpoint folder holds of a step (Note [Checkpoint commit]):
+// the host, each file's SHA-256 and each stage index's text.
+struct FolderContents {
+  std::string host;
+  std::map<std::string, std::string> digests;  // file name -> SHA-256
+  std::map<std::string, std::string> indexes;  // stage_<i>.json -> its text
+};
+std::string folderContentsToJson(const FolderContents& contents);
+// Throws CheckpointError naming `from` when `text` is not one.
+FolderContents folderContentsFromJson(const std::string& text, const std::string& from);
+
+// The files of step_N.partial/ under `root`, hashed, as written on `host`.
+FolderContents listPartialCheckpoint(const std::string& root, std::int64_t step, const std::string& host);
+
+// One leader per folder, past the barrier that ends the writes: writes the
+// indexes `others` hold and this folder lacks, meta.json (files: this
+// folder's digests, then the others'; hosts: which hosts hold each file)
+// and renames step_N.partial to step_N. Throws CheckpointError when a stage
+// file is in no folder at all. Leaders sharing one folder may race; the
+// first rename wins.
+void sealCheckpoint(const std::string& root, const CheckpointMeta& meta, const FolderContents& own,
+                    const std::vector<FolderContents>& others);
+
+// After every folder was sealed: `latest` names step N; then all but the
+// `keep` newest step folders are dropped (keep 0: none dropped).
+void pointLatest(const std::string& root, std::int64_t step, int keep);
+
+// One folder that holds every stage (one process, or a shared folder seen
+// by a lone leader): sealCheckpoint, then pointLatest.
 void commitCheckpoint(const std::string& root, const CheckpointMeta& meta, int keep);
 
 // The folder `latest` names, if any. Throws CheckpointError when `latest`
@@ -143,12 +192,14 @@ std::optional<std::string> latestCheckpoint(const std::string& root);
 
 // Checks every file of a committed step folder against the SHA-256 its
 // meta.json records (Note [File digests]); throws CheckpointError naming the
-// first corrupt or missing file. Folders written before digests pass.
+// first corrupt or missing file. A file that meta.json places on other hosts
+// only (Note [Checkpoints on each host's own disk]) may be absent: reading
+// it is refused then, naming the host. Folders written before digests pass.
 void verifyCheckpoint(const std::string& step_dir);
 
 // The checkpoint to resume from: `latest`, or, when its files are corrupt,
 // the newest older step folder that verifies; `warning` then says which was
-// skipped and why. nullopt when there is none at all; throws CheckpointError
+// skipped and why, and names newer step_N.partial folders a lost rank left. nullopt when there is none at all; throws CheckpointError
 // when every kept checkpoint is corrupt.
 std::optional<std::string> newestIntactCheckpoint(const std::string& root, std::string* warning);
 

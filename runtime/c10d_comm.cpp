@@ -331,6 +331,11 @@ class C10dComm : public Communicator {
     return fmt::format("rank {} (host {})", peer, hosts_[static_cast<std::size_t>(peer)]);
   }
 
+  std::string hostOf(int rank) const override {
+    if (rank < 0 || static_cast<std::size_t>(rank) >= hosts_.size()) return "";
+    return hosts_[static_cast<std::size_t>(rank)];
+  }
+
   int rank() const override { return options_.env.rank; }
   int worldSize() const override { return options_.env.world_size; }
   milliseconds timeout() const override { return options_.timeout; }

@@ -89,6 +89,14 @@ class Communicator {
 
   virtual void barrier() = 0;
 
+  // The host `rank` runs on ("node2, 10.0.0.2"), as it published it when it
+  // joined (Note [Naming lost peers]); empty when unknown (one process, or
+  // ranks in one process).
+  virtual std::string hostOf(int rank) const {
+    (void)rank;
+    return "";
+  }
+
   // Publishes `report` as this rank's failure: every wait on every rank ends
   // with kAborted. The first report published wins; later ones are dropped.
   virtual void abort(const std::string& report) = 0;

@@ -440,6 +440,8 @@ void PipelineRunner::zeroGrad() {
   }
 }
 
+std::string PipelineRunner::hostOf(int rank) const { return impl_->comm_->hostOf(rank); }
+
 void PipelineRunner::barrier() {
   try {
     impl_->comm_->barrier();

@@ -168,6 +168,8 @@ class PipelineRunner {
 
   // Waits for every rank (checkpointing); bounded by the timeout.
   void barrier();
+  // The host `rank` runs on (Communicator::hostOf); empty when unknown.
+  std::string hostOf(int rank) const;
 
   // Runs `program` (compute-only or lowered, as a RunnerOptions::schedule program) from
   // the next step on, as if the runner had been constructed with it: this

@@ -10,22 +10,22 @@
 
 namespace pipeforge::stage {
 
-std::string sha256OfFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DigestError("cannot read '" + path + "': " + std::strerror(errno));
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
+namespace {
+
+using DigestContext = std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)>;
+
+DigestContext startSha256() {
+  DigestContext ctx(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
   if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) {
     throw DigestError("OpenSSL cannot start a SHA-256 digest");
   }
-  std::vector<char> buffer(1 << 20);
-  while (in) {
-    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    if (in.gcount() > 0) EVP_DigestUpdate(ctx.get(), buffer.data(), static_cast<std::size_t>(in.gcount()));
-  }
-  if (in.bad()) throw DigestError("error reading '" + path + "'");
+  return ctx;
+}
+
+std::string finishHex(EVP_MD_CTX* ctx) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int size = 0;
-  EVP_DigestFinal_ex(ctx.get(), digest, &size);
+  EVP_DigestFinal_ex(ctx, digest, &size);
   static constexpr char kHex[] = "0123456789abcdef";
   std::string hex;
   for (unsigned int i = 0; i < size; ++i) {
@@ -33,6 +33,27 @@ std::string sha256OfFile(const std::string& path) {
     hex += kHex[digest[i] & 15];
   }
   return hex;
+}
+
+}  // namespace
+
+std::string sha256OfFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DigestError("cannot read '" + path + "': " + std::strerror(errno));
+  DigestContext ctx = startSha256();
+  std::vector<char> buffer(1 << 20);
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    if (in.gcount() > 0) EVP_DigestUpdate(ctx.get(), buffer.data(), static_cast<std::size_t>(in.gcount()));
+  }
+  if (in.bad()) throw DigestError("error reading '" + path + "'");
+  return finishHex(ctx.get());
+}
+
+std::string sha256OfBytes(std::string_view bytes) {
+  DigestContext ctx = startSha256();
+  EVP_DigestUpdate(ctx.get(), bytes.data(), bytes.size());
+  return finishHex(ctx.get());
 }
 
 bool isSha256(const std::string& text) {

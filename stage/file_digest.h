@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "common/error.h"
 
@@ -22,6 +23,8 @@ class DigestError : public pipeforge::Error {
 // Lower-case hex SHA-256 of the file's bytes. Throws DigestError when the
 // file cannot be read.
 std::string sha256OfFile(const std::string& path);
+// The same of bytes in hand.
+std::string sha256OfBytes(std::string_view bytes);
 
 // True for 64 lower-case hex digits.
 bool isSha256(const std::string& text);

@@ -4,14 +4,19 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/optim.h>
 
+#include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
 #include "runtime/pipeline_runner.h"
@@ -82,11 +87,12 @@ void setCpuGeneratorState(const at::Tensor& state) {
 
 RankCheckpoint::RankCheckpoint(const TrainConfig& config, const runtime::DistEnv& env,
                                const stage::PipeManifest& manifest, runtime::PipelineRunner& runner,
-                               const StageOptimizers& optimizers, std::string schedule)
+                               RankChannel& channel, const StageOptimizers& optimizers, std::string schedule)
     : config_(config),
       env_(env),
       manifest_(manifest),
       runner_(runner),
+      channel_(channel),
       optimizers_(optimizers),
       schedule_(std::move(schedule)) {}
 
@@ -163,13 +169,130 @@ struct Held {
 
 }  // namespace
 
+int RankCheckpoint::hostLeader(int rank) const {
+  const std::string host = runner_.hostOf(rank);
+  for (int r = 0; r < rank; ++r) {
+    if (runner_.hostOf(r) == host) return r;
+  }
+  return rank;
+}
+
+// Note [Resume agreement]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Each rank finds its newest intact checkpoint in its own view of
+// checkpoint.dir, and the ranks may not see the same one: on local disks
+// (Note [Checkpoints on each host's own disk]) a host lost after the writes
+// but before it sealed its folder kept the previous step as `latest`, while
+// the other hosts moved on. So every rank sends rank 0 its newest step
+// (through the store), and all resume from the oldest of them, the newest
+// that every rank has; a rank that skips its own newer one says so. A rank
+// that finds none while others find one is refused (starting it from step 0
+// would train replicas that disagree), and so is any rank's own failure to
+// read: rank 0 passes the first error on to every rank.
+std::int64_t RankCheckpoint::agreeOnStep(std::int64_t mine, const std::string& why_not) {
+  if (env_.world_size <= 1) {
+    if (!why_not.empty()) throw CheckpointError(why_not);
+    return mine;
+  }
+  const int rank = runner_.rank();
+  nlohmann::json said_here;
+  if (why_not.empty()) {
+    said_here["step"] = mine;
+  } else {
+    said_here["error"] = why_not;
+  }
+  said_here["dir"] = config_.checkpoint.dir;
+  std::string verdict;
+  if (rank != 0) {
+    channel_.publish(fmt::format("resume/from/{}", rank), said_here.dump());
+    verdict = channel_.take(fmt::format("resume/agreed/{}", rank));
+  } else {
+    nlohmann::json v;
+    try {
+      std::vector<nlohmann::json> said{said_here};
+      for (int r = 1; r < env_.world_size; ++r) {
+        said.push_back(nlohmann::json::parse(channel_.take(fmt::format("resume/from/{}", r))));
+      }
+      auto who = [&](int r) {
+        const std::string host = runner_.hostOf(r);
+        return host.empty() ? fmt::format("rank {}", r) : fmt::format("rank {} (host {})", r, host);
+      };
+      std::int64_t agreed = std::numeric_limits<std::int64_t>::max(), newest = -1;
+      for (int r = 0; r < env_.world_size; ++r) {
+        if (said[r].contains("error")) {
+          v["error"] = fmt::format("{}: {}", who(r), said[r].at("error").get<std::string>());
+          break;
+        }
+        const std::int64_t step = said[r].at("step").get<std::int64_t>();
+        agreed = std::min(agreed, step);
+        newest = std::max(newest, step);
+      }
+      if (!v.contains("error")) {
+        std::vector<std::string> lacking, empty;
+        for (int r = 0; r < env_.world_size; ++r) {
+          const std::int64_t step = said[r].at("step").get<std::int64_t>();
+          if (step < newest) lacking.push_back(who(r));
+          if (step < 0) empty.push_back(fmt::format("{} finds no checkpoint under '{}'", who(r),
+                                                    said[r].at("dir").get<std::string>()));
+        }
+        if (agreed < 0 && newest >= 0) {
+          v["error"] = fmt::format("{}, while other ranks find step {}: on hosts without a shared checkpoint.dir "
+                                   "every host's folder must hold the run's checkpoints (README \"Checkpoints on "
+                                   "each host's own disk\"); copy them there, or set checkpoint.resume: false to "
+                                   "start over",
+                                   fmt::join(empty, "; "), newest);
+        } else {
+          v["step"] = agreed;
+          if (agreed < newest) {
+            v["note"] = fmt::format("{} hold{} no intact step {}; every rank resumes from step {}",
+                                    fmt::join(lacking, ", "), lacking.size() == 1 ? "s" : "", newest, agreed);
+          }
+        }
+      }
+    } catch (const nlohmann::json::exception& e) {
+      v["error"] = fmt::format("a rank's resume step is malformed: {}", e.what());
+    }
+    verdict = v.dump();
+    for (int r = 1; r < env_.world_size; ++r) channel_.publish(fmt::format("resume/agreed/{}", r), verdict);
+  }
+  nlohmann::json v;
+  try {
+    v = nlohmann::json::parse(verdict);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kPeerFailure, fmt::format("rank 0's resume step '{}' is malformed: {}", verdict, e.what()));
+  }
+  if (v.contains("error")) throw CheckpointError(v.at("error").get<std::string>());
+  const std::int64_t agreed = v.at("step").get<std::int64_t>();
+  if (v.contains("note") && (rank == 0 || mine > agreed)) std::cerr << "warning: " << v.at("note").get<std::string>() << "\n";
+  return agreed;
+}
+
 std::int64_t RankCheckpoint::resume(LossScaler* scaler) {
   if (config_.checkpoint.dir.empty() || !config_.checkpoint.resume) return 0;
   const int rank = runner_.rank();
-  std::string warning;
-  std::optional<std::string> dir = newestIntactCheckpoint(config_.checkpoint.dir, &warning);
-  if (!dir) return 0;
-  if (!warning.empty() && rank == 0) std::cerr << "warning: " << warning << "\n";
+  const std::string& root = config_.checkpoint.dir;
+  std::string warning, why_not;
+  std::optional<std::string> dir;
+  std::int64_t mine = -1;
+  try {
+    dir = newestIntactCheckpoint(root, &warning);
+    if (dir) mine = readCheckpointMeta(*dir).step;
+  } catch (const CheckpointError& e) {
+    why_not = e.what();
+  }
+  const std::int64_t step = agreeOnStep(mine, why_not);
+  if (step < 0) return 0;
+  if (step != mine) {
+    dir = checkpointDir(root, step);
+    try {
+      verifyCheckpoint(*dir);
+    } catch (const CheckpointError& e) {
+      throw CheckpointError(fmt::format("every rank resumes from step {}, but this rank's copy of it is not intact: "
+                                        "{}",
+                                        step, e.what()));
+    }
+  }
+  if (!warning.empty() && hostLeader(rank) == rank) std::cerr << "warning: " << warning << "\n";
   CheckpointMeta meta = readCheckpointMeta(*dir);
   at::Tensor rng, device_rng;
   if (meta.format_version == 1) {
@@ -217,14 +340,25 @@ std::pair<at::Tensor, at::Tensor> RankCheckpoint::restoreByName(const std::strin
   // The checkpoint's names, from its indexes (no tensor read yet).
   std::vector<StageIndex> index;
   std::map<std::string, Held> held;  // canonical name -> its first holder
+  std::map<std::pair<int, std::string>, Held> exact;  // (stage, name) -> that stage's own copy
   for (int c = 0; c < meta.num_stages; ++c) {
     index.push_back(readStageIndex(dir, c));
     for (bool parameter : {true, false}) {
       for (const auto& [name, desc] : parameter ? index.back().parameters : index.back().buffers) {
         held.emplace(tied.canonical(name), Held{c, name, desc, parameter});
+        exact.emplace(std::make_pair(c, name), Held{c, name, desc, parameter});
       }
     }
   }
+  // Where this rank reads a tensor: its own stage's copy when the checkpoint
+  // has the same stage holding it under the same name (an unchanged layout:
+  // a tied copy is then read from the rank's own stage file, which on local
+  // disks is the one this host holds), else the group's first holder.
+  auto source = [&](const runtime::NamedTensor& t) -> const Held& {
+    auto it = exact.find({t.stage, t.name});
+    if (it != exact.end()) return it->second;
+    return held.at(tied.canonical(t.name));
+  };
   const std::string optimizer = optimizerName(config_.optimizer.name);
   for (const StageIndex& i : index) {
     if (!i.optimizer_state.empty() && i.optimizer != optimizer) {
@@ -269,7 +403,7 @@ std::pair<at::Tensor, at::Tensor> RankCheckpoint::restoreByName(const std::strin
   // This rank's tensors: dtype and shape, then which checkpoint stages to read.
   std::set<int> needed;
   auto check = [&](const runtime::NamedTensor& t) {
-    const Held& h = held.at(tied.canonical(t.name));
+    const Held& h = source(t);
     const std::string ours_meta = stage::tensorMeta(t.tensor);
     if (ours_meta != h.meta) {
       throw CheckpointError(fmt::format("'{}' is {} in this split's model but {} in checkpoint '{}' (its stage {}): "
@@ -291,7 +425,7 @@ std::pair<at::Tensor, at::Tensor> RankCheckpoint::restoreByName(const std::strin
     for (const auto& [name, t] : state.parameters) values.emplace(name, &t);
     for (const auto& [name, t] : state.buffers) values.emplace(name, &t);
     auto copy = [&](const runtime::NamedTensor& t) {
-      const Held& h = held.at(tied.canonical(t.name));
+      const Held& h = source(t);
       if (h.stage != c) return;
       auto it = values.find(h.name);
       if (it == values.end()) {
@@ -306,13 +440,18 @@ std::pair<at::Tensor, at::Tensor> RankCheckpoint::restoreByName(const std::strin
     for (const auto& b : runner_.buffers()) copy(b);
     for (const auto& [s, opt] : optimizers_) {
       std::vector<NamedParameter> from_here;
+      std::map<std::string, std::string> saved_as;  // this split's name -> the checkpoint stage's
       for (const auto& p : runner_.parameters()) {
-        if (p.stage == s && held.at(tied.canonical(p.name)).stage == c) from_here.push_back({p.name, p.tensor});
+        if (p.stage != s) continue;
+        const Held& h = source(p);
+        if (h.stage != c) continue;
+        from_here.push_back({p.name, p.tensor});
+        saved_as[p.name] = h.name;
       }
       setOptimizerStateByName(
           *opt, config_.optimizer.name, from_here,
           [&](const std::string& name) -> const ParameterOptimizerState* {
-            auto it = state.optimizer.by_name.find(held.at(tied.canonical(name)).name);
+            auto it = state.optimizer.by_name.find(saved_as.at(name));
             return it == state.optimizer.by_name.end() ? nullptr : &it->second;
           },
           fmt::format("checkpoint '{}' stage {}", dir, c));
@@ -327,16 +466,29 @@ std::pair<at::Tensor, at::Tensor> RankCheckpoint::restoreByName(const std::strin
   return {rng, device_rng};
 }
 
+// Note [Fault injection]: PIPEFORGE_FAULT_STOP_IN_CHECKPOINT=N stops this
+// process (SIGSTOP) once it wrote its first stage file of step N, so that a
+// test can kill its host in the middle of a checkpoint write, at a known
+// point. Not for users.
+namespace {
+bool stopInCheckpoint(std::int64_t step) {
+  const char* value = std::getenv("PIPEFORGE_FAULT_STOP_IN_CHECKPOINT");
+  return value != nullptr && std::to_string(step) == value;
+}
+}  // namespace
+
 std::string RankCheckpoint::save(std::int64_t done, const LossScaler* scaler) {
   const std::string& root = config_.checkpoint.dir;
-  const bool host_leader = env_.local_rank == 0;
-  if (host_leader) {
+  const int rank = runner_.rank();
+  const bool leader = hostLeader(rank) == rank;
+  if (leader) {
     std::error_code ec;
     fs::create_directories(root, ec);
     clearCheckpointStep(root, done);
   }
   runner_.barrier();
   const runtime::RngState rng = runtime::captureRng(runner_.device());
+  bool first = true;
   for (const auto& [s, opt] : optimizers_) {
     StageCheckpoint state;
     state.stage = s;
@@ -356,12 +508,46 @@ std::string RankCheckpoint::save(std::int64_t done, const LossScaler* scaler) {
     }
     state.optimizer = optimizerStateByName(*opt, config_.optimizer.name, named);
     writeStageCheckpoint(root, state);
+    if (first && stopInCheckpoint(done)) ::raise(SIGSTOP);
+    first = false;
   }
+  // Note [Checkpoint commit]: past this barrier every file is durable.
   runner_.barrier();
-  if (host_leader) {
-    commitCheckpoint(root, checkpointMetaFor(config_, manifest_, env_.world_size, done, schedule_, scaler),
-                     config_.checkpoint.keep);
+  if (leader) {
+    const FolderContents own = listPartialCheckpoint(root, done, runner_.hostOf(rank));
+    std::vector<FolderContents> others;
+    const std::string key = fmt::format("checkpoint/{}", done);
+    if (env_.world_size > 1 && rank != 0) {
+      channel_.publish(fmt::format("{}/folder/{}", key, rank), folderContentsToJson(own));
+      const nlohmann::json all = nlohmann::json::parse(channel_.take(fmt::format("{}/all/{}", key, rank)));
+      for (const auto& text : all) {
+        others.push_back(folderContentsFromJson(text.get<std::string>(), "rank 0's checkpoint folder list"));
+      }
+    } else if (env_.world_size > 1) {
+      std::vector<int> leaders;
+      for (int r = 1; r < env_.world_size; ++r) {
+        if (hostLeader(r) == r) leaders.push_back(r);
+      }
+      nlohmann::json all = nlohmann::json::array({folderContentsToJson(own)});
+      for (int r : leaders) {
+        const std::string text = channel_.take(fmt::format("{}/folder/{}", key, r));
+        others.push_back(folderContentsFromJson(text, fmt::format("rank {}'s checkpoint folder list", r)));
+        all.push_back(text);
+      }
+      for (int r : leaders) channel_.publish(fmt::format("{}/all/{}", key, r), all.dump());
+    }
+    // Each folder is sealed with what the others hold (this host's own
+    // entries come from its own listing).
+    std::vector<FolderContents> elsewhere;
+    for (auto& o : others) {
+      if (o.host != own.host) elsewhere.push_back(std::move(o));
+    }
+    sealCheckpoint(root, checkpointMetaFor(config_, manifest_, env_.world_size, done, schedule_, scaler), own,
+                   elsewhere);
   }
+  // Every folder sealed: now `latest` may move.
+  runner_.barrier();
+  if (leader) pointLatest(root, done, config_.checkpoint.keep);
   runner_.barrier();
   return checkpointDir(root, done);
 }

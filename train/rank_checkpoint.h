@@ -14,6 +14,7 @@
 #include "runtime/dist_env.h"
 #include "stage/manifest.h"
 #include "train/loss_scaler.h"
+#include "train/rank_channel.h"
 
 namespace at {
 class Tensor;
@@ -48,9 +49,10 @@ void setCpuGeneratorState(const at::Tensor& state);
 
 class RankCheckpoint {
  public:
-  // `runner` and `optimizers` are the trainer's, and outlive this.
+  // `runner`, `channel` and `optimizers` are the trainer's, and outlive this.
   RankCheckpoint(const TrainConfig& config, const runtime::DistEnv& env, const stage::PipeManifest& manifest,
-                 runtime::PipelineRunner& runner, const StageOptimizers& optimizers, std::string schedule);
+                 runtime::PipelineRunner& runner, RankChannel& channel, const StageOptimizers& optimizers,
+                 std::string schedule);
 
   // With checkpoint.resume, restores the newest intact checkpoint under
   // checkpoint.dir (and `scaler`'s state, fp16); returns the step to start
@@ -67,11 +69,17 @@ class RankCheckpoint {
   // Format 2 (Note [Elastic resume]): restores this rank's tensors and
   // optimizer state by name from `dir`; returns the generator states to take.
   std::pair<at::Tensor, at::Tensor> restoreByName(const std::string& dir, const CheckpointMeta& meta);
+  // Note [Resume agreement]: the step every rank resumes from (-1: none),
+  // given this rank's newest intact one.
+  std::int64_t agreeOnStep(std::int64_t mine, const std::string& why_not);
+  // Note [Checkpoint commit]: the lowest rank on `rank`'s host.
+  int hostLeader(int rank) const;
 
   const TrainConfig& config_;
   const runtime::DistEnv& env_;
   const stage::PipeManifest& manifest_;
   runtime::PipelineRunner& runner_;
+  RankChannel& channel_;
   const StageOptimizers& optimizers_;
   std::string schedule_;
   std::string resumed_from_;

@@ -84,7 +84,7 @@ class RankTrainer {
     for (int s : runner_->localStages()) optimizers_[s] = makeOptimizer(config.optimizer, by_stage[s]);
     std::string schedule = scheduleLabel(config);
     if (auto_choice_) schedule += ": " + auto_choice_->choice.origin;
-    checkpoint_ = std::make_unique<RankCheckpoint>(config, plan_.env, plan_.manifest, *runner_, optimizers_,
+    checkpoint_ = std::make_unique<RankCheckpoint>(config, plan_.env, plan_.manifest, *runner_, *channel_, optimizers_,
                                                    std::move(schedule));
   }
 

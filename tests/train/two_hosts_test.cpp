@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 #include <torch/version.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -119,6 +120,20 @@ class TwoHosts {
 
   // SIGKILL to every process of host h: a lost host.
   void killHost(int h) const { runCommand(fmt::format("ip netns pids {} | xargs -r kill -9", ns_[h])); }
+
+  // True once some process of host h is stopped (state T, SIGSTOP).
+  bool hasStoppedProcess(int h) const {
+    const CommandResult r = runCommand(fmt::format("ip netns pids {}", ns_[h]));
+    std::istringstream pids(r.output);
+    for (std::string pid; pids >> pid;) {
+      std::ifstream stat("/proc/" + pid + "/stat");
+      std::string line;
+      std::getline(stat, line);
+      const auto close = line.rfind(')');
+      if (close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'T') return true;
+    }
+    return false;
+  }
 
   // The listening TCP sockets of host h held by pipeforge processes, as
   // "address:port" (ss -ltnp).
@@ -440,6 +455,278 @@ TEST_P(HostFault, EveryRankStopsNamingTheLostOnesAndTheSameCommandsResume) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TwoHosts, HostFault, ::testing::Values("partition", "lost_host"));
+
+// Every parameter of each stage, read from the folder that holds it.
+std::vector<std::string> differencesPerStage(const std::vector<std::string>& a, const std::string& b) {
+  std::vector<std::string> out;
+  for (std::size_t s = 0; s < a.size(); ++s) {
+    auto x = train::readStageCheckpoint(a[s], static_cast<int>(s));
+    auto y = train::readStageCheckpoint(b, static_cast<int>(s));
+    if (x.parameters.size() != y.parameters.size()) out.push_back(fmt::format("stage {}: parameter count", s));
+    for (std::size_t k = 0; k < x.parameters.size() && k < y.parameters.size(); ++k) {
+      if (x.parameters[k].first != y.parameters[k].first || !at::equal(x.parameters[k].second, y.parameters[k].second)) {
+        out.push_back(x.parameters[k].first);
+      }
+    }
+  }
+  return out;
+}
+
+// A host lost in the middle of a checkpoint write (Note [Checkpoint commit]):
+// host 1's rank stops itself once it wrote its first file of step 4
+// (Note [Fault injection]) and the whole host is then SIGKILLed. Host 0's
+// rank, which wrote all of its files, stops within the bound naming rank 1
+// and its host; `latest` still names step 2, step 4 stays a .partial
+// folder; and the same commands resume from step 2 with a warning naming the
+// unfinished step, bit for bit as a run that never stopped.
+TEST(TwoHosts, LostHostDuringACheckpointWrite) {
+  TwoHosts hosts;
+  if (!hosts.ready()) GTEST_SKIP() << hosts.reason();
+  constexpr double kTimeout = 8.0;
+  TrainWorkspace ws;
+  RunSpec s;
+  s.split = "num_stages: 2\n  policy: parameters";
+  s.optimizer = "{name: sgd, lr: 0.05, momentum: 0.9}";
+  s.steps = 8;
+  s.checkpoint_every = 2;
+  s.timeout_s = kTimeout;
+  const std::string config = ws.writeConfig("torn", s);
+  const std::string ckpt = ws.checkpointDir("torn");
+  std::string commands[2];
+  for (int h = 0; h < 2; ++h) {
+    commands[h] = hostCommand(Launch::kByHand, h, 1, 29622, config,
+                              h == 1 ? "OMP_NUM_THREADS=1 PIPEFORGE_FAULT_STOP_IN_CHECKPOINT=4" : "OMP_NUM_THREADS=1");
+  }
+  CommandResult results[2];
+  Clock::time_point ended[2];
+  std::vector<std::thread> threads;
+  for (int h = 0; h < 2; ++h) {
+    threads.emplace_back([&, h] {
+      results[h] = runCommand(hosts.onHost(h, commands[h]));
+      ended[h] = Clock::now();
+    });
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(120);
+  while (Clock::now() < deadline && !hosts.hasStoppedProcess(1)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const bool stopped = hosts.hasStoppedProcess(1);
+  const auto struck = Clock::now();
+  hosts.killHost(1);
+  if (!stopped) hosts.killHost(0);
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(stopped) << "host 1 never stopped in its step-4 checkpoint write:\n" << results[0].output << results[1].output;
+
+  const double seconds = std::chrono::duration<double>(ended[0] - struck).count();
+  std::cout << fmt::format("[ lost_in_checkpoint ] host 0 stopped {:.2f} s after the fault, exit {}\n", seconds,
+                           results[0].exit_code);
+  RecordProperty("host0_seconds_to_stop", fmt::format("{:.2f}", seconds));
+  EXPECT_LT(seconds, kTimeout + 15) << results[0].output;
+  EXPECT_EQ(results[0].exit_code, 4) << results[0].output;
+  EXPECT_NE(results[0].output.find(fmt::format("rank 1 (host {}", hosts.hostName(1))), std::string::npos)
+      << results[0].output;
+
+  // `latest` never moved to the torn step, which is still a partial folder.
+  const auto latest = train::latestCheckpoint(ckpt);
+  ASSERT_TRUE(latest);
+  EXPECT_EQ(train::readCheckpointMeta(*latest).step, 2);
+  EXPECT_FALSE(fs::exists(train::checkpointDir(ckpt, 4)));
+  EXPECT_TRUE(fs::exists(train::partialCheckpointDir(ckpt, 4) + "/stage_0.pt"));
+  EXPECT_TRUE(fs::exists(train::partialCheckpointDir(ckpt, 4) + "/stage_1.pt"));  // host 1's first file
+
+  for (int h = 0; h < 2; ++h) {
+    commands[h] = hostCommand(Launch::kByHand, h, 1, 29623, config, "OMP_NUM_THREADS=1") + " --stop-after 6";
+  }
+  const HostRun resumed = runOnTwoHosts(hosts, commands);
+  for (int h = 0; h < 2; ++h) ASSERT_EQ(resumed.result[h].exit_code, 0) << resumed.result[h].output;
+  const std::string& out = resumed.result[0].output;
+  EXPECT_NE(out.find("step_00000004.partial was never completed (a rank or host was lost while writing it); "
+                     "resuming from"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("at step 2"), std::string::npos) << out;
+  const std::string straight = ws.writeConfig("straight", s);
+  auto r = runCommand(fmt::format("OMP_NUM_THREADS=1 {} train --config '{}' --nproc 2 --stop-after 6 2>&1",
+                                  PIPEFORGE_BINARY, straight));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto differ =
+      differences(train::checkpointDir(ckpt, 6), train::checkpointDir(ws.checkpointDir("straight"), 6), 2);
+  EXPECT_TRUE(differ.empty()) << fmt::format("{}", fmt::join(differ, ", "));
+}
+
+// Checkpoints on each host's own disk (Note [Checkpoints on each host's own
+// disk]): each host writes its stage's file and every index into its own
+// folder; the same hosts resume from their own folders bit for bit; one host
+// resuming both stages from its folder is refused, naming the host that holds
+// the other stage and the copy that fixes it; after that copy it resumes,
+// bit for bit as a run that never stopped.
+TEST(TwoHosts, CheckpointsOnEachHostsOwnDisk) {
+  TwoHosts hosts;
+  if (!hosts.ready()) GTEST_SKIP() << hosts.reason();
+  TrainWorkspace ws;
+  RunSpec s;
+  s.split = "num_stages: 2\n  policy: parameters";
+  s.optimizer = "{name: sgd, lr: 0.05, momentum: 0.9}";
+  s.steps = 8;
+  s.checkpoint_every = 2;
+  s.timeout_s = 30;
+  const std::string config = ws.writeConfig("local", s);
+  const std::string local[2] = {ws.dir() + "/disk_a/ckpt", ws.dir() + "/disk_b/ckpt"};
+  auto commandsUntil = [&](int port, std::int64_t stop) {
+    std::array<std::string, 2> out;
+    for (int h = 0; h < 2; ++h) {
+      out[h] = hostCommand(Launch::kByHand, h, 1, port, config, "OMP_NUM_THREADS=1") +
+               fmt::format(" --set checkpoint.dir={} --stop-after {}", local[h], stop);
+    }
+    return out;
+  };
+  auto run = [&](int port, std::int64_t stop) {
+    const auto c = commandsUntil(port, stop);
+    const std::string commands[2] = {c[0], c[1]};
+    return runOnTwoHosts(hosts, commands);
+  };
+  const HostRun first = run(29624, 4);
+  for (int h = 0; h < 2; ++h) ASSERT_EQ(first.result[h].exit_code, 0) << first.result[h].output;
+  for (int h = 0; h < 2; ++h) {
+    const std::string dir = train::checkpointDir(local[h], 4);
+    EXPECT_TRUE(fs::exists(dir + fmt::format("/stage_{}.pt", h))) << dir;
+    EXPECT_FALSE(fs::exists(dir + fmt::format("/stage_{}.pt", 1 - h))) << dir;
+    EXPECT_TRUE(fs::exists(dir + "/stage_0.json") && fs::exists(dir + "/stage_1.json")) << dir;
+    EXPECT_NO_THROW(train::verifyCheckpoint(dir));
+  }
+
+  // One host, both stages, from host 0's folder: stage 1 is on host 1.
+  const std::string one_host = fmt::format("OMP_NUM_THREADS=1 {} train --config '{}' --nproc 2 --set checkpoint.dir={}",
+                                           PIPEFORGE_BINARY, config, local[0]);
+  const CommandResult refused = runCommand(one_host + " --stop-after 6 2>&1");
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_NE(refused.output.find(fmt::format("has no stage_1.pt on this host: it was written on host {}",
+                                            hosts.hostName(1))),
+            std::string::npos)
+      << refused.output;
+  EXPECT_NE(refused.output.find("rsync -a --ignore-existing " + hosts.hostName(1) + ":"), std::string::npos)
+      << refused.output;
+  EXPECT_EQ(train::readCheckpointMeta(*train::latestCheckpoint(local[0])).step, 4);  // nothing moved
+
+  // The same hosts resume from their own folders.
+  const HostRun second = run(29625, 6);
+  for (int h = 0; h < 2; ++h) {
+    ASSERT_EQ(second.result[h].exit_code, 0) << second.result[0].output << second.result[1].output;
+  }
+  EXPECT_NE(second.result[0].output.find("at step 4"), std::string::npos) << second.result[0].output;
+  const std::string straight = ws.writeConfig("straight", s);
+  for (std::int64_t stop : {6, 8}) {
+    auto r = runCommand(fmt::format("OMP_NUM_THREADS=1 {} train --config '{}' --nproc 2 --stop-after {} 2>&1",
+                                    PIPEFORGE_BINARY, straight, stop));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  const std::string reference = ws.checkpointDir("straight");
+  auto differ = differencesPerStage({train::checkpointDir(local[0], 6), train::checkpointDir(local[1], 6)},
+                                    train::checkpointDir(reference, 6));
+  EXPECT_TRUE(differ.empty()) << fmt::format("{}", fmt::join(differ, ", "));
+
+  // Note [Resume agreement]: host 1 lost after the writes but before it
+  // sealed step 6 (its folder still partial, its `latest` on step 4) while
+  // host 0 sealed it: both resume from step 4, saying so, and reach the
+  // same step 6.
+  fs::rename(train::checkpointDir(local[1], 6), train::partialCheckpointDir(local[1], 6));
+  std::ofstream(local[1] + "/latest") << "step_00000004\n";
+  const HostRun agreed = run(29626, 6);
+  for (int h = 0; h < 2; ++h) {
+    ASSERT_EQ(agreed.result[h].exit_code, 0) << agreed.result[0].output << agreed.result[1].output;
+  }
+  EXPECT_NE(agreed.result[0].output.find(fmt::format("warning: rank 1 (host {}, {}) holds no intact step 6; every "
+                                                     "rank resumes from step 4",
+                                                     hosts.hostName(1), TwoHosts::kAddr[1])),
+            std::string::npos)
+      << agreed.result[0].output;
+  EXPECT_NE(agreed.result[1].output.find("step_00000006.partial was never completed"), std::string::npos)
+      << agreed.result[1].output;
+  differ = differencesPerStage({train::checkpointDir(local[0], 6), train::checkpointDir(local[1], 6)},
+                               train::checkpointDir(reference, 6));
+  EXPECT_TRUE(differ.empty()) << fmt::format("{}", fmt::join(differ, ", "));
+
+  // A host whose folder holds no checkpoint at all, while the other's does:
+  // refused on both (not a silent start from step 0 on one of them).
+  const std::string empty = ws.dir() + "/disk_c/ckpt";
+  {
+    auto c = commandsUntil(29627, 8);
+    c[1] = hostCommand(Launch::kByHand, 1, 1, 29627, config, "OMP_NUM_THREADS=1") +
+           fmt::format(" --set checkpoint.dir={}", empty);
+    const std::string commands[2] = {c[0], c[1]};
+    const HostRun mixed = runOnTwoHosts(hosts, commands);
+    for (int h = 0; h < 2; ++h) {
+      EXPECT_EQ(mixed.result[h].exit_code, 1) << mixed.result[h].output;
+      EXPECT_NE(mixed.result[h].output.find(fmt::format("rank 1 (host {}, {}) finds no checkpoint under '{}', while "
+                                                        "other ranks find step 6",
+                                                        hosts.hostName(1), TwoHosts::kAddr[1], empty)),
+                std::string::npos)
+          << mixed.result[h].output;
+    }
+    EXPECT_EQ(train::readCheckpointMeta(*train::latestCheckpoint(local[0])).step, 6);
+  }
+
+  // The documented gather (a copy of host 1's step folder into host 0's),
+  // then one host resumes both stages.
+  auto copy = runCommand(fmt::format("cp -rn {}/. {}/", train::checkpointDir(local[1], 6),
+                                     train::checkpointDir(local[0], 6)));
+  ASSERT_EQ(copy.exit_code, 0) << copy.output;
+  const CommandResult gathered = runCommand(one_host + " 2>&1");
+  ASSERT_EQ(gathered.exit_code, 0) << gathered.output;
+  EXPECT_NE(gathered.output.find("at step 6"), std::string::npos) << gathered.output;
+  differ = differences(train::checkpointDir(local[0], 8), train::checkpointDir(reference, 8), 2);
+  EXPECT_TRUE(differ.empty()) << fmt::format("{}", fmt::join(differ, ", "));
+}
+
+// Elastic: a pp2 x dp2 run on two hosts (2 ranks each) resumes on one host
+// with half the ranks (pp2, no data parallel) and ends where the
+// uninterrupted pp2 x dp2 run ends, to float tolerance (one replica sums the
+// batch's gradients in another order than two).
+TEST(TwoHosts, ResumesOnOneHostWithHalfTheRanks) {
+  TwoHosts hosts;
+  if (!hosts.ready()) GTEST_SKIP() << hosts.reason();
+  if (std::string why = torchrunUnusable(); !why.empty()) {
+    GTEST_SKIP() << PIPEFORGE_PYTHON << " -m torch.distributed.run cannot start even /bin/true: " << why;
+  }
+  TrainWorkspace ws;
+  RunSpec s;
+  s.split = "num_stages: 2\n  policy: parameters";
+  s.optimizer = "{name: sgd, lr: 0.05, momentum: 0.9}";
+  s.data_parallel = 2;
+  s.steps = 8;
+  s.checkpoint_every = 2;
+  s.timeout_s = 30;
+  const std::string config = ws.writeConfig("elastic", s);
+  const std::string commands[2] = {
+      hostCommand(Launch::kTorchrunStatic, 0, 2, 29626, config, "OMP_NUM_THREADS=1") + " --stop-after 4",
+      hostCommand(Launch::kTorchrunStatic, 1, 2, 29626, config, "OMP_NUM_THREADS=1") + " --stop-after 4"};
+  const HostRun two = runOnTwoHosts(hosts, commands);
+  for (int h = 0; h < 2; ++h) ASSERT_EQ(two.result[h].exit_code, 0) << two.result[h].output;
+
+  const CommandResult one = runCommand(fmt::format(
+      "OMP_NUM_THREADS=1 {} train --config '{}' --nproc 2 --set pipeline.data_parallel=1 2>&1", PIPEFORGE_BINARY,
+      config));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NE(one.output.find("at step 4"), std::string::npos) << one.output;
+  const std::string straight = ws.writeConfig("straight", s);
+  auto r = runCommand(
+      fmt::format("OMP_NUM_THREADS=1 {} train --config '{}' --nproc 4 2>&1", PIPEFORGE_BINARY, straight));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  double worst = 0.0;
+  for (int st = 0; st < 2; ++st) {
+    auto x = train::readStageCheckpoint(train::checkpointDir(ws.checkpointDir("elastic"), 8), st);
+    auto y = train::readStageCheckpoint(train::checkpointDir(ws.checkpointDir("straight"), 8), st);
+    ASSERT_EQ(x.parameters.size(), y.parameters.size());
+    for (std::size_t k = 0; k < x.parameters.size(); ++k) {
+      ASSERT_EQ(x.parameters[k].first, y.parameters[k].first);
+      EXPECT_TRUE(at::allclose(x.parameters[k].second, y.parameters[k].second, 1e-4, 1e-5)) << x.parameters[k].first;
+      worst = std::max(worst, (x.parameters[k].second - y.parameters[k].second).abs().max().item<double>());
+    }
+  }
+  std::cout << fmt::format("[ elastic ] 2 hosts x 2 ranks -> 1 host x 2 ranks: max |diff| {:.3g} against the "
+                           "uninterrupted run\n",
+                           worst);
+}
 
 }  // namespace
 }  // namespace pipeforge::testing
