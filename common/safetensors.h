@@ -78,7 +78,10 @@ class SafetensorsFile {
 };
 
 // Every tensor of a checkpoint: one .safetensors file, or a folder holding
-// `model.safetensors` or `model.safetensors.index.json` and its shards.
+// `model.safetensors` or `model.safetensors.index.json` and its shards (or
+// that index file itself: a path ending in ".safetensors.index.json"). Of an
+// index, every tensor of every shard it lists is indexed, listed or not, as
+// transformers reads them.
 class SafetensorsSource {
  public:
   // Throws SafetensorsError: no such file or folder, a folder with neither
@@ -113,10 +116,12 @@ struct SafetensorsEntry {
   std::function<void(std::uint8_t* out)> fill;
 };
 
-// Writes one file as the safetensors writer does: the header padded with
-// spaces to a multiple of 8, tensors ordered by dtype alignment (largest
-// first) then name, packed back to back; written atomically (a temporary
-// sibling, fsync, rename). Throws SafetensorsError on a bad entry (unknown
+// Writes one file as the safetensors writer does, byte for byte: the header
+// padded with spaces to a multiple of 8 (`__metadata__` left out when
+// `metadata` is empty), tensors ordered by dtype alignment (largest first, in
+// safetensors' own dtype order: Note [Safetensors]) then name, packed back to
+// back; written atomically (a temporary sibling, fsync, rename), holding one
+// tensor's bytes in memory at a time. Throws SafetensorsError on a bad entry (unknown
 // dtype, nbytes not numel x itemsize, a repeated name) and Error(kIo) when
 // the file system refuses.
 void writeSafetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
@@ -129,7 +134,10 @@ void writeSafetensors(const std::string& path, const std::vector<SafetensorsEntr
 // than the limit gets its own) and `model.safetensors.index.json`
 // ({"metadata": {"total_parameters": P, "total_size": B}, "weight_map":
 // {name: file}}, sorted keys, indent 2). Old shards of another count are
-// removed. Returns the files written.
+// removed, and so is a stale index (when writing one file) or a stale
+// `model.safetensors` (when writing shards), which readers would otherwise
+// take for this save. Creates `dir` if missing. Returns the files written
+// (paths: the shards in order, then the index).
 std::vector<std::string> writeSafetensorsFolder(const std::string& dir, const std::vector<SafetensorsEntry>& entries,
                                                 std::uint64_t max_shard_bytes);
 
