@@ -1,4 +1,4 @@
-// `pipeforge export CKPT --model ORIGINAL.pt|.pt2 --out trained.pt|.pt2`.
+// `pipeforge export CKPT --model ORIGINAL.pt|.pt2 --out trained.pt|.pt2|DIR [--format safetensors ...]`.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -26,9 +26,19 @@ void addExportCommand(CLI::App& app, int& exit_code) {
                   "the model the run was split from: TorchScript (.pt) or torch.export (.pt2)")
       ->required();
   sub->add_option("--out", request->out_path,
-                  "output file: .pt (TorchScript), or .pt2 (torch.export) when the model is a .pt2")
+                  "output file: .pt (TorchScript), or .pt2 (torch.export) when the model is a .pt2; with --format "
+                  "safetensors a folder")
       ->required();
-  sub->add_flag("--force", request->force, "replace an existing output file");
+  sub->add_flag("--force", request->force, "replace an existing output file or folder");
+  sub->add_option("--format", request->format,
+                  "safetensors: write what transformers' save_pretrained writes (model.safetensors, or shards and "
+                  "model.safetensors.index.json) under the model's names, one stage in memory at a time");
+  sub->add_option("--like", request->like,
+                  "with --format safetensors: the save_pretrained folder the run started from; copies its config and "
+                  "tokenizer files, and names tied weights as it does");
+  sub->add_option("--dtype", request->dtype, "with --format safetensors: float32, bfloat16 or float16");
+  sub->add_option("--max-shard-size", request->max_shard_size,
+                  "with --format safetensors: the largest shard, as save_pretrained's max_shard_size (default 5GB)");
   sub->callback([request, &exit_code] {
     exit_code = runGuarded("export", [&] {
       auto s = train::exportTrainedModel(*request);

@@ -1,4 +1,4 @@
-// `pipeforge split MODEL.pt|MODEL.pt2 [--spec SPEC.yaml] --out DIR [--force]`.
+// `pipeforge split MODEL.pt|MODEL.pt2 [--spec SPEC.yaml] [--weights SRC ...] --out DIR [--force]`.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -26,6 +26,13 @@ void addSplitCommand(CLI::App& app, int& exit_code) {
   sub->add_option("--spec", *spec, "split spec YAML (see configs/split_*.yaml); optional with pipe_split() markers");
   sub->add_option("--out", request->out_dir, "output folder (must not exist unless --force)")->required();
   sub->add_flag("--force", request->force, "replace an existing output folder");
+  sub->add_option("--weights", request->weights,
+                  "take every parameter and buffer by name from SRC: a .safetensors file or a save_pretrained folder "
+                  "(model.safetensors, or model.safetensors.index.json and its shards); repeatable, a later SRC fills "
+                  "what earlier ones lack. Needed for a meta-device export")
+      ->type_name("SRC");
+  sub->add_flag("--accept-unused-weights", request->accept_unused_weights,
+                "ignore tensors in --weights that no tensor of the model takes (refused otherwise)");
   sub->callback([request, spec, &exit_code] {
     exit_code = runGuarded("split", [&] {
       if (!spec->empty()) request->spec_path = *spec;

@@ -664,7 +664,9 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     const std::uint8_t empty[8] = {};
     return parse(empty, size, path);
   }
-  void* mapping = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  // Copy-on-write: a tensor made over these bytes (frontend/pt2_weights.cpp)
+  // may be written to without touching the file.
+  void* mapping = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
   if (mapping == MAP_FAILED) {
     throw SafetensorsError(fmt::format("cannot map safetensors file '{}' ({} bytes): {}", path, size,
                                        std::strerror(errno)),
@@ -821,6 +823,14 @@ std::uint64_t SafetensorsSource::totalBytes() const {
   std::uint64_t total = 0;
   for (const auto& entry : index_) total += entry.second.second->nbytes;
   return total;
+}
+
+std::map<std::string, std::string> SafetensorsSource::metadata() const {
+  std::map<std::string, std::string> merged;
+  for (const auto& file : files_) {
+    for (const auto& [key, value] : file->metadata()) merged.emplace(key, value);
+  }
+  return merged;
 }
 
 // --- writers ----------------------------------------------------------------------

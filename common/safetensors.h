@@ -99,6 +99,8 @@ class SafetensorsSource {
   std::string fileOf(const std::string& name) const;
   // Sum of every tensor's bytes.
   std::uint64_t totalBytes() const;
+  // Every file's __metadata__, merged (the first file's value of a key wins).
+  std::map<std::string, std::string> metadata() const;
 
  private:
   std::string path_;

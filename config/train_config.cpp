@@ -209,6 +209,19 @@ void parseModel(const Section& top, const YAML::Node& node, TrainConfig& c) {
          {{"path", [&](const YAML::Node& v) { c.model.path = s.string(v, "path"); }},
           {"split_spec", [&](const YAML::Node& v) { c.model.split_spec = s.string(v, "split_spec"); }},
           {"split_dir", [&](const YAML::Node& v) { c.model.split_dir = s.string(v, "split_dir"); }},
+          {"weights",
+           [&](const YAML::Node& v) {
+             const std::string expected = "a safetensors file or save_pretrained folder, or a list of them";
+             c.model.weights.clear();
+             if (v.IsSequence()) {
+               for (const auto& item : v) c.model.weights.push_back(s.scalar<std::string>(item, "weights", expected));
+               if (c.model.weights.empty()) s.fail(v, "weights", expected);
+             } else {
+               c.model.weights.push_back(s.scalar<std::string>(v, "weights", expected));
+             }
+           }},
+          {"accept_unused_weights",
+           [&](const YAML::Node& v) { c.model.accept_unused_weights = s.boolean(v, "accept_unused_weights"); }},
           {"split_points", keep("split_points")},
           {"num_stages", keep("num_stages")},
           {"policy", keep("policy")},
@@ -221,6 +234,12 @@ void parseModel(const Section& top, const YAML::Node& node, TrainConfig& c) {
                                   s.where(node)));
   }
   if (!c.model.split_dir.empty()) {
+    if (!c.model.weights.empty()) {
+      throw ConfigError(fmt::format("{}: model.weights fills a model as it is split, and model.split_dir is already "
+                                    "split; give model.path (the .pt2) with model.weights, or split it yourself with "
+                                    "`pipeforge split MODEL.pt2 --weights SRC`",
+                                    s.where(node)));
+    }
     if (!c.model.split_spec.empty() || has_inline) {
       throw ConfigError(fmt::format("{}: model.split_dir is already split; drop model.split_spec and the inline "
                                     "split keys, or use model.path instead",
@@ -231,6 +250,7 @@ void parseModel(const Section& top, const YAML::Node& node, TrainConfig& c) {
     return;
   }
   requireFile(o, "model.path", c.model.path);
+  for (const std::string& w : c.model.weights) requireFile(o, "model.weights", w);
   if (!c.model.split_spec.empty() && has_inline) {
     if (!overridden.empty()) {
       // The inline key came from the command line: no line of the file to point at.

@@ -34,6 +34,10 @@ struct ModelConfig {
   std::optional<partitioner::SplitSpec> spec;
   // ... or an existing split folder (pipe.json + stage_<i>.pt) instead of `path`.
   std::string split_dir;
+  // With `path` (a .pt2): the weights by FQN from safetensors files or
+  // save_pretrained folders, in order (`pipeforge split --weights`).
+  std::vector<std::string> weights;
+  bool accept_unused_weights = false;
 };
 
 // What a training forward keeps for its backward (runtime Note [Activation checkpointing]).

@@ -1,4 +1,5 @@
 #include "frontend/pt2_archive.h"
+#include "frontend/pt2_weights.h"
 
 #include <caffe2/serialize/inline_container.h>
 #include <fmt/format.h>
@@ -573,6 +574,16 @@ void loadPayloads(caffe2::serialize::PyTorchStreamReader& reader, const std::sha
                                    "incomplete, re-save it",
                                    impl.path, fqn, record));
       }
+      if (meta.contains("device") && meta.at("device").is_object() &&
+          meta.at("device").value("type", "") == "meta") {
+        // Note [Weights by FQN]: every meta tensor points at one empty
+        // record, so records say nothing of ties; each gets its own tensor.
+        tensor = at::empty_strided(sizes, strides, at::TensorOptions().dtype(dtype).device(at::kMeta));
+        bool is_param = payload.value("is_param", false);
+        impl.entries.push_back({fqn, is_param, constants, /*on_meta=*/true, ""});
+        impl.tensors[fqn] = tensor;
+        continue;
+      }
       auto storage_it = storages.find(file);
       if (storage_it == storages.end()) {
         c10::Storage storage = mappedRecord(reader, record, mapping);
@@ -619,14 +630,14 @@ void loadPayloads(caffe2::serialize::PyTorchStreamReader& reader, const std::sha
     }
     bool is_param = payload.value("is_param", false);
     if (is_param && meta.value("requires_grad", false) && at::isFloatingType(dtype)) tensor.set_requires_grad(true);
-    impl.entries.push_back({fqn, is_param, constants});
+    impl.entries.push_back({fqn, is_param, constants, false, ""});
     impl.tensors[fqn] = tensor;
   }
 }
 
 }  // namespace
 
-Pt2Archive Pt2Archive::open(const std::string& path) {
+Pt2Archive Pt2Archive::open(const std::string& path, const Pt2OpenOptions& options) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(path, ec)) throw Pt2Error("model file '" + path + "' does not exist; check the path");
@@ -671,6 +682,11 @@ Pt2Archive Pt2Archive::open(const std::string& path) {
     loadPayloads(*reader, mapping, "data/constants", impl->model_name, /*constants=*/true, payloads);
     impl->entries = std::move(payloads.entries);
     impl->tensors = std::move(payloads.tensors);
+    const bool meta_export = std::any_of(impl->entries.begin(), impl->entries.end(),
+                                         [](const Pt2TensorEntry& e) { return e.on_meta; });
+    fillFromWeights(path, options, impl->entries, impl->tensors);
+    // Filled, a meta export runs on the CPU (Note [Weights by FQN]).
+    if (meta_export && !options.weights.empty()) metaDevicesToCpu(impl->program);
   } catch (const json::exception& e) {
     throw Pt2Error(fmt::format("'{}': the exported program does not have the expected structure ({}); re-export the "
                                "model with torch 2.13",

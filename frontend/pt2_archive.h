@@ -81,12 +81,30 @@ struct Pt2TensorEntry {
   std::string fqn;
   bool is_parameter = false;  // else a buffer or constant
   bool is_constant = false;   // from the constants config (lifted tensor constants, non-persistent buffers)
+  bool on_meta = false;       // exported on the meta device: the archive holds no value for it
+  // Where its value comes from: "" the archive's own record; else the
+  // --weights source that gave it (Note [Weights by FQN] in pt2_weights.cpp).
+  std::string weights_source;
+};
+
+// How to open an archive: weights from safetensors by FQN (`pipeforge split
+// --weights`, `model.weights`), in order: a later source fills what earlier
+// ones lack.
+struct Pt2OpenOptions {
+  std::vector<std::string> weights;
+  bool accept_unused_weights = false;  // names in the sources that no tensor of the model takes
+  // false: only the program and the tensors' names, dtypes and shapes are
+  // wanted (a meta export opens without weights).
+  bool need_values = true;
 };
 
 class Pt2Archive {
  public:
-  // Opens and checks `path`; loads every weight and constant. Throws Pt2Error.
-  static Pt2Archive open(const std::string& path);
+  // Opens and checks `path`; maps every weight and constant, from the
+  // archive or from options.weights. Throws Pt2Error (an export made on the
+  // meta device without weights to fill it, a weight the sources lack or
+  // that does not fit, names no tensor takes).
+  static Pt2Archive open(const std::string& path, const Pt2OpenOptions& options = {});
 
   ~Pt2Archive();
   Pt2Archive(Pt2Archive&&) noexcept;

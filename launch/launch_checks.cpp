@@ -39,6 +39,8 @@ std::string splitFor(const TrainConfig& config, const std::string& out_dir) {
   request.out_dir = out_dir;
   request.force = true;
   request.spec = config.model.spec;  // parsed with the config (its file's lines in errors)
+  request.weights = config.model.weights;
+  request.accept_unused_weights = config.model.accept_unused_weights;
   try {
     stage::splitModelToDirectory(request);
   } catch (const partitioner::SpecError& e) {

@@ -1,11 +1,13 @@
 #include "stage/pt2_stage_writer.h"
 
+#include <ATen/ATen.h>
 #include <caffe2/serialize/inline_container.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cctype>
+#include <map>
 #include <set>
 
 #include "frontend/module_paths.h"
@@ -85,8 +87,25 @@ class StageWriter {
     std::vector<std::string> constant_files;
     const json original_weights = readConfig("data/weights/" + archive_.modelName() + "_weights_config.json");
     const json original_constants = readConfig("data/constants/" + archive_.modelName() + "_constants_config.json");
+    std::map<std::string, const frontend::Pt2TensorEntry*> entries;
+    for (const auto& e : archive_.tensors()) entries.emplace(e.fqn, &e);
+    // Tensors filled from --weights (Note [Weights by FQN]): one new record
+    // per tensor, shared by the names of one tie.
+    std::vector<std::pair<std::string, at::Tensor>> filled_weights, filled_constants;
+    std::map<const void*, std::string> filled_names;
     for (int l : stage_.lifted) {
       const std::string& fqn = archive_.signature().inputs[l].target;
+      auto e = entries.find(fqn);
+      if (e != entries.end() && !e->second->weights_source.empty()) {
+        const bool constant = e->second->is_constant;
+        const json& from = constant ? original_constants : original_weights;
+        const at::Tensor& value = archive_.tensor(fqn);
+        auto [named, fresh] = filled_names.emplace(
+            value.unsafeGetTensorImpl(), fmt::format("{}_pf{}", constant ? "tensor" : "weight", filled_names.size()));
+        if (fresh) (constant ? filled_constants : filled_weights).emplace_back(named->second, value);
+        (constant ? constants : weights)["config"][fqn] = filledEntry(from, fqn, named->second, value);
+        continue;
+      }
       if (!copyEntry(original_weights, fqn, weights, weight_files) &&
           !copyEntry(original_constants, fqn, constants, constant_files)) {
         throw StageBuildError(fmt::format("'{}': no weight or constant payload for '{}'", archive_.path(), fqn));
@@ -96,8 +115,10 @@ class StageWriter {
     caffe2::serialize::PyTorchStreamWriter writer(path);
     writer.setMinVersion(6);  // what torch's PT2ArchiveWriter sets
     for (const auto& file : weight_files) copyRecord(writer, "data/weights/" + file);
+    for (const auto& [name, value] : filled_weights) writeTensor(writer, "data/weights/" + name, value);
     writeText(writer, std::string("data/weights/") + kStageModel + "_weights_config.json", weights.dump());
     for (const auto& file : constant_files) copyRecord(writer, "data/constants/" + file);
+    for (const auto& [name, value] : filled_constants) writeTensor(writer, "data/constants/" + name, value);
     writeText(writer, std::string("data/constants/") + kStageModel + "_constants_config.json", constants.dump());
     writeText(writer, std::string("models/") + kStageModel + ".json", program.dump());
     // No example inputs: torch.export.load reads an empty record as None.
@@ -122,6 +143,28 @@ class StageWriter {
     std::string file = entry.at("path_name").get<std::string>();
     if (std::find(files.begin(), files.end(), file) == files.end()) files.push_back(file);
     return true;
+  }
+
+  // The archive's payload entry of `fqn`, for a tensor of its own record:
+  // a dense CPU tensor of the declared dtype and sizes.
+  static json filledEntry(const json& from, const std::string& fqn, const std::string& record,
+                          const at::Tensor& value) {
+    json entry = from.at("config").at(fqn);
+    entry["path_name"] = record;
+    json& meta = entry["tensor_meta"];
+    meta["device"] = {{"type", "cpu"}, {"index", nullptr}};
+    json strides = json::array();
+    for (std::int64_t s : value.contiguous().strides()) strides.push_back({{"as_int", s}});
+    meta["strides"] = strides;
+    meta["storage_offset"] = {{"as_int", 0}};
+    return entry;
+  }
+
+  // One tensor's bytes as a record (read page by page from a mapped source).
+  static void writeTensor(caffe2::serialize::PyTorchStreamWriter& writer, const std::string& name,
+                          const at::Tensor& value) {
+    const at::Tensor dense = value.detach().contiguous();
+    writer.writeRecord(name, dense.data_ptr(), dense.numel() * dense.element_size());
   }
 
   void copyRecord(caffe2::serialize::PyTorchStreamWriter& writer, const std::string& name) {

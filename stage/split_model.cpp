@@ -80,10 +80,21 @@ SplitSummary splitModelToDirectory(const SplitRequest& request) {
   // A torch.export model is split as its import and written as `.pt2`
   // stage files cut from its own program (Note [PT2 stage files]).
   std::optional<frontend::Pt2Archive> archive;
-  if (frontend::detectArchiveKind(request.model_path) == frontend::ArchiveKind::kPt2 &&
-      fs::is_regular_file(request.model_path, ec)) {
+  const bool is_pt2 = frontend::detectArchiveKind(request.model_path) == frontend::ArchiveKind::kPt2 &&
+                      fs::is_regular_file(request.model_path, ec);
+  if (!request.weights.empty() && !is_pt2) {
+    throw Error(ErrorCode::kUserInput,
+                fmt::format("--weights fills a torch.export program (.pt2) by FQN, and '{}' is not one (a TorchScript "
+                            "file carries its own weights); export the model with torch.export.save, or split without "
+                            "--weights",
+                            request.model_path));
+  }
+  if (is_pt2) {
     frontend::ensurePipeSplitRegistered();
-    archive.emplace(frontend::Pt2Archive::open(request.model_path));
+    frontend::Pt2OpenOptions options;
+    options.weights = request.weights;
+    options.accept_unused_weights = request.accept_unused_weights;
+    archive.emplace(frontend::Pt2Archive::open(request.model_path, options));
   }
   torch::jit::Module model = archive ? frontend::importPt2(*archive) : frontend::loadModel(request.model_path);
   // Note [Ops that follow the mode]: what a stage cannot switch to eval mode.

@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "partitioner/split_spec.h"
 #include "stage/manifest.h"
@@ -19,6 +20,10 @@ struct SplitRequest {
   std::optional<partitioner::SplitSpec> spec;
   std::string out_dir;
   bool force = false;  // replace an existing out_dir
+  // Safetensors sources of the weights, by FQN (Note [Weights by FQN] in
+  // frontend/pt2_weights.cpp); .pt2 models only.
+  std::vector<std::string> weights;
+  bool accept_unused_weights = false;
 };
 
 struct SplitSummary {

@@ -124,6 +124,12 @@ void copyCheckpointInto(torch::jit::Module& model, const std::map<std::string, F
 }  // namespace
 
 ExportSummary exportTrainedModel(const ExportRequest& request) {
+  if (request.format == "safetensors") return exportSafetensors(request);
+  if (!request.format.empty()) {
+    throw CheckpointError(fmt::format("--format '{}' is not one pipeforge export writes; use --format safetensors, or "
+                                      "leave it out to write by --out's extension (.pt, .pt2)",
+                                      request.format));
+  }
   std::error_code ec;
   // Only the formats written below: a name asking for another one is refused
   // before anything is read, not written in the wrong format under it.
@@ -136,8 +142,7 @@ ExportSummary exportTrainedModel(const ExportRequest& request) {
     throw CheckpointError(fmt::format(
         "--out '{}' names {}, a format pipeforge export does not write; it writes TorchScript (--out NAME.pt, loads "
         "with torch.jit.load) and, from a torch.export model, a torch.export archive (--out NAME.pt2, loads with "
-        "torch.export.load); for safetensors or a transformers folder, load the .pt2's weights in Python "
-        "(torch.export.load(path).module().state_dict()) and save them from there",
+        "torch.export.load); for safetensors (a save_pretrained folder), pass --format safetensors with --out DIR",
         request.out_path, what));
   }
   if (fs::exists(request.out_path, ec) && !request.force) {
@@ -156,10 +161,19 @@ ExportSummary exportTrainedModel(const ExportRequest& request) {
   // once, import the model from it, and rewrite that same archive below.
   const bool to_pt2 = fs::path(request.out_path).extension() == ".pt2";
   std::optional<frontend::Pt2Archive> archive;
-  if (to_pt2 && fs::is_regular_file(request.model_path, ec) &&
+  if (fs::is_regular_file(request.model_path, ec) &&
       frontend::detectArchiveKind(request.model_path) == frontend::ArchiveKind::kPt2) {
     frontend::ensurePipeSplitRegistered();
-    archive.emplace(frontend::Pt2Archive::open(request.model_path));
+    frontend::Pt2OpenOptions names_only;
+    names_only.need_values = false;
+    archive.emplace(frontend::Pt2Archive::open(request.model_path, names_only));
+    const auto& tensors = archive->tensors();
+    if (std::any_of(tensors.begin(), tensors.end(), [](const frontend::Pt2TensorEntry& e) { return e.on_meta; })) {
+      throw CheckpointError(fmt::format("model '{}' was exported on the meta device, so it cannot carry weights as a "
+                                        "{}; write the trained weights as safetensors instead: --format safetensors "
+                                        "--out DIR (add --like PRETRAINED_DIR for its config and tokenizer)",
+                                        request.model_path, to_pt2 ? ".pt2" : "TorchScript .pt"));
+    }
   }
   torch::jit::Module model = archive ? frontend::importPt2(*archive) : frontend::loadModel(request.model_path);
   copyCheckpointInto(model, params, buffers, meta, request, summary);

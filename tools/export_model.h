@@ -14,6 +14,13 @@ struct ExportRequest {
   std::string model_path;  // the model the split came from
   std::string out_path;
   bool force = false;      // replace an existing out_path
+  // "safetensors": out_path is a folder of what save_pretrained writes
+  // (Note [Exporting safetensors] in export_safetensors.cpp); "": by the
+  // extension of out_path (.pt, .pt2).
+  std::string format;
+  std::string like;            // safetensors: a save_pretrained folder to copy config and tokenizer files from
+  std::string dtype;           // safetensors: float32, bfloat16 or float16; "": as trained
+  std::string max_shard_size = "5GB";  // safetensors: save_pretrained's max_shard_size
 };
 
 struct ExportSummary {
@@ -34,5 +41,9 @@ struct ExportSummary {
 // CheckpointError or frontend::ModelError with the names at fault. The
 // output is written through a temporary file and a rename.
 ExportSummary exportTrainedModel(const ExportRequest& request);
+
+// request.format == "safetensors": the checkpoint's tensors under their
+// FQNs, one stage in memory at a time. Throws CheckpointError.
+ExportSummary exportSafetensors(const ExportRequest& request);
 
 }  // namespace pipeforge::train

@@ -184,8 +184,15 @@ void RunReport::finish(const TrainSummary& s, const LossScaler* scaler, const st
     if (!model_source.empty()) {
       // A .pt2 model exports back to a .pt2 (torch.export.load runs it).
       const bool pt2 = model_source.size() > 4 && model_source.compare(model_source.size() - 4, 4, ".pt2") == 0;
-      out_ << fmt::format("  export:     pipeforge export {} --model {} --out trained.{}\n", config_.checkpoint.dir,
-                          model_source, pt2 ? "pt2" : "pt");
+      if (!config_.model.weights.empty()) {
+        // Weights from a pretrained checkpoint go back out the same way.
+        out_ << fmt::format("  export:     pipeforge export {} --model {} --format safetensors --like {} --out "
+                            "finetuned/\n",
+                            config_.checkpoint.dir, model_source, config_.model.weights.front());
+      } else {
+        out_ << fmt::format("  export:     pipeforge export {} --model {} --out trained.{}\n", config_.checkpoint.dir,
+                            model_source, pt2 ? "pt2" : "pt");
+      }
     }
   }
   out_ << "  metrics:    " << metrics_->path() << "\n";

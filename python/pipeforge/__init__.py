@@ -16,7 +16,7 @@ C++ frontend) marks it as having side effects, which keeps it in the graph.
 """
 import torch
 
-__all__ = ["pipe_split"]
+__all__ = ["pipe_split", "export_on_meta"]
 
 _NAMESPACE = "pipeforge"
 
@@ -41,3 +41,10 @@ _register()
 def pipe_split() -> None:
     """Marks a pipeline stage boundary; a no-op when the model runs."""
     torch.ops.pipeforge.pipe_split()
+
+
+def export_on_meta(*args, **kwargs):
+    """See pipeforge.meta_export.export_on_meta."""
+    from pipeforge.meta_export import export_on_meta as export
+
+    return export(*args, **kwargs)

@@ -1,0 +1,250 @@
+#include "frontend/pt2_weights.h"
+
+#include <ATen/ATen.h>
+
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "common/safetensors.h"
+#include "frontend/errors.h"
+
+namespace pipeforge::frontend {
+namespace {
+
+// Note [Weights by FQN]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A transformers model's exported names are its state_dict names, which are
+// the names save_pretrained writes (for the families without weight renames,
+// scale-facts 1.5). So with --weights every parameter and persistent buffer
+// (the archive's weights config) takes the tensor of the same name from the
+// first source that has it; a non-persistent buffer or lifted constant (the
+// constants config) takes one when a source has it, else keeps the
+// archive's. A tensor of the same dtype is a view of the source's mapping (no
+// copy: the split reads only the pages it uses, Note [Mapped weights]); a
+// float tensor of another float dtype (a bf16 checkpoint, an fp32 export) is
+// converted to the dtype the export declares.
+//
+// Ties: in a meta-device export every tensor points at one empty record, so
+// the archive cannot say which weights are one (scale-facts 2). They come
+// from the sources' metadata (kTiedWeightsKey, which pipeforge.export_on_meta
+// writes): a tied name takes the very tensor of the name it is tied to, so
+// the split sees one tensor under two names (pipe.json's `tied`), and a
+// checkpoint that left the tied name out (save_pretrained drops lm_head.weight
+// with tie_word_embeddings) is complete.
+//
+// Everything is checked before anything is written, and every problem of a
+// kind is reported at once: missing names (the first 10 and the count), a
+// shape or dtype that does not fit (both sides), names no tensor takes.
+
+std::optional<at::ScalarType> scalarTypeOf(const std::string& dtype) {
+  static const std::map<std::string, at::ScalarType> kTypes = {
+      {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf},  {"BF16", at::kBFloat16}, {"I64", at::kLong},
+      {"I32", at::kInt},    {"I16", at::kShort}, {"I8", at::kChar},   {"U8", at::kByte},       {"BOOL", at::kBool}};
+  auto it = kTypes.find(dtype);
+  if (it == kTypes.end()) return std::nullopt;
+  return it->second;
+}
+
+// "float32[64, 16]", as pipe.json writes values.
+std::string describe(const at::Tensor& t) {
+  static const std::map<at::ScalarType, const char*> kNames = {
+      {at::kFloat, "float32"}, {at::kDouble, "float64"}, {at::kHalf, "float16"}, {at::kBFloat16, "bfloat16"},
+      {at::kLong, "int64"},    {at::kInt, "int32"},      {at::kShort, "int16"},  {at::kChar, "int8"},
+      {at::kByte, "uint8"},    {at::kBool, "bool"}};
+  auto it = kNames.find(t.scalar_type());
+  return fmt::format("{}[{}]", it != kNames.end() ? it->second : c10::toString(t.scalar_type()),
+                     fmt::join(t.sizes(), ", "));
+}
+
+std::string firstOf(const std::vector<std::string>& names) {
+  constexpr std::size_t kShown = 10;
+  std::vector<std::string> shown(names.begin(), names.begin() + static_cast<long>(std::min(kShown, names.size())));
+  std::string out = fmt::format("'{}'", fmt::join(shown, "', '"));
+  if (names.size() > kShown) out += fmt::format(" and {} more", names.size() - kShown);
+  return out;
+}
+
+}  // namespace
+
+void fillFromWeights(const std::string& archive_path, const Pt2OpenOptions& options,
+                     std::vector<Pt2TensorEntry>& entries, std::map<std::string, at::Tensor>& tensors) {
+  if (options.weights.empty() && !options.need_values) return;
+  if (options.weights.empty()) {
+    std::vector<std::string> meta;
+    for (const auto& e : entries) {
+      if (e.on_meta) meta.push_back(e.fqn);
+    }
+    if (!meta.empty()) {
+      throw Pt2Error(fmt::format("'{}' was exported on the meta device: its {} parameters and buffers have no values "
+                                 "(e.g. '{}'). Split it with --weights SRC (a .safetensors file or a save_pretrained "
+                                 "folder; README \"Fine-tune a pretrained transformers model\"), or set model.weights "
+                                 "in the training config",
+                                 archive_path, meta.size(), meta.front()));
+    }
+    return;
+  }
+
+  std::vector<std::shared_ptr<SafetensorsSource>> sources;
+  for (const std::string& path : options.weights) {
+    try {
+      sources.push_back(std::make_shared<SafetensorsSource>(SafetensorsSource::open(path)));
+    } catch (const SafetensorsError& e) {
+      throw Pt2Error(fmt::format("--weights '{}': {}", path, e.what()));
+    }
+  }
+  const std::string named = fmt::format("'{}'", fmt::join(options.weights, "', '"));
+
+  // Ties recorded by the sources (the first source's word wins).
+  std::map<std::string, std::string> tied;
+  for (const auto& source : sources) {
+    for (const auto& [key, value] : source->metadata()) {
+      if (key != kTiedWeightsKey) continue;
+      try {
+        const nlohmann::json ties = nlohmann::json::parse(value);
+        for (const auto& [target, from] : ties.items()) {
+          tied.emplace(target, from.get<std::string>());
+        }
+      } catch (const nlohmann::json::exception& e) {
+        throw Pt2Error(fmt::format("--weights '{}': its metadata '{}' is not a JSON object of names ({})",
+                                   source->path(), kTiedWeightsKey, e.what()));
+      }
+    }
+  }
+
+  std::set<std::pair<std::size_t, std::string>> used;  // (source, name)
+  std::vector<std::string> missing, misfits;
+  auto take = [&](const Pt2TensorEntry& entry, const at::Tensor& declared) -> std::optional<at::Tensor> {
+    for (std::size_t k = 0; k < sources.size(); ++k) {
+      const SafetensorsTensor* t = sources[k]->find(entry.fqn);
+      if (t == nullptr) continue;
+      used.insert({k, entry.fqn});
+      const std::string where = sources[k]->fileOf(entry.fqn);
+      const std::optional<at::ScalarType> type = scalarTypeOf(t->dtype);
+      const std::string theirs = fmt::format("{}[{}]", t->dtype, fmt::join(t->shape, ", "));
+      if (!type || t->shape != declared.sizes().vec() ||
+          (*type != declared.scalar_type() &&
+           !(at::isFloatingType(*type) && at::isFloatingType(declared.scalar_type())))) {
+        misfits.push_back(fmt::format("'{}' is {} in the model but {} in '{}'", entry.fqn, describe(declared), theirs,
+                                      where));
+        return std::nullopt;
+      }
+      // The source stays mapped while any tensor over it lives.
+      auto keep = new std::shared_ptr<SafetensorsSource>(sources[k]);
+      at::Tensor view = at::from_blob(
+          const_cast<std::uint8_t*>(t->data), t->shape, [keep](void*) { delete keep; },
+          at::TensorOptions().dtype(*type));
+      if (*type != declared.scalar_type()) view = view.to(declared.scalar_type());
+      return view;
+    }
+    return std::nullopt;
+  };
+
+  std::map<std::string, std::string> filled_from;  // fqn -> source path
+  for (auto& entry : entries) {
+    if (tied.count(entry.fqn)) continue;  // below, from its tie
+    at::Tensor& slot = tensors.at(entry.fqn);
+    const std::size_t misfits_before = misfits.size();
+    std::optional<at::Tensor> value = take(entry, slot);
+    if (value) {
+      if (entry.is_parameter && slot.requires_grad()) value->set_requires_grad(true);
+      slot = *value;
+      entry.on_meta = false;
+      for (std::size_t k = 0; k < sources.size(); ++k) {
+        if (used.count({k, entry.fqn})) {
+          entry.weights_source = sources[k]->path();
+          break;
+        }
+      }
+    } else if (misfits.size() == misfits_before && (!entry.is_constant || entry.on_meta)) {
+      missing.push_back(entry.fqn);
+    }
+  }
+  for (auto& entry : entries) {
+    auto tie = tied.find(entry.fqn);
+    if (tie == tied.end()) continue;
+    for (std::size_t k = 0; k < sources.size(); ++k) {
+      if (sources[k]->find(entry.fqn) != nullptr) used.insert({k, entry.fqn});  // the tie wins
+    }
+    auto from = std::find_if(entries.begin(), entries.end(),
+                             [&](const Pt2TensorEntry& e) { return e.fqn == tie->second; });
+    if (from == entries.end() || from->on_meta || from->weights_source.empty()) {
+      if (from == entries.end() || from->weights_source.empty()) missing.push_back(entry.fqn);
+      continue;
+    }
+    const at::Tensor& value = tensors.at(from->fqn);
+    at::Tensor& slot = tensors.at(entry.fqn);
+    if (value.sizes() != slot.sizes() || value.scalar_type() != slot.scalar_type()) {
+      misfits.push_back(fmt::format("'{}' is {} in the model but is tied to '{}', which is {}", entry.fqn,
+                                    describe(slot), from->fqn, describe(value)));
+      continue;
+    }
+    slot = value;
+    entry.on_meta = false;
+    entry.weights_source = from->weights_source;
+  }
+
+  if (!misfits.empty()) {
+    throw Pt2Error(fmt::format("'{}': {} tensor{} of --weights {} do{} not fit the model: {}. Give the checkpoint of "
+                               "this model, or export the model from the checkpoint's config",
+                               archive_path, misfits.size(), misfits.size() == 1 ? "" : "s", named,
+                               misfits.size() == 1 ? "es" : "", fmt::join(misfits, "; ")));
+  }
+  if (!missing.empty()) {
+    throw Pt2Error(fmt::format("'{}': {} tensor{} the model needs {} no value in --weights {}: {}. Give a source "
+                               "that holds them (--weights may be repeated, model.weights may be a list; a later "
+                               "source fills what earlier ones lack). A meta-device export's non-persistent "
+                               "buffers (rotary inv_freq) come from the buffers file pipeforge.export_on_meta "
+                               "writes; a tied weight a checkpoint leaves out, from the ties that file records",
+                               archive_path, missing.size(), missing.size() == 1 ? "" : "s",
+                               missing.size() == 1 ? "has" : "have", named, firstOf(missing)));
+  }
+  if (!options.accept_unused_weights) {
+    std::vector<std::string> unused;
+    for (std::size_t k = 0; k < sources.size(); ++k) {
+      for (const std::string& name : sources[k]->names()) {
+        bool taken = false;
+        for (std::size_t j = 0; j <= k && !taken; ++j) taken = used.count({j, name}) > 0;
+        // A name an earlier source already gave is not this one's to give.
+        for (std::size_t j = 0; j < k && !taken; ++j) taken = sources[j]->find(name) != nullptr;
+        if (!taken) unused.push_back(name);
+      }
+    }
+    if (!unused.empty()) {
+      throw Pt2Error(fmt::format("'{}': {} tensor{} in --weights {} {} no tensor of the model: {}. Check that the "
+                                 "weights are this model's checkpoint, or pass --accept-unused-weights "
+                                 "(model.accept_unused_weights: true in a training config) to ignore them",
+                                 archive_path, unused.size(), unused.size() == 1 ? "" : "s", named,
+                                 unused.size() == 1 ? "fits" : "fit", firstOf(unused)));
+    }
+  }
+}
+
+int metaDevicesToCpu(nlohmann::ordered_json& program) {
+  int rewritten = 0;
+  std::vector<nlohmann::ordered_json*> work{&program};
+  while (!work.empty()) {
+    nlohmann::ordered_json* j = work.back();
+    work.pop_back();
+    if (j->is_array()) {
+      for (auto& e : *j) work.push_back(&e);
+    } else if (j->is_object()) {
+      // A Device: {"type": "meta", "index": null}.
+      if (j->contains("type") && j->at("type").is_string() && j->at("type").get<std::string>() == "meta" &&
+          j->size() <= 2 && (j->size() == 1 || j->contains("index"))) {
+        (*j)["type"] = "cpu";
+        ++rewritten;
+        continue;
+      }
+      for (auto& [key, value] : j->items()) work.push_back(&value);
+    }
+  }
+  return rewritten;
+}
+
+}  // namespace pipeforge::frontend
