@@ -15,6 +15,14 @@
    starts) and each rank's (VmHWM polled from /proc), next to each rank's
    share of the file.
 
+3. The disk's speed (issue 41): each split next to `cp` of the same bytes on
+   the same disk (the physical limit), warm page cache on both sides:
+     - `pipeforge split MODEL.pt2` of the weight-bearing export against `cp MODEL.pt2`;
+     - `pipeforge split META.pt2 --weights SRC --weights BUFFERS` of the same
+       model exported on the meta device (pipeforge.export_on_meta), its
+       weights a save_pretrained folder (SRC, safetensors), against `cp -r SRC`.
+   Goals: each split <= 1.5 x its copy.
+
 Models are exported once into --work. Usage: bash bench/streaming_split.sh [--models 355m,1300m] [--no-startup]
 """
 import argparse
@@ -48,6 +56,64 @@ torch.export.save(ep, os.path.join(tmp, os.path.basename({path!r})))
 os.replace(os.path.join(tmp, os.path.basename({path!r})), {path!r})
 """
     subprocess.run([sys.executable, "-W", "ignore", "-c", code], check=True)
+
+
+def export_gpt2_meta(meta_path: str, pretrained: str, layers: int, width: int) -> None:
+    """The same GPT-2 exported on the meta device, and its weights as a save_pretrained folder."""
+    code = f"""
+import os, sys, torch, transformers
+sys.path.insert(0, {os.path.join(HERE, "..", "python")!r})
+from pipeforge import export_on_meta
+torch.manual_seed(0)
+cfg = transformers.GPT2Config(n_layer={layers}, n_embd={width}, n_head=16, n_positions=1024, vocab_size=50257,
+                              resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+transformers.GPT2LMHeadModel(cfg).save_pretrained({pretrained!r}, max_shard_size="2GB")
+export_on_meta(lambda: transformers.GPT2LMHeadModel(cfg).eval(), (torch.randint(0, 50257, (1, 64)),),
+               kwargs={{"use_cache": False, "return_dict": False}}, path={meta_path!r})
+"""
+    subprocess.run([sys.executable, "-W", "ignore", "-c", code], check=True)
+
+
+def folder_bytes(path: str) -> int:
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+
+
+def copy_seconds(path: str, work: str) -> float:
+    """`cp` of `path` (a file or a folder) to a fresh name on the same disk, synced, like a split's writes."""
+    target = os.path.join(work, ".copy")
+    shutil.rmtree(target, ignore_errors=True)
+    t0 = time.monotonic()
+    subprocess.run(["cp", "-r", path, target], check=True)
+    subprocess.run(["sync", "-f", target], check=False)
+    seconds = time.monotonic() - t0
+    shutil.rmtree(target, ignore_errors=True)
+    return seconds
+
+
+def bench_disk(binary: str, name: str, model: str, work: str) -> list:
+    """Rows (kind, bytes, split s, cp s, RSS) of issue 41's disk-speed goal."""
+    layers, width = MODELS[name]
+    spec = os.path.join(work, "split4.yaml")
+    meta = os.path.join(work, f"gpt2_{name}_meta.pt2")
+    pretrained = os.path.join(work, f"gpt2_{name}_pretrained")
+    if not os.path.exists(meta) or not os.path.isdir(pretrained):
+        print(f"exporting GPT-2 {name} on the meta device, weights to {pretrained} ...", flush=True)
+        export_gpt2_meta(meta, pretrained, layers, width)
+    buffers = meta[:-4] + ".buffers.safetensors"
+    rows = []
+    for kind, cmd, source in (
+            ("weight-bearing .pt2", [binary, "split", model, "--spec", spec, "--out", model[:-4] + ".disk", "--force"],
+             model),
+            ("meta .pt2 + safetensors", [binary, "split", meta, "--weights", pretrained, "--weights", buffers,
+                                         "--spec", spec, "--out", meta[:-4] + ".disk", "--force"], pretrained)):
+        copy_seconds(source, work)  # warm the page cache for both sides
+        split_s, split_rss = measured(cmd + [])
+        cp_s = copy_seconds(source, work)
+        split_s2, split_rss2 = measured(cmd + [])
+        rows.append((kind, folder_bytes(source), min(split_s, split_s2), cp_s, max(split_rss, split_rss2)))
+    return rows
 
 
 def measured(cmd: list, env: dict = None) -> tuple:
@@ -158,6 +224,19 @@ def main() -> None:
         print(f"| {name} | {r['size'] / MB:.0f} | {r['split_s']:.2f} | {r['load_s']:.2f} | "
               f"{r['split_s'] / r['load_s']:.3f} | {r['split_rss'] / MB:.0f} | {r['load_rss'] / MB:.0f} | "
               f"{r['split_rss'] / r['size']:.3f} | {rss_goal / MB:.0f} | {'held' if ok else 'MISSED'} |")
+
+    print("\n## pipeforge split at the disk's speed (issue 41): against `cp` of the same bytes, warm cache, "
+          "the better of 2 splits")
+    print("| model | kind | source MB | split s | cp s | split / cp (goal <= 1.5) | split peak RSS MB | "
+          "RSS goal MB (0.25 x source + 300) | goals |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    for name in args.models.split(","):
+        model = os.path.join(args.work, f"gpt2_{name}.pt2")
+        for kind, size, split_s, cp_s, rss in bench_disk(args.pipeforge, name, model, args.work):
+            rss_goal = 0.25 * size + 300 * MB
+            ok = split_s <= 1.5 * cp_s and rss <= rss_goal
+            print(f"| {name} | {kind} | {size / MB:.0f} | {split_s:.2f} | {cp_s:.2f} | {split_s / cp_s:.2f} | "
+                  f"{rss / MB:.0f} | {rss_goal / MB:.0f} | {'held' if ok else 'MISSED'} |", flush=True)
 
     if not args.no_startup:
         name = args.models.split(",")[-1]

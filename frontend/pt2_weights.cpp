@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -70,6 +71,42 @@ std::string firstOf(const std::vector<std::string>& names) {
   return out;
 }
 
+// Note [Checkpoint renames]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// transformers renames some families' weights as it loads them, and
+// save_pretrained writes them back under the original names
+// (conversion_mapping.py; scale-facts 1.5). A model name a checkpoint lacks
+// is assembled from the original layout when the checkpoint has that:
+//   Mixtral: P.mlp.X <- P.block_sparse_moe.X (the router: mlp.gate.weight);
+//     P.mlp.experts.gate_up_proj [E, 2I, H] <- for e < E, experts.e.w1.weight
+//     [I, H] stacked, then experts.e.w3.weight stacked, joined on dim 1;
+//     P.mlp.experts.down_proj [E, H, I] <- experts.e.w2.weight stacked.
+// The export writes the model's own names, which from_pretrained loads too.
+at::Tensor fromOriginalLayout(const std::string& fqn, const std::function<at::Tensor(const std::string&)>& get) {
+  const std::string mlp = ".mlp.";
+  const std::size_t at_mlp = fqn.rfind(mlp);
+  if (at_mlp == std::string::npos) return at::Tensor();
+  const std::string prefix = fqn.substr(0, at_mlp) + ".block_sparse_moe.";
+  const std::string rest = fqn.substr(at_mlp + mlp.size());
+  auto stacked = [&](const std::string& which) -> at::Tensor {
+    std::vector<at::Tensor> parts;
+    for (int e = 0;; ++e) {
+      at::Tensor t = get(fmt::format("{}experts.{}.{}.weight", prefix, e, which));
+      if (!t.defined()) break;
+      parts.push_back(t);
+    }
+    return parts.empty() ? at::Tensor() : at::stack(parts, 0);
+  };
+  if (rest == "experts.gate_up_proj") {
+    at::Tensor gate = stacked("w1");
+    at::Tensor up = stacked("w3");
+    if (!gate.defined() || !up.defined() || gate.sizes() != up.sizes()) return at::Tensor();
+    return at::cat({gate, up}, 1);
+  }
+  if (rest == "experts.down_proj") return stacked("w2");
+  return get(prefix + rest);
+}
+
 }  // namespace
 
 void fillFromWeights(const std::string& archive_path, const Pt2OpenOptions& options,
@@ -119,48 +156,72 @@ void fillFromWeights(const std::string& archive_path, const Pt2OpenOptions& opti
 
   std::set<std::pair<std::size_t, std::string>> used;  // (source, name)
   std::vector<std::string> missing, misfits;
-  auto take = [&](const Pt2TensorEntry& entry, const at::Tensor& declared) -> std::optional<at::Tensor> {
+  // The source tensor `name` of source k as a tensor over its mapping (the
+  // source stays mapped while any such tensor lives); nullopt when k lacks it.
+  auto view = [&](std::size_t k, const std::string& name) -> std::optional<at::Tensor> {
+    const SafetensorsTensor* t = sources[k]->find(name);
+    if (t == nullptr) return std::nullopt;
+    const std::optional<at::ScalarType> type = scalarTypeOf(t->dtype);
+    if (!type) return at::Tensor();  // undefined: a dtype no model tensor has
+    auto keep = new std::shared_ptr<SafetensorsSource>(sources[k]);
+    return at::from_blob(
+        const_cast<std::uint8_t*>(t->data), t->shape, [keep](void*) { delete keep; },
+        at::TensorOptions().dtype(*type));
+  };
+  auto fits = [&](const at::Tensor& value, const at::Tensor& declared) {
+    return value.defined() && value.sizes() == declared.sizes() &&
+           (value.scalar_type() == declared.scalar_type() ||
+            (at::isFloatingType(value.scalar_type()) && at::isFloatingType(declared.scalar_type())));
+  };
+  // (value, source index) of `entry`: its own name, else assembled from
+  // transformers' original layout (Note [Checkpoint renames]).
+  auto take = [&](const Pt2TensorEntry& entry, const at::Tensor& declared)
+      -> std::optional<std::pair<at::Tensor, std::size_t>> {
     for (std::size_t k = 0; k < sources.size(); ++k) {
-      const SafetensorsTensor* t = sources[k]->find(entry.fqn);
-      if (t == nullptr) continue;
+      std::optional<at::Tensor> v = view(k, entry.fqn);
+      if (!v) continue;
       used.insert({k, entry.fqn});
-      const std::string where = sources[k]->fileOf(entry.fqn);
-      const std::optional<at::ScalarType> type = scalarTypeOf(t->dtype);
-      const std::string theirs = fmt::format("{}[{}]", t->dtype, fmt::join(t->shape, ", "));
-      if (!type || t->shape != declared.sizes().vec() ||
-          (*type != declared.scalar_type() &&
-           !(at::isFloatingType(*type) && at::isFloatingType(declared.scalar_type())))) {
-        misfits.push_back(fmt::format("'{}' is {} in the model but {} in '{}'", entry.fqn, describe(declared), theirs,
-                                      where));
+      if (!fits(*v, declared)) {
+        const SafetensorsTensor* t = sources[k]->find(entry.fqn);
+        misfits.push_back(fmt::format("'{}' is {} in the model but {}[{}] in '{}'", entry.fqn, describe(declared),
+                                      t->dtype, fmt::join(t->shape, ", "), sources[k]->fileOf(entry.fqn)));
         return std::nullopt;
       }
-      // The source stays mapped while any tensor over it lives.
-      auto keep = new std::shared_ptr<SafetensorsSource>(sources[k]);
-      at::Tensor view = at::from_blob(
-          const_cast<std::uint8_t*>(t->data), t->shape, [keep](void*) { delete keep; },
-          at::TensorOptions().dtype(*type));
-      if (*type != declared.scalar_type()) view = view.to(declared.scalar_type());
-      return view;
+      at::Tensor value = *v;
+      if (value.scalar_type() != declared.scalar_type()) value = value.to(declared.scalar_type());
+      return std::make_pair(value, k);
+    }
+    for (std::size_t k = 0; k < sources.size(); ++k) {
+      std::vector<std::string> parts;
+      at::Tensor value = fromOriginalLayout(entry.fqn, [&](const std::string& name) -> at::Tensor {
+        std::optional<at::Tensor> v = view(k, name);
+        if (!v || !v->defined()) return at::Tensor();
+        parts.push_back(name);
+        return *v;
+      });
+      if (!value.defined()) continue;
+      for (const auto& name : parts) used.insert({k, name});
+      if (!fits(value, declared)) {
+        misfits.push_back(fmt::format("'{}' is {} in the model but {} assembled from {} in '{}'", entry.fqn,
+                                      describe(declared), describe(value), fmt::join(parts, ", "),
+                                      sources[k]->path()));
+        return std::nullopt;
+      }
+      return std::make_pair(value.to(declared.scalar_type()).contiguous(), k);
     }
     return std::nullopt;
   };
 
-  std::map<std::string, std::string> filled_from;  // fqn -> source path
   for (auto& entry : entries) {
     if (tied.count(entry.fqn)) continue;  // below, from its tie
     at::Tensor& slot = tensors.at(entry.fqn);
     const std::size_t misfits_before = misfits.size();
-    std::optional<at::Tensor> value = take(entry, slot);
+    std::optional<std::pair<at::Tensor, std::size_t>> value = take(entry, slot);
     if (value) {
-      if (entry.is_parameter && slot.requires_grad()) value->set_requires_grad(true);
-      slot = *value;
+      if (entry.is_parameter && slot.requires_grad()) value->first.set_requires_grad(true);
+      slot = value->first;
       entry.on_meta = false;
-      for (std::size_t k = 0; k < sources.size(); ++k) {
-        if (used.count({k, entry.fqn})) {
-          entry.weights_source = sources[k]->path();
-          break;
-        }
-      }
+      entry.weights_source = sources[value->second]->path();
     } else if (misfits.size() == misfits_before && (!entry.is_constant || entry.on_meta)) {
       missing.push_back(entry.fqn);
     }

@@ -6,13 +6,19 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
 #include <cctype>
 #include <map>
 #include <set>
 
 #include "frontend/module_paths.h"
 #include "frontend/pt2_archive.h"
+#include "common/error.h"
 #include "stage/build_stages.h"
+#include "stage/file_digest.h"
 #include "stage/pt2_stage_plan.h"
 
 namespace pipeforge::stage {
@@ -79,7 +85,7 @@ class StageWriter {
   StageWriter(const frontend::Pt2Archive& archive, const Pt2StagePlan& stage)
       : archive_(archive), stage_(stage), reader_(archive.path()) {}
 
-  void write(const std::string& path) {
+  std::string write(const std::string& path) {
     json program = programJson();
     json weights = json{{"config", json::object()}};
     json constants = json{{"config", json::object()}};
@@ -112,7 +118,20 @@ class StageWriter {
       }
     }
 
-    caffe2::serialize::PyTorchStreamWriter writer(path);
+    // The file's digest in the pass that writes it (Note [File digests]).
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "wb"), &std::fclose);
+    if (!file) {
+      throw Error(ErrorCode::kIo, fmt::format("cannot write stage file '{}': {}", path, std::strerror(errno)));
+    }
+    std::vector<char> buffer(1 << 20);
+    std::setvbuf(file.get(), buffer.data(), _IOFBF, buffer.size());
+    Sha256 digest;
+    bool failed = false;
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) -> size_t {
+      digest.update(data, n);
+      if (std::fwrite(data, 1, n, file.get()) != n) failed = true;
+      return n;
+    });
     writer.setMinVersion(6);  // what torch's PT2ArchiveWriter sets
     for (const auto& file : weight_files) copyRecord(writer, "data/weights/" + file);
     for (const auto& [name, value] : filled_weights) writeTensor(writer, "data/weights/" + name, value);
@@ -126,6 +145,10 @@ class StageWriter {
     copyRecord(writer, "archive_format");
     copyRecord(writer, "archive_version");
     writer.writeEndOfFile();
+    if (std::fflush(file.get()) != 0 || failed) {
+      throw Error(ErrorCode::kIo, fmt::format("cannot write stage file '{}': {}", path, std::strerror(errno)));
+    }
+    return digest.hex();
   }
 
  private:
@@ -319,9 +342,9 @@ class StageWriter {
 
 }  // namespace
 
-void writePt2Stage(const frontend::Pt2Archive& archive, const Pt2StagePlan& stage, const std::string& path) {
+std::string writePt2Stage(const frontend::Pt2Archive& archive, const Pt2StagePlan& stage, const std::string& path) {
   try {
-    StageWriter(archive, stage).write(path);
+    return StageWriter(archive, stage).write(path);
   } catch (const nlohmann::ordered_json::exception& e) {
     throw StageBuildError(fmt::format("'{}': cannot write stage file '{}': {}", archive.path(), path, e.what()));
   } catch (const c10::Error& e) {
