@@ -83,12 +83,19 @@ def folder_bytes(path: str) -> int:
 def copy_seconds(path: str, work: str) -> float:
     """`cp` of `path` (a file or a folder) to a fresh name on the same disk, synced, like a split's writes."""
     target = os.path.join(work, ".copy")
-    shutil.rmtree(target, ignore_errors=True)
+
+    def remove() -> None:
+        if os.path.isdir(target):
+            shutil.rmtree(target)
+        elif os.path.exists(target):
+            os.remove(target)
+
+    remove()
     t0 = time.monotonic()
     subprocess.run(["cp", "-r", path, target], check=True)
     subprocess.run(["sync", "-f", target], check=False)
     seconds = time.monotonic() - t0
-    shutil.rmtree(target, ignore_errors=True)
+    remove()
     return seconds
 
 

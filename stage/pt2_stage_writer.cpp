@@ -5,7 +5,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -183,11 +187,23 @@ class StageWriter {
     return entry;
   }
 
-  // One tensor's bytes as a record (read page by page from a mapped source).
+  // One tensor's bytes as a record, read page by page from a mapped source;
+  // then those pages are handed back (MADV_PAGEOUT: clean file pages are
+  // dropped, nothing is lost), so that a split from a safetensors checkpoint
+  // holds one tensor's pages at a time, not every page it wrote (they count
+  // in its RSS otherwise). Memory of our own (a converted tensor) is left alone
+  // by the kernel unless there is swap, which keeps its contents.
   static void writeTensor(caffe2::serialize::PyTorchStreamWriter& writer, const std::string& name,
                           const at::Tensor& value) {
     const at::Tensor dense = value.detach().contiguous();
-    writer.writeRecord(name, dense.data_ptr(), dense.numel() * dense.element_size());
+    const std::size_t bytes = dense.numel() * dense.element_size();
+    writer.writeRecord(name, dense.data_ptr(), bytes);
+#ifdef MADV_PAGEOUT
+    const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const auto begin = reinterpret_cast<std::uintptr_t>(dense.data_ptr());
+    const std::uintptr_t first = (begin + page - 1) / page * page, last = (begin + bytes) / page * page;
+    if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_PAGEOUT);
+#endif
   }
 
   void copyRecord(caffe2::serialize::PyTorchStreamWriter& writer, const std::string& name) {
