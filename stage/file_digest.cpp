@@ -56,19 +56,6 @@ std::string sha256OfBytes(std::string_view bytes) {
   return finishHex(ctx.get());
 }
 
-struct Sha256::Impl {
-  DigestContext ctx = startSha256();
-};
-
-Sha256::Sha256() : impl_(std::make_unique<Impl>()) {}
-Sha256::~Sha256() = default;
-
-void Sha256::update(const void* data, std::size_t size) {
-  if (size > 0) EVP_DigestUpdate(impl_->ctx.get(), data, size);
-}
-
-std::string Sha256::hex() { return finishHex(impl_->ctx.get()); }
-
 bool isSha256(const std::string& text) {
   if (text.size() != 64) return false;
   for (char c : text) {

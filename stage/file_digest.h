@@ -28,23 +28,6 @@ std::string sha256OfFile(const std::string& path);
 // The same of bytes in hand.
 std::string sha256OfBytes(std::string_view bytes);
 
-// The same of bytes given piece by piece, as a writer produces them (a file's
-// digest in the pass that writes it, not in a second pass that reads it back).
-class Sha256 {
- public:
-  Sha256();
-  ~Sha256();
-  Sha256(const Sha256&) = delete;
-  Sha256& operator=(const Sha256&) = delete;
-  void update(const void* data, std::size_t size);
-  // Lower-case hex; call once.
-  std::string hex();
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
-
 // True for 64 lower-case hex digits.
 bool isSha256(const std::string& text);
 

@@ -122,20 +122,9 @@ class StageWriter {
       }
     }
 
-    // The file's digest in the pass that writes it (Note [File digests]).
-    std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "wb"), &std::fclose);
-    if (!file) {
-      throw Error(ErrorCode::kIo, fmt::format("cannot write stage file '{}': {}", path, std::strerror(errno)));
-    }
-    std::vector<char> buffer(1 << 20);
-    std::setvbuf(file.get(), buffer.data(), _IOFBF, buffer.size());
-    Sha256 digest;
-    bool failed = false;
-    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) -> size_t {
-      digest.update(data, n);
-      if (std::fwrite(data, 1, n, file.get()) != n) failed = true;
-      return n;
-    });
+    // The file name, not a writer function: the archive's root folder is
+    // the file's stem, as torch.export.save writes it.
+    caffe2::serialize::PyTorchStreamWriter writer(path);
     writer.setMinVersion(6);  // what torch's PT2ArchiveWriter sets
     for (const auto& file : weight_files) copyRecord(writer, "data/weights/" + file);
     for (const auto& [name, value] : filled_weights) writeTensor(writer, "data/weights/" + name, value);
@@ -149,10 +138,7 @@ class StageWriter {
     copyRecord(writer, "archive_format");
     copyRecord(writer, "archive_version");
     writer.writeEndOfFile();
-    if (std::fflush(file.get()) != 0 || failed) {
-      throw Error(ErrorCode::kIo, fmt::format("cannot write stage file '{}': {}", path, std::strerror(errno)));
-    }
-    return digest.hex();
+    return sha256OfFile(path);  // Note [File digests]
   }
 
  private:
