@@ -55,7 +55,11 @@ TEST(LocalLauncherTest, ReportsAnExecutableThatCannotRun) {
 // caused it, even when a rank that only saw the failure (4) exited first.
 TEST(LocalLauncherTest, RunExitStatusIsTheCausingRanks) {
   EXPECT_EQ(launchLocal(shell("exit 0", 2)).exitStatus(), 0);
-  LaunchResult peer_first = launchLocal(shell("if [ $RANK = 0 ]; then exit 4; fi; sleep 0.3; exit 3", 2));
+  // Rank 1 exits by itself after 0.3 s: a grace far past that, so that a
+  // loaded machine never turns its exit into the launcher's kill.
+  LaunchOptions peer = shell("if [ $RANK = 0 ]; then exit 4; fi; sleep 0.3; exit 3", 2);
+  peer.grace = std::chrono::seconds(10);
+  LaunchResult peer_first = launchLocal(peer);
   EXPECT_EQ(*peer_first.first_failed, 0);
   EXPECT_EQ(peer_first.exitStatus(), 3) << peer_first.summary();
   EXPECT_EQ(launchLocal(shell("exit 4", 2)).exitStatus(), 4);
