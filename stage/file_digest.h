@@ -8,8 +8,6 @@
 // none and is read as before.
 #pragma once
 
-#include <cstddef>
-#include <memory>
 #include <string>
 #include <string_view>
 

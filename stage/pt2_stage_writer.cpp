@@ -10,19 +10,13 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <memory>
 #include <cctype>
 #include <map>
 #include <set>
 
 #include "frontend/module_paths.h"
 #include "frontend/pt2_archive.h"
-#include "common/error.h"
 #include "stage/build_stages.h"
-#include "stage/file_digest.h"
 #include "stage/pt2_stage_plan.h"
 
 namespace pipeforge::stage {
@@ -89,7 +83,7 @@ class StageWriter {
   StageWriter(const frontend::Pt2Archive& archive, const Pt2StagePlan& stage)
       : archive_(archive), stage_(stage), reader_(archive.path()) {}
 
-  std::string write(const std::string& path) {
+  void write(const std::string& path) {
     json program = programJson();
     json weights = json{{"config", json::object()}};
     json constants = json{{"config", json::object()}};
@@ -122,8 +116,6 @@ class StageWriter {
       }
     }
 
-    // The file name, not a writer function: the archive's root folder is
-    // the file's stem, as torch.export.save writes it.
     caffe2::serialize::PyTorchStreamWriter writer(path);
     writer.setMinVersion(6);  // what torch's PT2ArchiveWriter sets
     for (const auto& file : weight_files) copyRecord(writer, "data/weights/" + file);
@@ -138,7 +130,6 @@ class StageWriter {
     copyRecord(writer, "archive_format");
     copyRecord(writer, "archive_version");
     writer.writeEndOfFile();
-    return sha256OfFile(path);  // Note [File digests]
   }
 
  private:
@@ -344,9 +335,9 @@ class StageWriter {
 
 }  // namespace
 
-std::string writePt2Stage(const frontend::Pt2Archive& archive, const Pt2StagePlan& stage, const std::string& path) {
+void writePt2Stage(const frontend::Pt2Archive& archive, const Pt2StagePlan& stage, const std::string& path) {
   try {
-    return StageWriter(archive, stage).write(path);
+    StageWriter(archive, stage).write(path);
   } catch (const nlohmann::ordered_json::exception& e) {
     throw StageBuildError(fmt::format("'{}': cannot write stage file '{}': {}", archive.path(), path, e.what()));
   } catch (const c10::Error& e) {

@@ -65,7 +65,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "interop"))
 sys.path.insert(0, os.path.join(HERE, "..", "models"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "stage"))
 import interop_common as common  # noqa: E402
+from test_hf_stages_in_python import chain as chain_stages  # noqa: E402
 
 FAMILIES = ["llama", "qwen2", "gemma", "mixtral", "gpt2"]
 DTYPES = ["float32", "bfloat16"]
@@ -107,19 +109,9 @@ def split(binary: str, model: str, weights: list, spec: str, out: str, *extra: s
 
 
 def chain(torch, stage_dir: str, inputs: list) -> list:
-    """The stage files run in pipe.json's order (tests/stage/test_hf_stages_in_python.py)."""
+    """The stage files run in pipe.json's order."""
     with open(os.path.join(stage_dir, "pipe.json")) as f:
-        manifest = json.load(f)
-    outputs = []
-    for stage in manifest["stages"]:
-        module = torch.export.load(os.path.join(stage_dir, stage["file"])).module()
-        args = [inputs[s["index"]] if s["from"] == "input" else outputs[s["stage"]][s["index"]]
-                for s in stage["inputs"]]
-        result = module(*args)
-        assert isinstance(result, tuple) and len(result) == stage["num_outputs"], stage["file"]
-        outputs.append(result)
-    return [inputs[o["index"]] if o["from"] == "input" else outputs[o["stage"]][o["index"]]
-            for o in manifest["outputs"]]
+        return chain_stages(stage_dir, json.load(f), inputs, torch)
 
 
 def load(torch, name: str, folder: str, dtype=None, info: bool = False):

@@ -234,12 +234,13 @@ HostRun runOnTwoHosts(const TwoHosts& hosts, const std::string (&commands)[2]) {
   return run;
 }
 
-// Every parameter and buffer of every stage of two checkpoints, bit for bit.
-std::vector<std::string> differences(const std::string& a, const std::string& b, int num_stages) {
+// Every parameter of each stage, read from the folder that holds it, against
+// checkpoint `b`, bit for bit.
+std::vector<std::string> differencesPerStage(const std::vector<std::string>& a, const std::string& b) {
   std::vector<std::string> out;
-  for (int s = 0; s < num_stages; ++s) {
-    auto x = train::readStageCheckpoint(a, s);
-    auto y = train::readStageCheckpoint(b, s);
+  for (std::size_t s = 0; s < a.size(); ++s) {
+    auto x = train::readStageCheckpoint(a[s], static_cast<int>(s));
+    auto y = train::readStageCheckpoint(b, static_cast<int>(s));
     if (x.parameters.size() != y.parameters.size()) out.push_back(fmt::format("stage {}: parameter count", s));
     for (std::size_t k = 0; k < x.parameters.size() && k < y.parameters.size(); ++k) {
       if (x.parameters[k].first != y.parameters[k].first || !at::equal(x.parameters[k].second, y.parameters[k].second)) {
@@ -248,6 +249,11 @@ std::vector<std::string> differences(const std::string& a, const std::string& b,
     }
   }
   return out;
+}
+
+// Every parameter of every stage of two checkpoints, bit for bit.
+std::vector<std::string> differences(const std::string& a, const std::string& b, int num_stages) {
+  return differencesPerStage(std::vector<std::string>(static_cast<std::size_t>(num_stages), a), b);
 }
 
 struct LaunchCase {
@@ -455,22 +461,6 @@ TEST_P(HostFault, EveryRankStopsNamingTheLostOnesAndTheSameCommandsResume) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TwoHosts, HostFault, ::testing::Values("partition", "lost_host"));
-
-// Every parameter of each stage, read from the folder that holds it.
-std::vector<std::string> differencesPerStage(const std::vector<std::string>& a, const std::string& b) {
-  std::vector<std::string> out;
-  for (std::size_t s = 0; s < a.size(); ++s) {
-    auto x = train::readStageCheckpoint(a[s], static_cast<int>(s));
-    auto y = train::readStageCheckpoint(b, static_cast<int>(s));
-    if (x.parameters.size() != y.parameters.size()) out.push_back(fmt::format("stage {}: parameter count", s));
-    for (std::size_t k = 0; k < x.parameters.size() && k < y.parameters.size(); ++k) {
-      if (x.parameters[k].first != y.parameters[k].first || !at::equal(x.parameters[k].second, y.parameters[k].second)) {
-        out.push_back(x.parameters[k].first);
-      }
-    }
-  }
-  return out;
-}
 
 // A host lost in the middle of a checkpoint write (Note [Checkpoint commit]):
 // host 1's rank stops itself once it wrote its first file of step 4
