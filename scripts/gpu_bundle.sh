@@ -18,6 +18,7 @@ PACKAGES=(
   libcli11-dev nlohmann-json3-dev
   libfmt-dev libfmt9
   libssl-dev libssl3
+  zlib1g-dev zlib1g
   libgtest-dev libgmock-dev
   libgloo-dev
 )

@@ -103,6 +103,15 @@ class Planner {
     throw StageBuildError(fmt::format("'{}': cannot write .pt2 stage files: {}", archive_.path(), message));
   }
 
+  // pipe.json's description of a parameter, in the dtype the export
+  // declares, without converting a value the source holds in another.
+  std::string declaredMeta(const std::string& fqn) const {
+    const at::Tensor& held = archive_.stored(fqn);
+    const int declared = archive_.entry(fqn).convert_to;
+    const at::ScalarType type = declared >= 0 ? static_cast<at::ScalarType>(declared) : held.scalar_type();
+    return formatValueMeta({canonicalDtypeName(c10::toString(type)), held.sizes().vec()});
+  }
+
   void indexValues() {
     const auto& sig = archive_.signature();
     for (size_t i = 0; i < sig.inputs.size(); ++i) {
@@ -301,7 +310,7 @@ class Planner {
         const auto& spec = archive_.signature().inputs[l];
         if (spec.kind == frontend::Pt2InputKind::kParameter) {
           info.parameters.push_back(spec.target);
-          info.parameter_meta.push_back(tensorMeta(archive_.tensor(spec.target)));  // metadata: no bytes read
+          info.parameter_meta.push_back(declaredMeta(spec.target));  // metadata: no bytes read
         } else {
           info.buffers.push_back(spec.target);
         }

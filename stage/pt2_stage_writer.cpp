@@ -5,7 +5,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include <map>
 #include <set>
 
+#include "common/torch_zip.h"
 #include "frontend/module_paths.h"
 #include "frontend/pt2_archive.h"
 #include "stage/build_stages.h"
@@ -78,12 +81,60 @@ bool mentions(const std::string& text, const std::string& name) {
   return false;
 }
 
+// The source archive mapped read-only, with its records' places and CRC-32s
+// from its central directory, so that a stage's records are copied from it
+// without reading them into memory (Note [Stage files at the disk's speed]).
+class SourceArchive {
+ public:
+  explicit SourceArchive(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    struct stat st {};
+    if (fd < 0 || ::fstat(fd, &st) != 0 || st.st_size <= 0) {
+      if (fd >= 0) ::close(fd);
+      return;  // the records are read through LibTorch instead
+    }
+    size_ = static_cast<std::size_t>(st.st_size);
+    void* base = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (base == MAP_FAILED) return;
+    base_ = base;
+    for (ZipRecord& r : readZipDirectory(base_, size_, path)) {
+      const auto slash = r.name.find('/');
+      if (slash != std::string::npos) records_.emplace(r.name.substr(slash + 1), std::move(r));
+    }
+  }
+  ~SourceArchive() {
+    if (base_ != nullptr) ::munmap(base_, size_);
+  }
+  SourceArchive(const SourceArchive&) = delete;
+  SourceArchive& operator=(const SourceArchive&) = delete;
+
+  // The stored record `name` (relative to the archive's root), or null.
+  const ZipRecord* stored(const std::string& name) const {
+    auto it = records_.find(name);
+    return it == records_.end() || it->second.method != 0 ? nullptr : &it->second;
+  }
+  const void* bytes(const ZipRecord& r) const { return static_cast<const char*>(base_) + r.data_offset; }
+
+ private:
+  void* base_ = nullptr;
+  std::size_t size_ = 0;
+  std::map<std::string, ZipRecord> records_;
+};
+
+// The archive root torch.export.load expects: the file's stem.
+std::string archiveRoot(const std::string& path) {
+  std::string stem = path.substr(path.find_last_of('/') + 1);
+  const auto dot = stem.find_last_of('.');
+  return dot == std::string::npos ? stem : stem.substr(0, dot);
+}
+
 class StageWriter {
  public:
   StageWriter(const frontend::Pt2Archive& archive, const Pt2StagePlan& stage)
-      : archive_(archive), stage_(stage), reader_(archive.path()) {}
+      : archive_(archive), stage_(stage), reader_(archive.path()), source_(archive.path()) {}
 
-  void write(const std::string& path) {
+  std::string write(const std::string& path) {
     json program = programJson();
     json weights = json{{"config", json::object()}};
     json constants = json{{"config", json::object()}};
@@ -95,7 +146,7 @@ class StageWriter {
     for (const auto& e : archive_.tensors()) entries.emplace(e.fqn, &e);
     // Tensors filled from --weights (Note [Weights by FQN]): one new record
     // per tensor, shared by the names of one tie.
-    std::vector<std::pair<std::string, at::Tensor>> filled_weights, filled_constants;
+    std::vector<std::pair<std::string, const frontend::Pt2TensorEntry*>> filled_weights, filled_constants;
     std::map<const void*, std::string> filled_names;
     for (int l : stage_.lifted) {
       const std::string& fqn = archive_.signature().inputs[l].target;
@@ -103,10 +154,10 @@ class StageWriter {
       if (e != entries.end() && !e->second->weights_source.empty()) {
         const bool constant = e->second->is_constant;
         const json& from = constant ? original_constants : original_weights;
-        const at::Tensor& value = archive_.tensor(fqn);
+        const at::Tensor& value = archive_.stored(fqn);  // converted as it is written
         auto [named, fresh] = filled_names.emplace(
             value.unsafeGetTensorImpl(), fmt::format("{}_pf{}", constant ? "tensor" : "weight", filled_names.size()));
-        if (fresh) (constant ? filled_constants : filled_weights).emplace_back(named->second, value);
+        if (fresh) (constant ? filled_constants : filled_weights).emplace_back(named->second, e->second);
         (constant ? constants : weights)["config"][fqn] = filledEntry(from, fqn, named->second, value);
         continue;
       }
@@ -116,20 +167,19 @@ class StageWriter {
       }
     }
 
-    caffe2::serialize::PyTorchStreamWriter writer(path);
-    writer.setMinVersion(6);  // what torch's PT2ArchiveWriter sets
+    TorchZipWriter writer(path, archiveRoot(path));
     for (const auto& file : weight_files) copyRecord(writer, "data/weights/" + file);
-    for (const auto& [name, value] : filled_weights) writeTensor(writer, "data/weights/" + name, value);
+    for (const auto& [name, entry] : filled_weights) writeTensor(writer, "data/weights/" + name, *entry);
     writeText(writer, std::string("data/weights/") + kStageModel + "_weights_config.json", weights.dump());
     for (const auto& file : constant_files) copyRecord(writer, "data/constants/" + file);
-    for (const auto& [name, value] : filled_constants) writeTensor(writer, "data/constants/" + name, value);
+    for (const auto& [name, entry] : filled_constants) writeTensor(writer, "data/constants/" + name, *entry);
     writeText(writer, std::string("data/constants/") + kStageModel + "_constants_config.json", constants.dump());
     writeText(writer, std::string("models/") + kStageModel + ".json", program.dump());
     // No example inputs: torch.export.load reads an empty record as None.
     writeText(writer, std::string("data/sample_inputs/") + kStageModel + ".pt", "");
     copyRecord(writer, "archive_format");
     copyRecord(writer, "archive_version");
-    writer.writeEndOfFile();
+    return writer.finish(/*version=*/6);  // what torch's PT2ArchiveWriter sets
   }
 
  private:
@@ -158,39 +208,44 @@ class StageWriter {
     json& meta = entry["tensor_meta"];
     meta["device"] = {{"type", "cpu"}, {"index", nullptr}};
     json strides = json::array();
-    for (std::int64_t s : value.contiguous().strides()) strides.push_back({{"as_int", s}});
+    std::int64_t stride = 1;  // written contiguous
+    std::vector<std::int64_t> dense(value.dim());
+    for (std::int64_t d = value.dim() - 1; d >= 0; --d) {
+      dense[d] = stride;
+      stride *= std::max<std::int64_t>(value.size(d), 1);
+    }
+    for (std::int64_t s : dense) strides.push_back({{"as_int", s}});
     meta["strides"] = strides;
     meta["storage_offset"] = {{"as_int", 0}};
     return entry;
   }
 
-  // One tensor's bytes as a record, read page by page from a mapped source;
-  // then those pages are handed back (MADV_PAGEOUT: clean file pages are
-  // dropped, nothing is lost), so that a split from a safetensors checkpoint
-  // holds one tensor's pages at a time, not every page it wrote (they count
-  // in its RSS otherwise). Memory of our own (a converted tensor) is left alone
-  // by the kernel unless there is swap, which keeps its contents.
-  static void writeTensor(caffe2::serialize::PyTorchStreamWriter& writer, const std::string& name,
-                          const at::Tensor& value) {
-    const at::Tensor dense = value.detach().contiguous();
-    const std::size_t bytes = dense.numel() * dense.element_size();
-    writer.writeRecord(name, dense.data_ptr(), bytes);
-#ifdef MADV_PAGEOUT
-    const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
-    const auto begin = reinterpret_cast<std::uintptr_t>(dense.data_ptr());
-    const std::uintptr_t first = (begin + page - 1) / page * page, last = (begin + bytes) / page * page;
-    if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_PAGEOUT);
-#endif
+  // One filled tensor's bytes as a record (Note [Weights by FQN]), converted
+  // here to the declared dtype when the source holds another, so that a
+  // split holds one converted tensor at a time. A value that is a view of
+  // its safetensors source's mapping has its pages dropped once written: a
+  // split then holds one chunk of them at a time, not every page it wrote
+  // (they count in its RSS otherwise; they stay in the page cache).
+  void writeTensor(TorchZipWriter& writer, const std::string& name, const frontend::Pt2TensorEntry& entry) {
+    const at::Tensor& held = archive_.stored(entry.fqn);
+    const at::Tensor value = entry.convert_to >= 0 ? held.detach().to(static_cast<at::ScalarType>(entry.convert_to))
+                                                   : held.detach().contiguous();
+    const bool view = entry.source_view && entry.convert_to < 0 && value.data_ptr() == held.data_ptr();
+    writer.add(name, value.data_ptr(), value.numel() * value.element_size(), std::nullopt,
+               view ? TorchZipWriter::Pages::kDropMapped : TorchZipWriter::Pages::kKeep);
   }
 
-  void copyRecord(caffe2::serialize::PyTorchStreamWriter& writer, const std::string& name) {
+  void copyRecord(TorchZipWriter& writer, const std::string& name) {
+    if (const ZipRecord* r = source_.stored(name)) {
+      writer.add(name, source_.bytes(*r), r->size, r->crc32, TorchZipWriter::Pages::kDropMapped);
+      return;
+    }
     auto [data, size] = reader_.getRecord(name);
-    writer.writeRecord(name, data.get(), size);
+    writer.add(name, data.get(), size);
   }
 
-  static void writeText(caffe2::serialize::PyTorchStreamWriter& writer, const std::string& name,
-                        const std::string& text) {
-    writer.writeRecord(name, text.data(), text.size());
+  static void writeText(TorchZipWriter& writer, const std::string& name, const std::string& text) {
+    writer.add(name, text);
   }
 
   // The stage's program: the original one with this stage's signature, nodes
@@ -331,13 +386,14 @@ class StageWriter {
   const frontend::Pt2Archive& archive_;
   const Pt2StagePlan& stage_;
   caffe2::serialize::PyTorchStreamReader reader_;
+  SourceArchive source_;
 };
 
 }  // namespace
 
-void writePt2Stage(const frontend::Pt2Archive& archive, const Pt2StagePlan& stage, const std::string& path) {
+std::string writePt2Stage(const frontend::Pt2Archive& archive, const Pt2StagePlan& stage, const std::string& path) {
   try {
-    StageWriter(archive, stage).write(path);
+    return StageWriter(archive, stage).write(path);
   } catch (const nlohmann::ordered_json::exception& e) {
     throw StageBuildError(fmt::format("'{}': cannot write stage file '{}': {}", archive.path(), path, e.what()));
   } catch (const c10::Error& e) {

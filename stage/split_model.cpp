@@ -137,13 +137,13 @@ SplitSummary splitModelToDirectory(const SplitRequest& request) {
     StageInfo& info = manifest.stages[i];
     const std::string file = (fs::path(temp.tempPath()) / info.file).string();
     if (pt2) {
-      writePt2Stage(*archive, pt2->stages[i], file);
-    } else {
-      try {
-        result.stages.modules[i].save(file);
-      } catch (const c10::Error& e) {  // the module was built and checked: only the write can fail
-        throw Error(ErrorCode::kIo, "cannot write stage file '" + file + "': " + e.what_without_backtrace());
-      }
+      info.sha256 = writePt2Stage(*archive, pt2->stages[i], file);  // Note [File digests], hashed as written
+      continue;
+    }
+    try {
+      result.stages.modules[i].save(file);
+    } catch (const c10::Error& e) {  // the module was built and checked: only the write can fail
+      throw Error(ErrorCode::kIo, "cannot write stage file '" + file + "': " + e.what_without_backtrace());
     }
     info.sha256 = sha256OfFile(file);  // Note [File digests]
   }

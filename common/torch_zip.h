@@ -1,0 +1,93 @@
+// PyTorch's zip container (what torch.save and torch.export.save write),
+// without LibTorch: the central directory of an archive, and a writer that
+// streams records at the disk's speed (Note [Stage files at the disk's speed]).
+//
+// Note [Stage files at the disk's speed]: a split copies most of a model's
+// bytes from the .pt2 (or the safetensors checkpoint) into stage files, so
+// its floor is `cp` of those bytes. LibTorch's PyTorchStreamWriter reads each
+// record into memory first, computes its CRC-32 again, and the split then
+// read every stage file back to hash it: three passes over the bytes besides
+// the copy (issue 41 measured 6-7x `cp`). TorchZipWriter makes it one:
+//   - a record copied from another archive keeps the CRC-32 that archive's
+//     central directory gives (the bytes are the same), and is written
+//     straight from the source's mapping;
+//   - the file's SHA-256 (Note [File digests] in stage/file_digest.h), and the
+//     CRC-32 of a record that has none, are computed on a second core while
+//     the first writes the same chunk, which is still in its cache;
+//   - pages of a mapped source can be dropped from the process once written
+//     (MADV_DONTNEED: they stay in the page cache), so peak RSS holds one
+//     chunk of them, not the file.
+// The layout is PyTorchStreamWriter's byte for byte (tests/common/
+// torch_zip_test.cpp compares them): stored records under "<root>/", each
+// record's data 64-byte aligned by an "FB" extra field padded with 'Z', a
+// data descriptor after each, zip64 end records, and the closing records
+// `.data/version`, `byteorder` and `.data/serialization_id`.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/error.h"
+
+namespace pipeforge {
+
+class ZipError : public Error {
+ public:
+  explicit ZipError(const std::string& message, ErrorCode code = ErrorCode::kUserInput) : Error(code, message) {}
+};
+
+// One record of an archive, as its central directory and local header give it.
+struct ZipRecord {
+  std::string name;          // full name, "<root>/data/weights/weight_0"
+  std::uint64_t data_offset = 0;  // the record's first byte in the file
+  std::uint64_t size = 0;         // uncompressed size
+  std::uint64_t compressed_size = 0;
+  std::uint32_t crc32 = 0;
+  std::uint16_t method = 0;       // 0: stored
+};
+
+// The records of the zip archive in `bytes` (a whole file, mapped), in
+// directory order. Throws ZipError naming `what` when the directory is
+// missing, truncated or points outside the file.
+std::vector<ZipRecord> readZipDirectory(const void* bytes, std::size_t size, const std::string& what);
+
+class TorchZipWriter {
+ public:
+  // Creates (truncates) `path`; records are stored under "<root>/".
+  // Throws Error(kIo) when the file cannot be created.
+  // `zip64_from`: a record this large, or starting this far in, gets zip64
+  // fields (above 4 GiB; tests lower it to check the format on small files).
+  TorchZipWriter(const std::string& path, std::string root, std::uint64_t zip64_from = 0xFFFFFFFFu);
+  ~TorchZipWriter();
+  TorchZipWriter(const TorchZipWriter&) = delete;
+  TorchZipWriter& operator=(const TorchZipWriter&) = delete;
+
+  // How `add` treats the source's pages once they are written.
+  enum class Pages { kKeep, kDropMapped };
+
+  // Appends record `name` (relative to the root). `crc32` is the bytes'
+  // CRC-32 when known (copied from another archive); it is computed
+  // otherwise. kDropMapped: `data` lies in a read-only or unmodified
+  // file mapping whose pages may be dropped (MADV_DONTNEED) once written.
+  void add(const std::string& name, const void* data, std::size_t size, std::optional<std::uint32_t> crc32 = {},
+           Pages pages = Pages::kKeep);
+  void add(const std::string& name, std::string_view text) { add(name, text.data(), text.size()); }
+
+  // Writes the closing records (`.data/version` holds `version`), the
+  // central directory and the end records, closes the file and returns its
+  // SHA-256 in lower-case hex. Throws Error(kIo) on a failed write.
+  std::string finish(int version);
+
+  std::uint64_t bytesWritten() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pipeforge
