@@ -717,7 +717,7 @@ const nlohmann::ordered_json& Pt2Archive::programJson() const { return impl_->pr
 const std::vector<Pt2TensorEntry>& Pt2Archive::tensors() const { return impl_->entries; }
 bool Pt2Archive::hasTensor(const std::string& fqn) const { return impl_->tensors.count(fqn) > 0; }
 
-const at::Tensor& Pt2Archive::tensor(const std::string& fqn) const {
+const at::Tensor& Pt2Archive::stored(const std::string& fqn) const {
   auto it = impl_->tensors.find(fqn);
   if (it == impl_->tensors.end()) {
     throw Pt2Error(fmt::format("'{}': the graph signature names '{}', but no weights or constants config holds it; "
@@ -725,6 +725,34 @@ const at::Tensor& Pt2Archive::tensor(const std::string& fqn) const {
                                impl_->path, fqn));
   }
   return it->second;
+}
+
+const Pt2TensorEntry& Pt2Archive::entry(const std::string& fqn) const {
+  for (const auto& e : impl_->entries) {
+    if (e.fqn == fqn) return e;
+  }
+  stored(fqn);  // throws the message of an absent tensor
+  throw Pt2Error(fmt::format("'{}': no weights or constants config holds '{}'", impl_->path, fqn));
+}
+
+const at::Tensor& Pt2Archive::tensor(const std::string& fqn) const {
+  const at::Tensor& held = stored(fqn);
+  auto e = std::find_if(impl_->entries.begin(), impl_->entries.end(),
+                        [&](const Pt2TensorEntry& x) { return x.fqn == fqn; });
+  if (e == impl_->entries.end() || e->convert_to < 0) return held;
+  const auto type = static_cast<at::ScalarType>(e->convert_to);
+  at::Tensor converted = held.to(type).contiguous();
+  converted.set_requires_grad(held.requires_grad());
+  // Every name of the tie held the same tensor; each gets the one conversion.
+  const at::Tensor before = held;
+  for (auto& other : impl_->entries) {
+    auto it = impl_->tensors.find(other.fqn);
+    if (it == impl_->tensors.end() || !it->second.is_same(before)) continue;
+    it->second = converted;
+    other.convert_to = -1;
+    other.source_view = false;
+  }
+  return impl_->tensors.at(fqn);
 }
 
 // Every value name an Argument (or list of them) reads; subgraphs excluded.

@@ -85,6 +85,15 @@ struct Pt2TensorEntry {
   // Where its value comes from: "" the archive's own record; else the
   // --weights source that gave it (Note [Weights by FQN] in pt2_weights.cpp).
   std::string weights_source;
+  // Set by a --weights source: the value held is a view of that source's
+  // mapping (its pages can be dropped once written, Note [Stage files at the
+  // disk's speed] in common/torch_zip.h).
+  bool source_view = false;
+  // The c10::ScalarType (as its integer) the export declares, when the
+  // source holds another floating dtype (a bf16 checkpoint of an fp32
+  // export): the value held stays the source's until tensor() converts it,
+  // so that a split converts one tensor at a time as it writes it. -1: none.
+  int convert_to = -1;
 };
 
 // How to open an archive: weights from safetensors by FQN (`pipeforge split
@@ -129,7 +138,16 @@ class Pt2Archive {
   // Weights then constants, in config order. Names of one storage view (tied
   // weights: wte.weight and lm_head.weight) map to the same tensor object.
   const std::vector<Pt2TensorEntry>& tensors() const;
-  const at::Tensor& tensor(const std::string& fqn) const;  // throws Pt2Error when absent
+  // In the dtype the export declares; throws Pt2Error when absent. A value
+  // still to convert (Pt2TensorEntry::convert_to) is converted here, once,
+  // for every name of its tie.
+  const at::Tensor& tensor(const std::string& fqn) const;
+  // The value as held: for an entry with convert_to >= 0, the source's
+  // tensor in the source's dtype. For readers that convert as they go, or
+  // want only names and shapes. Throws Pt2Error when absent.
+  const at::Tensor& stored(const std::string& fqn) const;
+  // The entry of `fqn`; throws Pt2Error when absent.
+  const Pt2TensorEntry& entry(const std::string& fqn) const;
   bool hasTensor(const std::string& fqn) const;
 
  private:

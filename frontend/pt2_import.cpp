@@ -142,7 +142,7 @@ class Importer {
   // What each graph value is (pt2_graph_values.h).
   void checkSignature() {
     values_ = readPt2GraphValues(archive_.signature(), archive_.path(),
-                                 [this](const std::string& fqn) { archive_.tensor(fqn); });
+                                 [this](const std::string& fqn) { archive_.stored(fqn); });
   }
 
   // --- module tree ----------------------------------------------------------

@@ -29,7 +29,11 @@ namespace {
 // archive's. A tensor of the same dtype is a view of the source's mapping (no
 // copy: the split reads only the pages it uses, Note [Mapped weights]); a
 // float tensor of another float dtype (a bf16 checkpoint, an fp32 export) is
-// converted to the dtype the export declares.
+// converted to the dtype the export declares, when it is read: the archive
+// holds the source's view and marks the entry (Pt2TensorEntry::convert_to),
+// so a split converts one tensor at a time as it writes it, and its peak RSS
+// does not grow with the checkpoint (Pt2Archive::tensor converts, stored()
+// does not).
 //
 // Ties: in a meta-device export every tensor points at one empty record, so
 // the archive cannot say which weights are one (scale-facts 2). They come
@@ -187,9 +191,7 @@ void fillFromWeights(const std::string& archive_path, const Pt2OpenOptions& opti
                                       t->dtype, fmt::join(t->shape, ", "), sources[k]->fileOf(entry.fqn)));
         return std::nullopt;
       }
-      at::Tensor value = *v;
-      if (value.scalar_type() != declared.scalar_type()) value = value.to(declared.scalar_type());
-      return std::make_pair(value, k);
+      return std::make_pair(*v, k);  // converted when read (Pt2TensorEntry::convert_to)
     }
     for (std::size_t k = 0; k < sources.size(); ++k) {
       std::vector<std::string> parts;
@@ -219,6 +221,10 @@ void fillFromWeights(const std::string& archive_path, const Pt2OpenOptions& opti
     std::optional<std::pair<at::Tensor, std::size_t>> value = take(entry, slot);
     if (value) {
       if (entry.is_parameter && slot.requires_grad()) value->first.set_requires_grad(true);
+      // A view of the source's mapping (its own name, not assembled from
+      // others), in the source's dtype until read.
+      entry.source_view = value->first.data_ptr() != nullptr && sources[value->second]->find(entry.fqn) != nullptr;
+      entry.convert_to = value->first.scalar_type() != slot.scalar_type() ? static_cast<int>(slot.scalar_type()) : -1;
       slot = value->first;
       entry.on_meta = false;
       entry.weights_source = sources[value->second]->path();
@@ -240,14 +246,19 @@ void fillFromWeights(const std::string& archive_path, const Pt2OpenOptions& opti
     }
     const at::Tensor& value = tensors.at(from->fqn);
     at::Tensor& slot = tensors.at(entry.fqn);
-    if (value.sizes() != slot.sizes() || value.scalar_type() != slot.scalar_type()) {
+    const at::ScalarType from_type =
+        from->convert_to >= 0 ? static_cast<at::ScalarType>(from->convert_to) : value.scalar_type();
+    if (value.sizes() != slot.sizes() || from_type != slot.scalar_type()) {
       misfits.push_back(fmt::format("'{}' is {} in the model but is tied to '{}', which is {}", entry.fqn,
-                                    describe(slot), from->fqn, describe(value)));
+                                    describe(slot), from->fqn,
+                                    describe(at::empty(value.sizes(), at::TensorOptions().dtype(from_type).device(at::kMeta)))));
       continue;
     }
     slot = value;
     entry.on_meta = false;
     entry.weights_source = from->weights_source;
+    entry.source_view = from->source_view;
+    entry.convert_to = from->convert_to;
   }
 
   if (!misfits.empty()) {

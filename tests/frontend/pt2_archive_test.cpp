@@ -10,7 +10,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/safetensors.h"
 #include "frontend/load_model.h"
+#include "frontend/pt2_weights.h"
 #include "tests/frontend/pt2_zoo.h"
 #include "tests/support/zoo.h"
 
@@ -69,6 +71,57 @@ TEST(Pt2Read, TiedWeightsAreOneTensor) {
   EXPECT_FALSE(archive.tensor("wte.weight").is_same(archive.tensor("wpe.weight")));
   EXPECT_TRUE(archive.tensor("wte.weight").requires_grad());
   EXPECT_FALSE(archive.tensor("blocks.0.attn.causal_mask").requires_grad());
+}
+
+// A bf16 checkpoint of an fp32 export: each value stays the checkpoint's
+// view until read (a split converts one tensor at a time as it writes it,
+// Note [Weights by FQN]); read, it is the fp32 of those bf16 values, once
+// for both names of a tie, and requires grad as the parameter did.
+TEST(Pt2Read, Bf16WeightsAreConvertedWhenRead) {
+  const std::string model = testing::pt2ZooPath("gpt");
+  auto plain = Pt2Archive::open(model);
+  const std::string dir = testing::makeTempDir("pf-bf16-weights");
+  std::vector<SafetensorsEntry> entries;
+  std::map<std::string, at::Tensor> written;
+  for (const auto& e : plain.tensors()) {
+    if (e.fqn == "lm_head.weight") continue;  // tied to wte.weight, as save_pretrained leaves it out
+    at::Tensor value = plain.tensor(e.fqn).detach();
+    if (at::isFloatingType(value.scalar_type())) value = value.to(at::kBFloat16);
+    value = value.contiguous();
+    written[e.fqn] = value;
+    const std::string dtype = value.scalar_type() == at::kBFloat16 ? "BF16"
+                              : value.scalar_type() == at::kBool   ? "BOOL"
+                                                                   : "I64";
+    entries.push_back({e.fqn, dtype, value.sizes().vec(), static_cast<std::size_t>(value.nbytes()),
+                       [value](std::uint8_t* out) { std::memcpy(out, value.data_ptr(), value.nbytes()); }});
+  }
+  writeSafetensors(dir + "/model.safetensors", entries,
+                   {{"format", "pt"}, {frontend::kTiedWeightsKey, R"({"lm_head.weight": "wte.weight"})"}});
+
+  frontend::Pt2OpenOptions options;
+  options.weights = {dir + "/model.safetensors"};
+  auto archive = Pt2Archive::open(model, options);
+  const auto& wte = archive.entry("wte.weight");
+  EXPECT_EQ(wte.convert_to, static_cast<int>(at::kFloat));
+  EXPECT_TRUE(wte.source_view);
+  EXPECT_EQ(archive.entry("lm_head.weight").convert_to, static_cast<int>(at::kFloat));
+  EXPECT_EQ(archive.stored("wte.weight").scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(archive.stored("wte.weight").is_same(archive.stored("lm_head.weight")));
+
+  const at::Tensor& read = archive.tensor("lm_head.weight");
+  EXPECT_EQ(read.scalar_type(), at::kFloat);
+  EXPECT_TRUE(read.equal(written["wte.weight"].to(at::kFloat)));
+  EXPECT_TRUE(read.requires_grad());
+  EXPECT_TRUE(archive.tensor("wte.weight").is_same(read));  // one conversion for the tie
+  EXPECT_EQ(archive.entry("wte.weight").convert_to, -1);
+  EXPECT_FALSE(archive.entry("wte.weight").source_view);
+  for (const auto& e : archive.tensors()) {
+    const at::Tensor value = archive.tensor(e.fqn);
+    EXPECT_EQ(value.scalar_type(), plain.tensor(e.fqn).scalar_type()) << e.fqn;
+    EXPECT_TRUE(value.equal(written[e.fqn == "lm_head.weight" ? "wte.weight" : e.fqn].to(value.scalar_type())))
+        << e.fqn;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Pt2Read, NodesCarryTheirModuleStack) {
