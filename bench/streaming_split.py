@@ -98,6 +98,7 @@ def copy_seconds(path: str, work: str) -> float:
             os.remove(target)
 
     remove()
+    subprocess.run(["sync", "-f", work], check=False)
     t0 = time.monotonic()
     subprocess.run(["cp", "-r", path, target], check=True)
     subprocess.run(["sync", "-f", target], check=False)
@@ -126,10 +127,19 @@ def bench_disk(binary: str, name: str, model: str, work: str) -> list:
             ("meta .pt2 + bf16 safetensors", [binary, "split", meta, "--weights", pretrained + "_bf16", "--weights",
                                               buffers, "--spec", spec, "--out", meta[:-4] + ".disk", "--force"],
              pretrained + "_bf16")):
+        out = cmd[cmd.index("--out") + 1]
+
+        def split_once() -> tuple:
+            # As cp's target, the previous output is removed first, untimed
+            # (--force would otherwise time deleting it).
+            shutil.rmtree(out, ignore_errors=True)
+            subprocess.run(["sync", "-f", work], check=False)
+            return measured(cmd)
+
         copy_seconds(source, work)  # warm the page cache for both sides
-        split_s, split_rss = measured(cmd + [])
+        split_s, split_rss = split_once()
         cp_s = copy_seconds(source, work)
-        split_s2, split_rss2 = measured(cmd + [])
+        split_s2, split_rss2 = split_once()
         cp_s2 = copy_seconds(source, work)
         rows.append((kind, folder_bytes(source), min(split_s, split_s2), min(cp_s, cp_s2), max(split_rss, split_rss2)))
     return rows

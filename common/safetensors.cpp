@@ -435,6 +435,7 @@ ParsedHeader parseHeader(const std::uint8_t* bytes, std::size_t size, const std:
   sorted.reserve(order.size());
   for (std::size_t i : order) {
     out.tensors[i].data = data + ranges[i].begin;
+    out.tensors[i].file_offset = 8 + n + ranges[i].begin;
     sorted.push_back(std::move(out.tensors[i]));
   }
   out.tensors = std::move(sorted);

@@ -42,6 +42,7 @@ struct SafetensorsTensor {
   std::vector<std::int64_t> shape;   // [] is a scalar
   const std::uint8_t* data = nullptr;  // into the mapping; valid while the file is open
   std::size_t nbytes = 0;
+  std::uint64_t file_offset = 0;       // where `data` lies in its file
   std::int64_t numel() const;
 };
 

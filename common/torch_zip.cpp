@@ -1,7 +1,9 @@
 #include "common/torch_zip.h"
 
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE  // copy_file_range, sync_file_range
+#endif
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -13,6 +15,8 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+
+#include "common/xxh3.h"
 
 namespace pipeforge {
 
@@ -51,14 +55,11 @@ void put64(std::string& out, std::uint64_t v) {
 }
 
 // Hashes chunks on a second thread while the caller writes them: post() one,
-// write it, wait() for it, in order, so the SHA-256 sees the file's bytes in
+// write it, wait() for it, in order, so the digest sees the file's bytes in
 // file order.
 class ChunkHasher {
  public:
-  ChunkHasher() : sha_(EVP_MD_CTX_new()) {
-    if (sha_ == nullptr || EVP_DigestInit_ex(sha_, EVP_sha256(), nullptr) != 1) {
-      throw Error(ErrorCode::kInternal, "OpenSSL cannot start a SHA-256 digest");
-    }
+  ChunkHasher() {
     thread_ = std::thread([this] { run(); });
   }
   ~ChunkHasher() {
@@ -68,75 +69,110 @@ class ChunkHasher {
     }
     cv_.notify_all();
     thread_.join();
-    EVP_MD_CTX_free(sha_);
   }
 
   // Hashes `size` bytes on this thread (small pieces: headers); the worker is idle.
-  void hereAndNow(const void* data, std::size_t size) { EVP_DigestUpdate(sha_, data, size); }
+  void hereAndNow(const void* data, std::size_t size) { digest_.update(data, size); }
 
   void post(const void* data, std::size_t size, std::uint32_t* crc) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      data_ = static_cast<const unsigned char*>(data);
-      size_ = size;
-      crc_ = crc;
-      busy_ = true;
-    }
-    cv_.notify_all();
+    start(static_cast<const unsigned char*>(data), -1, 0, size, crc, false);
   }
-  void wait() {
+  // The same for bytes of a file mapping: their page tables are filled in
+  // one call (MADV_POPULATE_READ), not a fault per few pages.
+  void postMapped(const void* data, std::size_t size, std::uint32_t* crc) {
+    start(static_cast<const unsigned char*>(data), -1, 0, size, crc, true);
+  }
+  // The same for `size` bytes of file `fd` from `offset`, read (pread) into
+  // the worker's own buffer: no page of a mapping is touched.
+  void postFile(int fd, std::uint64_t offset, std::size_t size, std::uint32_t* crc) {
+    start(nullptr, fd, offset, size, crc, false);
+  }
+  // Waits for the chunk; returns 0, or the errno of a failed read.
+  int wait() {
     std::unique_lock<std::mutex> lock(mutex_);
     cv_.wait(lock, [this] { return !busy_; });
+    return error_;
   }
 
-  std::string finishHex() {
-    unsigned char digest[EVP_MAX_MD_SIZE];
-    unsigned int size = 0;
-    EVP_DigestFinal_ex(sha_, digest, &size);
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::string hex;
-    for (unsigned int i = 0; i < size; ++i) {
-      hex += kHex[digest[i] >> 4];
-      hex += kHex[digest[i] & 15];
-    }
-    return hex;
-  }
+  std::string hex() const { return digest_.hex(); }
   // 40 decimal digits from the digest of the bytes so far (the file's
   // serialization id: PyTorch's is 40 digits too).
-  std::string digitsSoFar() {
-    EVP_MD_CTX* copy = EVP_MD_CTX_new();
-    EVP_MD_CTX_copy_ex(copy, sha_);
-    unsigned char digest[EVP_MAX_MD_SIZE];
-    unsigned int size = 0;
-    EVP_DigestFinal_ex(copy, digest, &size);
-    EVP_MD_CTX_free(copy);
+  std::string digitsSoFar() const {
+    const std::string h = digest_.hex();
     char text[41];
     std::snprintf(text, sizeof text, "%020llu%020llu",
-                  static_cast<unsigned long long>(le64(digest) % 10000000000000000000ull),
-                  static_cast<unsigned long long>(le64(digest + 8) % 10000000000000000000ull));
+                  std::stoull(h.substr(0, 16), nullptr, 16) % 10000000000000000000ull,
+                  std::stoull(h.substr(16, 16), nullptr, 16) % 10000000000000000000ull);
     return text;
   }
 
  private:
+  void start(const unsigned char* data, int fd, std::uint64_t offset, std::size_t size, std::uint32_t* crc,
+             bool populate) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      data_ = data;
+      fd_ = fd;
+      offset_ = offset;
+      size_ = size;
+      crc_ = crc;
+      populate_ = populate;
+      error_ = 0;
+      busy_ = true;
+    }
+    cv_.notify_all();
+  }
+
   void run() {
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
       cv_.wait(lock, [this] { return stop_ || busy_; });
       if (stop_) return;
       lock.unlock();
-      EVP_DigestUpdate(sha_, data_, size_);
-      if (crc_ != nullptr) *crc_ = static_cast<std::uint32_t>(crc32_z(*crc_, data_, size_));
+      const unsigned char* data = data_;
+      if (fd_ >= 0) data = readChunk();
+#ifdef MADV_POPULATE_READ
+      if (populate_) {
+        static const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+        const auto begin = reinterpret_cast<std::uintptr_t>(data) / page * page;
+        const auto end = reinterpret_cast<std::uintptr_t>(data) + size_;
+        ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ);  // best effort
+      }
+#endif
+      if (data != nullptr) {
+        digest_.update(data, size_);
+        if (crc_ != nullptr) *crc_ = static_cast<std::uint32_t>(crc32_z(*crc_, data, size_));
+      }
       lock.lock();
       busy_ = false;
       cv_.notify_all();
     }
   }
 
-  EVP_MD_CTX* sha_;
+  const unsigned char* readChunk() {
+    buffer_.resize(std::max(buffer_.size(), size_));
+    for (std::size_t done = 0; done < size_;) {
+      const ssize_t n = ::pread(fd_, buffer_.data() + done, size_ - done, static_cast<off_t>(offset_ + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        error_ = n < 0 ? errno : EIO;  // a source that shrank: EIO
+        return nullptr;
+      }
+      done += static_cast<std::size_t>(n);
+    }
+    return buffer_.data();
+  }
+
+  Xxh3Digest digest_;
+  std::vector<unsigned char> buffer_;
   std::thread thread_;
   std::mutex mutex_;
   std::condition_variable cv_;
   const unsigned char* data_ = nullptr;
+  int fd_ = -1;
+  std::uint64_t offset_ = 0;
+  int error_ = 0;
+  bool populate_ = false;
   std::size_t size_ = 0;
   std::uint32_t* crc_ = nullptr;
   bool busy_ = false;
@@ -228,6 +264,13 @@ std::vector<ZipRecord> readZipDirectory(const void* bytes, std::size_t size, con
   return records;
 }
 
+void dropMappedPages(const void* data, std::size_t size) {
+  static const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(data);
+  const std::uintptr_t first = (begin + page - 1) / page * page, last = (begin + size) / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 struct TorchZipWriter::Impl {
   std::string path;
   std::string root;
@@ -255,6 +298,25 @@ struct TorchZipWriter::Impl {
       offset += static_cast<std::uint64_t>(n);
     }
   }
+  // The bytes [offset, offset + n) of a record, and what to do once they
+  // are written.
+  using Chunks = std::function<std::pair<const unsigned char*, std::function<void()>>(std::size_t offset,
+                                                                                       std::size_t n)>;
+  // Where a record's bytes come from: memory, chunk by chunk (`chunk`), or
+  // file `source_fd` from `source_offset`.
+  struct Source {
+    Chunks chunk;
+    int source_fd = -1;
+    std::uint64_t source_offset = 0;
+    const unsigned char* mapped = nullptr;  // the same bytes, mapped: hashed from there
+  };
+  void addRecord(const std::string& name, std::size_t size, std::optional<std::uint32_t> crc32, const Source& from);
+  // Copies n bytes of `fd` from `offset` to the end of this file in the
+  // kernel (copy_file_range, as cp does); false when the file systems cannot,
+  // and nothing was copied.
+  bool copyFromFile(int fd, std::uint64_t offset, std::size_t n);
+  bool copy_file_range_works = true;
+
   // Small pieces (headers, descriptors): hashed here, the worker being idle.
   void writeSmall(const std::string& bytes) {
     hasher.hereAndNow(bytes.data(), bytes.size());
@@ -279,7 +341,57 @@ std::uint64_t TorchZipWriter::bytesWritten() const { return impl_->offset; }
 
 void TorchZipWriter::add(const std::string& name, const void* data, std::size_t size,
                          std::optional<std::uint32_t> crc32, Pages pages) {
-  Impl& z = *impl_;
+  Impl::Source from;
+  from.chunk = [&](std::size_t offset, std::size_t n) {
+    const auto* bytes = static_cast<const unsigned char*>(data) + offset;
+    return std::make_pair(bytes, std::function<void()>([bytes, n, pages] {
+                            if (pages == Pages::kDropMapped) dropMappedPages(bytes, n);
+                          }));
+  };
+  impl_->addRecord(name, size, crc32, from);
+}
+
+void TorchZipWriter::addFromFile(const std::string& name, int source_fd, std::uint64_t offset, std::size_t size,
+                                 std::optional<std::uint32_t> crc32, const void* mapped) {
+  Impl::Source from;
+  from.source_fd = source_fd;
+  from.source_offset = offset;
+  from.mapped = static_cast<const unsigned char*>(mapped);
+  impl_->addRecord(name, size, crc32, from);
+}
+
+bool TorchZipWriter::Impl::copyFromFile(int source, std::uint64_t offset, std::size_t n) {
+  if (!copy_file_range_works) return false;
+  auto in = static_cast<loff_t>(offset);
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t copied = ::copy_file_range(source, &in, fd, nullptr, n - done, 0);
+    if (copied < 0 && errno == EINTR) continue;
+    if (copied < 0 && done == 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
+      copy_file_range_works = false;  // another file system: write() from here on
+      return false;
+    }
+    if (copied < 0) fail("write", errno);
+    if (copied == 0) fail("copy into", EIO);  // the source is shorter than its directory says
+    done += static_cast<std::size_t>(copied);
+    this->offset += static_cast<std::uint64_t>(copied);
+  }
+  return true;
+}
+
+void TorchZipWriter::add(const std::string& name, std::size_t size, const Fill& fill) {
+  std::vector<unsigned char> buffer(std::min(kChunk, size));
+  Impl::Source from;
+  from.chunk = [&](std::size_t offset, std::size_t n) {
+    fill(offset, n, buffer.data());
+    return std::make_pair(static_cast<const unsigned char*>(buffer.data()), std::function<void()>([] {}));
+  };
+  impl_->addRecord(name, size, std::nullopt, from);
+}
+
+void TorchZipWriter::Impl::addRecord(const std::string& name, std::size_t size, std::optional<std::uint32_t> crc32,
+                                     const Source& from) {
+  Impl& z = *this;
   if (z.fd < 0) throw Error(ErrorCode::kInternal, "TorchZipWriter::add after finish");
   const std::string full = z.root + "/" + name;
   if (full.size() > 0xFFFF) throw ZipError("record name too long for a zip: '" + full.substr(0, 80) + "...'");
@@ -308,22 +420,49 @@ void TorchZipWriter::add(const std::string& name, const void* data, std::size_t 
 
   std::uint32_t crc = crc32.value_or(0);
   std::uint32_t* computing = crc32 ? nullptr : &crc;
-  const auto* bytes = static_cast<const unsigned char*>(data);
-  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> fallback;  // a source file copy_file_range cannot copy from
   for (std::size_t done = 0; done < size;) {
     const std::size_t n = std::min(kChunk, size - done);
-    z.hasher.post(bytes + done, n, computing);
-    try {
-      z.writeAll(bytes + done, n);
-    } catch (...) {
+    if (from.source_fd >= 0) {
+      const std::uint64_t at = from.source_offset + done;
+      if (from.mapped != nullptr) {
+        z.hasher.postMapped(from.mapped + done, n, computing);
+      } else {
+        z.hasher.postFile(from.source_fd, at, n, computing);
+      }
+      try {
+        if (!z.copyFromFile(from.source_fd, at, n)) {
+          fallback.resize(n);
+          for (std::size_t got = 0; got < n;) {
+            const ssize_t r = ::pread(from.source_fd, fallback.data() + got, n - got, static_cast<off_t>(at + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) z.fail("read the source of", r < 0 ? errno : EIO);
+            got += static_cast<std::size_t>(r);
+          }
+          z.writeAll(fallback.data(), n);
+        }
+        // While the second core hashes, this one hands the chunk to the disk
+        // (without waiting for it), rather than leaving it all for the fsync
+        // that commits the folder.
+        ::sync_file_range(z.fd, static_cast<off64_t>(z.offset - n), static_cast<off64_t>(n), SYNC_FILE_RANGE_WRITE);
+      } catch (...) {
+        z.hasher.wait();
+        throw;
+      }
+      if (const int err = z.hasher.wait()) z.fail("read the source of", err);
+      if (from.mapped != nullptr) dropMappedPages(from.mapped + done, n);
+    } else {
+      auto [bytes, after] = from.chunk(done, n);
+      z.hasher.post(bytes, n, computing);
+      try {
+        z.writeAll(bytes, n);
+        ::sync_file_range(z.fd, static_cast<off64_t>(z.offset - n), static_cast<off64_t>(n), SYNC_FILE_RANGE_WRITE);
+      } catch (...) {
+        z.hasher.wait();
+        throw;
+      }
       z.hasher.wait();
-      throw;
-    }
-    z.hasher.wait();
-    if (pages == Pages::kDropMapped) {
-      const auto begin = reinterpret_cast<std::uintptr_t>(bytes + done);
-      const std::uintptr_t first = (begin + page - 1) / page * page, last = (begin + n) / page * page;
-      if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+      after();
     }
     done += n;
   }
@@ -415,12 +554,16 @@ std::string TorchZipWriter::finish(int version) {
   put32(dir, static_cast<std::uint32_t>(std::min(dir_offset, k32)));
   put16(dir, 0);
   z.writeSmall(dir);
+  // Start writing it to the disk now (without waiting): the fsync that
+  // commits the split's folder then finds it mostly written, and the disk
+  // works while the next stage file is made.
+  ::sync_file_range(z.fd, 0, 0, SYNC_FILE_RANGE_WRITE);
   if (::close(z.fd) != 0) {
     z.fd = -1;
     z.fail("close", errno);
   }
   z.fd = -1;
-  return z.hasher.finishHex();
+  return z.hasher.hex();
 }
 
 }  // namespace pipeforge

@@ -6,14 +6,16 @@
 // bytes from the .pt2 (or the safetensors checkpoint) into stage files, so
 // its floor is `cp` of those bytes. LibTorch's PyTorchStreamWriter reads each
 // record into memory first, computes its CRC-32 again, and the split then
-// read every stage file back to hash it: three passes over the bytes besides
-// the copy (issue 41 measured 6-7x `cp`). TorchZipWriter makes it one:
+// read every stage file back to hash it with SHA-256: three passes over the
+// bytes besides the copy (issue 41 measured 6-7x `cp`). TorchZipWriter makes
+// it one:
 //   - a record copied from another archive keeps the CRC-32 that archive's
 //     central directory gives (the bytes are the same), and is written
 //     straight from the source's mapping;
-//   - the file's SHA-256 (Note [File digests] in stage/file_digest.h), and the
-//     CRC-32 of a record that has none, are computed on a second core while
-//     the first writes the same chunk, which is still in its cache;
+//   - the file's XXH3-128 digest (Note [File digests] in stage/file_digest.h:
+//     SHA-256 alone ran slower than the disk), and the CRC-32 of a record
+//     that has none, are computed on a second core while the first writes
+//     the same chunk, which is still in its cache;
 //   - pages of a mapped source can be dropped from the process once written
 //     (MADV_DONTNEED: they stay in the page cache), so peak RSS holds one
 //     chunk of them, not the file.
@@ -26,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,6 +59,12 @@ struct ZipRecord {
 // missing, truncated or points outside the file.
 std::vector<ZipRecord> readZipDirectory(const void* bytes, std::size_t size, const std::string& what);
 
+// Drops the whole pages inside [data, data + size) from the process
+// (MADV_DONTNEED). Only for a read-only or unmodified file mapping: the
+// pages stay in the page cache and read back the same; a page of anonymous
+// memory would read back as zeros.
+void dropMappedPages(const void* data, std::size_t size);
+
 class TorchZipWriter {
  public:
   // Creates (truncates) `path`; records are stored under "<root>/".
@@ -78,9 +87,23 @@ class TorchZipWriter {
            Pages pages = Pages::kKeep);
   void add(const std::string& name, std::string_view text) { add(name, text.data(), text.size()); }
 
+  // Appends record `name` of `size` bytes made as it is written, one chunk
+  // at a time: `fill(offset, n, out)` puts bytes [offset, offset + n) into
+  // `out` (a converted tensor is then never whole in memory).
+  using Fill = std::function<void(std::size_t offset, std::size_t n, void* out)>;
+  void add(const std::string& name, std::size_t size, const Fill& fill);
+
+  // Appends record `name`: `size` bytes of the file open as `source_fd`, from
+  // `offset`, copied in the kernel (copy_file_range, as cp copies; write()
+  // where the file systems cannot). The digest reads them from `mapped`
+  // (the same bytes in a read-only or unmodified mapping of that file; its
+  // pages are dropped once hashed), else into a buffer of its own (pread).
+  void addFromFile(const std::string& name, int source_fd, std::uint64_t offset, std::size_t size,
+                   std::optional<std::uint32_t> crc32 = {}, const void* mapped = nullptr);
+
   // Writes the closing records (`.data/version` holds `version`), the
   // central directory and the end records, closes the file and returns its
-  // SHA-256 in lower-case hex. Throws Error(kIo) on a failed write.
+  // XXH3-128 digest (common/xxh3.h). Throws Error(kIo) on a failed write.
   std::string finish(int version);
 
   std::uint64_t bytesWritten() const;

@@ -89,6 +89,10 @@ struct Pt2TensorEntry {
   // mapping (its pages can be dropped once written, Note [Stage files at the
   // disk's speed] in common/torch_zip.h).
   bool source_view = false;
+  // Then where its bytes lie: the safetensors file and their offset in it
+  // (a split copies them file to file, Note [Stage files at the disk's speed]).
+  std::string source_file;
+  std::uint64_t source_offset = 0;
   // The c10::ScalarType (as its integer) the export declares, when the
   // source holds another floating dtype (a bf16 checkpoint of an fp32
   // export): the value held stays the source's until tensor() converts it,

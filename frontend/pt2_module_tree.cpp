@@ -47,18 +47,57 @@ Pt2ModuleTree::Pt2ModuleTree(const Pt2Archive& archive) : impl_(std::make_unique
   ordered.insert(ordered.end(), paths.begin(), paths.end());
   for (const auto& entry : archive.tensors()) ordered.push_back(splitPath(entry.fqn).first);
   for (const auto& path : ordered) impl_->moduleAt(path);
+  // A value the archive holds in a checkpoint's other dtype (Note [Weights by
+  // FQN]) is registered as a stand-in of the declared dtype on the meta
+  // device, one per tie: a split that never runs the model converts it only
+  // as it writes it; one that does calls fillConvertedWeights first.
+  std::map<const void*, at::Tensor> stand_ins;
+  auto valueOf = [&](const Pt2TensorEntry& entry) -> at::Tensor {
+    if (entry.convert_to < 0) return archive.tensor(entry.fqn);
+    const at::Tensor& held = archive.stored(entry.fqn);
+    at::Tensor& stand_in = stand_ins[held.unsafeGetTensorImpl()];
+    if (!stand_in.defined()) {
+      stand_in = at::empty(held.sizes(), at::TensorOptions()
+                                             .dtype(static_cast<at::ScalarType>(entry.convert_to))
+                                             .device(at::kMeta));
+      stand_in.set_requires_grad(held.requires_grad());
+    }
+    return stand_in;
+  };
   for (const auto& entry : archive.tensors()) {
     auto [owner_path, name] = splitPath(entry.fqn);
     torch::jit::Module& owner = impl_->moduleAt(owner_path);
     if (owner.hasattr(name)) {
       throw Pt2Error("tensor '" + entry.fqn + "' has the name of a submodule; rename one of them");
     }
-    owner.register_parameter(name, archive.tensor(entry.fqn), /*is_buffer=*/!entry.is_parameter);
+    owner.register_parameter(name, valueOf(entry), /*is_buffer=*/!entry.is_parameter);
   }
   for (const auto& a : archive.tensors()) {
     for (const auto& b : archive.tensors()) {
-      if (archive.tensor(a.fqn).is_same(archive.tensor(b.fqn))) impl_->tied[a.fqn].push_back(b.fqn);
+      if (archive.stored(a.fqn).is_same(archive.stored(b.fqn))) impl_->tied[a.fqn].push_back(b.fqn);
     }
+  }
+}
+
+void fillConvertedWeights(const Pt2Archive& archive, torch::jit::Module& root) {
+  std::vector<std::string> pending;
+  for (const auto& entry : archive.tensors()) {
+    if (entry.convert_to >= 0) pending.push_back(entry.fqn);
+  }
+  for (const std::string& fqn : pending) {
+    auto [owner_path, name] = splitPath(fqn);
+    torch::jit::Module owner = root;
+    if (!owner_path.empty()) {
+      std::size_t start = 0;
+      while (start <= owner_path.size()) {
+        const std::size_t dot = owner_path.find('.', start);
+        const std::string part = owner_path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+        owner = owner.attr(part).toModule();
+        if (dot == std::string::npos) break;
+        start = dot + 1;
+      }
+    }
+    owner.setattr(name, archive.tensor(fqn));  // converted once per tie
   }
 }
 

@@ -51,4 +51,10 @@ class Pt2ModuleTree {
   std::unique_ptr<Impl> impl_;
 };
 
+// The module tree registers a value the archive still holds in a
+// checkpoint's other dtype (Pt2TensorEntry::convert_to) as a meta-device
+// stand-in; before the model runs, this converts each such value (once per
+// tie) and sets it on `root`, the imported model.
+void fillConvertedWeights(const Pt2Archive& archive, torch::jit::Module& root);
+
 }  // namespace pipeforge::frontend

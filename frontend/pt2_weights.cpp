@@ -86,32 +86,66 @@ std::string firstOf(const std::vector<std::string>& names) {
 //     [I, H] stacked, then experts.e.w3.weight stacked, joined on dim 1;
 //     P.mlp.experts.down_proj [E, H, I] <- experts.e.w2.weight stacked.
 // The export writes the model's own names, which from_pretrained loads too.
-at::Tensor fromOriginalLayout(const std::string& fqn, const std::function<at::Tensor(const std::string&)>& get) {
-  const std::string mlp = ".mlp.";
-  const std::size_t at_mlp = fqn.rfind(mlp);
-  if (at_mlp == std::string::npos) return at::Tensor();
-  const std::string prefix = fqn.substr(0, at_mlp) + ".block_sparse_moe.";
-  const std::string rest = fqn.substr(at_mlp + mlp.size());
-  auto stacked = [&](const std::string& which) -> at::Tensor {
-    std::vector<at::Tensor> parts;
-    for (int e = 0;; ++e) {
-      at::Tensor t = get(fmt::format("{}experts.{}.{}.weight", prefix, e, which));
-      if (!t.defined()) break;
-      parts.push_back(t);
-    }
-    return parts.empty() ? at::Tensor() : at::stack(parts, 0);
-  };
-  if (rest == "experts.gate_up_proj") {
-    at::Tensor gate = stacked("w1");
-    at::Tensor up = stacked("w3");
-    if (!gate.defined() || !up.defined() || gate.sizes() != up.sizes()) return at::Tensor();
-    return at::cat({gate, up}, 1);
+// The model tensor `fqn` of `declared`'s shape, assembled from its pieces
+// (Note [Checkpoint renames]) by `get`; undefined when some piece is
+// missing, and `misfit` says which piece does not fit.
+at::Tensor fromOriginalLayout(const std::string& fqn, const at::Tensor& declared,
+                              const std::function<const SafetensorsTensor*(const std::string&)>& find,
+                              const std::function<at::Tensor(const std::string&)>& get, std::string& misfit) {
+  const std::vector<OriginalPiece> pieces = originalLayout(fqn, declared.sizes().vec());
+  if (pieces.empty()) return at::Tensor();
+  for (const auto& piece : pieces) {
+    if (find(piece.name) == nullptr) return at::Tensor();
   }
-  if (rest == "experts.down_proj") return stacked("w2");
-  return get(prefix + rest);
+  // A stand-in of the declared shape (no bytes) gives each piece's shape.
+  const at::Tensor shape_of = at::empty_strided(declared.sizes(), std::vector<std::int64_t>(declared.dim(), 0),
+                                                at::TensorOptions().dtype(at::kByte));
+  at::Tensor out;
+  for (const auto& piece : pieces) {
+    const at::Tensor value = get(piece.name);
+    const at::Tensor slot = pieceOf(shape_of, piece);
+    if (!value.defined() || value.sizes() != slot.sizes()) {
+      const SafetensorsTensor* t = find(piece.name);
+      misfit = fmt::format("'{}' is {} in the model, so its piece '{}' should be [{}], but it is {}[{}]", fqn,
+                           describe(declared), piece.name, fmt::join(slot.sizes(), ", "), t->dtype,
+                           fmt::join(t->shape, ", "));
+      return at::Tensor();
+    }
+    if (!out.defined()) out = at::empty(declared.sizes(), at::TensorOptions().dtype(value.scalar_type()));
+    pieceOf(out, piece).copy_(value);
+  }
+  return out;
 }
 
 }  // namespace
+
+std::vector<OriginalPiece> originalLayout(const std::string& fqn, const std::vector<std::int64_t>& shape) {
+  const std::string mlp = ".mlp.";
+  const std::size_t at_mlp = fqn.rfind(mlp);
+  if (at_mlp == std::string::npos) return {};
+  const std::string prefix = fqn.substr(0, at_mlp) + ".block_sparse_moe.";
+  const std::string rest = fqn.substr(at_mlp + mlp.size());
+  std::vector<OriginalPiece> out;
+  if (rest == "experts.gate_up_proj") {
+    if (shape.size() != 3 || shape[1] % 2 != 0) return {};
+    const std::int64_t half = shape[1] / 2;
+    for (std::int64_t e = 0; e < shape[0]; ++e) out.push_back({fmt::format("{}experts.{}.w1.weight", prefix, e), e, 0, half});
+    for (std::int64_t e = 0; e < shape[0]; ++e) {
+      out.push_back({fmt::format("{}experts.{}.w3.weight", prefix, e), e, half, half});
+    }
+  } else if (rest == "experts.down_proj") {
+    if (shape.size() != 3) return {};
+    for (std::int64_t e = 0; e < shape[0]; ++e) out.push_back({fmt::format("{}experts.{}.w2.weight", prefix, e), e});
+  } else {
+    out.push_back({prefix + rest});
+  }
+  return out;
+}
+
+at::Tensor pieceOf(const at::Tensor& t, const OriginalPiece& piece) {
+  at::Tensor part = piece.index >= 0 ? t[piece.index] : t;
+  return piece.length >= 0 ? part.narrow(0, piece.offset, piece.length) : part;
+}
 
 void fillFromWeights(const std::string& archive_path, const Pt2OpenOptions& options,
                      std::vector<Pt2TensorEntry>& entries, std::map<std::string, at::Tensor>& tensors) {
@@ -194,19 +228,23 @@ void fillFromWeights(const std::string& archive_path, const Pt2OpenOptions& opti
       return std::make_pair(*v, k);  // converted when read (Pt2TensorEntry::convert_to)
     }
     for (std::size_t k = 0; k < sources.size(); ++k) {
-      std::vector<std::string> parts;
-      at::Tensor value = fromOriginalLayout(entry.fqn, [&](const std::string& name) -> at::Tensor {
-        std::optional<at::Tensor> v = view(k, name);
-        if (!v || !v->defined()) return at::Tensor();
-        parts.push_back(name);
-        return *v;
-      });
+      std::string misfit;
+      at::Tensor value = fromOriginalLayout(
+          entry.fqn, declared, [&](const std::string& name) { return sources[k]->find(name); },
+          [&](const std::string& name) {
+            std::optional<at::Tensor> v = view(k, name);
+            return v ? *v : at::Tensor();
+          },
+          misfit);
+      if (!misfit.empty()) {
+        misfits.push_back(fmt::format("{} in '{}'", misfit, sources[k]->path()));
+        return std::nullopt;
+      }
       if (!value.defined()) continue;
-      for (const auto& name : parts) used.insert({k, name});
+      for (const auto& piece : originalLayout(entry.fqn, declared.sizes().vec())) used.insert({k, piece.name});
       if (!fits(value, declared)) {
-        misfits.push_back(fmt::format("'{}' is {} in the model but {} assembled from {} in '{}'", entry.fqn,
-                                      describe(declared), describe(value), fmt::join(parts, ", "),
-                                      sources[k]->path()));
+        misfits.push_back(fmt::format("'{}' is {} in the model but {} assembled from its original layout in '{}'",
+                                      entry.fqn, describe(declared), describe(value), sources[k]->path()));
         return std::nullopt;
       }
       return std::make_pair(value.to(declared.scalar_type()).contiguous(), k);
@@ -223,7 +261,12 @@ void fillFromWeights(const std::string& archive_path, const Pt2OpenOptions& opti
       if (entry.is_parameter && slot.requires_grad()) value->first.set_requires_grad(true);
       // A view of the source's mapping (its own name, not assembled from
       // others), in the source's dtype until read.
-      entry.source_view = value->first.data_ptr() != nullptr && sources[value->second]->find(entry.fqn) != nullptr;
+      const SafetensorsTensor* own = sources[value->second]->find(entry.fqn);
+      entry.source_view = own != nullptr && value->first.data_ptr() == static_cast<const void*>(own->data);
+      if (entry.source_view) {
+        entry.source_file = sources[value->second]->fileOf(entry.fqn);
+        entry.source_offset = own->file_offset;
+      }
       entry.convert_to = value->first.scalar_type() != slot.scalar_type() ? static_cast<int>(slot.scalar_type()) : -1;
       slot = value->first;
       entry.on_meta = false;
@@ -258,6 +301,8 @@ void fillFromWeights(const std::string& archive_path, const Pt2OpenOptions& opti
     entry.on_meta = false;
     entry.weights_source = from->weights_source;
     entry.source_view = from->source_view;
+    entry.source_file = from->source_file;
+    entry.source_offset = from->source_offset;
     entry.convert_to = from->convert_to;
   }
 

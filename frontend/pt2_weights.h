@@ -3,6 +3,7 @@
 // transformers checkpoint, or a meta-device export, gets its values.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -29,6 +30,25 @@ inline constexpr const char* kTiedWeightsKey = "pipeforge.tied_weights";
 // problem's FQNs and the fix. Nothing is written.
 void fillFromWeights(const std::string& archive_path, const Pt2OpenOptions& options,
                      std::vector<Pt2TensorEntry>& entries, std::map<std::string, at::Tensor>& tensors);
+
+// Note [Checkpoint renames] (pt2_weights.cpp): one piece of a model tensor
+// under transformers' original layout of a renamed family. The piece is
+// t[index] (the whole t when index < 0), then rows [offset, offset + length)
+// of that along its first dimension (all of them when length < 0).
+struct OriginalPiece {
+  std::string name;  // "model.layers.0.block_sparse_moe.experts.3.w1.weight"
+  std::int64_t index = -1;
+  std::int64_t offset = 0;
+  std::int64_t length = -1;
+};
+
+// The pieces of model tensor `fqn`, of `shape`, in a renamed family's
+// original layout (reading assembles them, the export cuts them); empty
+// when `fqn` is no renamed family's.
+std::vector<OriginalPiece> originalLayout(const std::string& fqn, const std::vector<std::int64_t>& shape);
+
+// The piece of `t` (a view).
+at::Tensor pieceOf(const at::Tensor& t, const OriginalPiece& piece);
 
 // A meta-device export's program names the meta device wherever the model
 // made a tensor itself (`arange(..., device=meta)`) and in every value's

@@ -19,6 +19,7 @@ PACKAGES=(
   libfmt-dev libfmt9
   libssl-dev libssl3
   zlib1g-dev zlib1g
+  libxxhash-dev libxxhash0
   libgtest-dev libgmock-dev
   libgloo-dev
 )

@@ -13,7 +13,7 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libgloo-dev python3-torch python3-torchvision
   libyaml-cpp-dev libboost-graph-dev libgtest-dev libgmock-dev
-  libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev libssl-dev zlib1g-dev
+  libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev libssl-dev zlib1g-dev libxxhash-dev
   graphviz libgraphviz-dev iproute2
 )
 

@@ -2,6 +2,8 @@
 
 #include <openssl/evp.h>
 
+#include "common/xxh3.h"
+
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -70,6 +72,21 @@ void verifyFileDigest(const std::string& path, const std::string& expected, cons
   const std::string actual = sha256OfFile(path);
   if (actual != expected) {
     throw DigestError(what + " '" + path + "' is corrupt: its SHA-256 is " + actual + ", but " + expected +
+                      " was recorded when it was written; " + fix);
+  }
+}
+
+void verifyXxh3Digest(const std::string& path, const std::string& expected, const std::string& what,
+                      const std::string& fix) {
+  if (expected.empty()) return;
+  std::string actual;
+  try {
+    actual = xxh3OfFile(path);
+  } catch (const Error& e) {
+    throw DigestError(e.what());
+  }
+  if (actual != expected) {
+    throw DigestError(what + " '" + path + "' is corrupt: its XXH3-128 digest is " + actual + ", but " + expected +
                       " was recorded when it was written; " + fix);
   }
 }

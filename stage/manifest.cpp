@@ -10,6 +10,7 @@
 
 #include "common/dtype_names.h"
 #include "stage/file_digest.h"
+#include "common/xxh3.h"
 #include "stage/value_meta.h"
 
 namespace pipeforge::stage {
@@ -120,6 +121,7 @@ std::string manifestToJson(const PipeManifest& m) {
     if (!s.parameter_meta.empty()) js["parameter_meta"] = s.parameter_meta;
     js["buffers"] = s.buffers;
     if (!s.output_meta.empty()) js["output_meta"] = s.output_meta;
+    if (!s.xxh3.empty()) js["xxh3_128"] = s.xxh3;
     if (!s.sha256.empty()) js["sha256"] = s.sha256;
     j["stages"].push_back(std::move(js));
   }
@@ -184,6 +186,11 @@ StageInfo stageFromJson(const json& js) {
   if (!s.sha256.empty() && !isSha256(s.sha256)) {
     throw ManifestError("stage " + std::to_string(s.index) + " has sha256 \"" + s.sha256 +
                         "\", not 64 hex digits; re-run `pipeforge split`");
+  }
+  s.xxh3 = js.value("xxh3_128", "");
+  if (!s.xxh3.empty() && !isXxh3(s.xxh3)) {
+    throw ManifestError("stage " + std::to_string(s.index) + " has xxh3_128 \"" + s.xxh3 +
+                        "\", not 32 hex digits; re-run `pipeforge split`");
   }
   return s;
 }
@@ -343,8 +350,12 @@ PipeManifest readManifest(const std::string& directory) {
 }
 
 void verifyStageFile(const std::string& directory, const StageInfo& stage) {
-  verifyFileDigest(directory + "/" + stage.file, stage.sha256, "stage file",
-                   "re-run `pipeforge split` (or restore the file) before training on it");
+  const std::string fix = "re-run `pipeforge split` (or restore the file) before training on it";
+  if (!stage.xxh3.empty()) {
+    verifyXxh3Digest(directory + "/" + stage.file, stage.xxh3, "stage file", fix);
+    return;
+  }
+  verifyFileDigest(directory + "/" + stage.file, stage.sha256, "stage file", fix);
 }
 
 }  // namespace pipeforge::stage

@@ -57,13 +57,15 @@ struct StageInfo {
   // Optional, from shape propagation: "float32[8, 16]" per output
   // (stage/value_meta.h; splits before it wrote c10's "Float[8, 16]").
   std::vector<std::string> output_meta;
-  // SHA-256 of the stage file (Note [File digests]); empty in older manifests.
+  // The stage file's digest (Note [File digests]): XXH3-128 ("xxh3_128") since
+  // issue 41, SHA-256 before; either may be empty in older manifests.
+  std::string xxh3;
   std::string sha256;
 
   friend bool operator==(const StageInfo& a, const StageInfo& b) {
     return a.index == b.index && a.file == b.file && a.inputs == b.inputs && a.num_outputs == b.num_outputs &&
            a.parameters == b.parameters && a.parameter_meta == b.parameter_meta && a.buffers == b.buffers && a.output_meta == b.output_meta &&
-           a.sha256 == b.sha256;
+           a.xxh3 == b.xxh3 && a.sha256 == b.sha256;
   }
 };
 

@@ -11,11 +11,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
 #include <cstdint>
 #include <cctype>
 #include <map>
 #include <set>
 
+#include "common/error.h"
 #include "common/torch_zip.h"
 #include "frontend/module_paths.h"
 #include "frontend/pt2_archive.h"
@@ -87,24 +91,22 @@ bool mentions(const std::string& text, const std::string& name) {
 class SourceArchive {
  public:
   explicit SourceArchive(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     struct stat st {};
-    if (fd < 0 || ::fstat(fd, &st) != 0 || st.st_size <= 0) {
-      if (fd >= 0) ::close(fd);
-      return;  // the records are read through LibTorch instead
-    }
-    size_ = static_cast<std::size_t>(st.st_size);
-    void* base = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
-    ::close(fd);
+    if (fd_ < 0 || ::fstat(fd_, &st) != 0 || st.st_size <= 0) return;  // read through LibTorch instead
+    const auto size = static_cast<std::size_t>(st.st_size);
+    void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd_, 0);
     if (base == MAP_FAILED) return;
     base_ = base;
-    for (ZipRecord& r : readZipDirectory(base_, size_, path)) {
+    size_ = size;
+    for (ZipRecord& r : readZipDirectory(base, size, path)) {
       const auto slash = r.name.find('/');
       if (slash != std::string::npos) records_.emplace(r.name.substr(slash + 1), std::move(r));
     }
   }
   ~SourceArchive() {
     if (base_ != nullptr) ::munmap(base_, size_);
+    if (fd_ >= 0) ::close(fd_);
   }
   SourceArchive(const SourceArchive&) = delete;
   SourceArchive& operator=(const SourceArchive&) = delete;
@@ -114,9 +116,12 @@ class SourceArchive {
     auto it = records_.find(name);
     return it == records_.end() || it->second.method != 0 ? nullptr : &it->second;
   }
+  int fd() const { return fd_; }
+  // The record's bytes in a read-only mapping of the archive.
   const void* bytes(const ZipRecord& r) const { return static_cast<const char*>(base_) + r.data_offset; }
 
  private:
+  int fd_ = -1;
   void* base_ = nullptr;
   std::size_t size_ = 0;
   std::map<std::string, ZipRecord> records_;
@@ -220,16 +225,34 @@ class StageWriter {
     return entry;
   }
 
-  // One filled tensor's bytes as a record (Note [Weights by FQN]), converted
-  // here to the declared dtype when the source holds another, so that a
-  // split holds one converted tensor at a time. A value that is a view of
-  // its safetensors source's mapping has its pages dropped once written: a
-  // split then holds one chunk of them at a time, not every page it wrote
-  // (they count in its RSS otherwise; they stay in the page cache).
+  // One filled tensor's bytes as a record (Note [Weights by FQN]). A value
+  // that is a view of its safetensors source's mapping has its pages dropped
+  // once written: a split then holds one chunk of them at a time, not every
+  // page it wrote (they count in its RSS otherwise; they stay in the page
+  // cache). One the source holds in another dtype is converted as it is
+  // written, a chunk at a time, never whole.
   void writeTensor(TorchZipWriter& writer, const std::string& name, const frontend::Pt2TensorEntry& entry) {
-    const at::Tensor& held = archive_.stored(entry.fqn);
-    const at::Tensor value = entry.convert_to >= 0 ? held.detach().to(static_cast<at::ScalarType>(entry.convert_to))
-                                                   : held.detach().contiguous();
+    const at::Tensor held = archive_.stored(entry.fqn).detach();
+    if (entry.convert_to >= 0 && held.is_contiguous()) {
+      const auto type = static_cast<at::ScalarType>(entry.convert_to);
+      const std::size_t out_size = c10::elementSize(type);
+      const at::Tensor flat = held.reshape({-1});
+      const bool view = entry.source_view;
+      writer.add(name, held.numel() * out_size, [&](std::size_t offset, std::size_t n, void* out) {
+        const auto first = static_cast<std::int64_t>(offset / out_size), count = static_cast<std::int64_t>(n / out_size);
+        const at::Tensor from = flat.narrow(0, first, count);
+        at::from_blob(out, {count}, at::TensorOptions().dtype(type)).copy_(from);
+        if (view) dropMappedPages(from.data_ptr(), from.nbytes());
+      });
+      return;
+    }
+    if (entry.source_view && entry.convert_to < 0 && !entry.source_file.empty()) {
+      writer.addFromFile(name, sourceFile(entry.source_file), entry.source_offset, held.nbytes(), std::nullopt,
+                         held.data_ptr());
+      return;
+    }
+    const at::Tensor value =
+        entry.convert_to >= 0 ? held.to(static_cast<at::ScalarType>(entry.convert_to)).contiguous() : held.contiguous();
     const bool view = entry.source_view && entry.convert_to < 0 && value.data_ptr() == held.data_ptr();
     writer.add(name, value.data_ptr(), value.numel() * value.element_size(), std::nullopt,
                view ? TorchZipWriter::Pages::kDropMapped : TorchZipWriter::Pages::kKeep);
@@ -237,7 +260,7 @@ class StageWriter {
 
   void copyRecord(TorchZipWriter& writer, const std::string& name) {
     if (const ZipRecord* r = source_.stored(name)) {
-      writer.add(name, source_.bytes(*r), r->size, r->crc32, TorchZipWriter::Pages::kDropMapped);
+      writer.addFromFile(name, source_.fd(), r->data_offset, r->size, r->crc32, source_.bytes(*r));
       return;
     }
     auto [data, size] = reader_.getRecord(name);
@@ -385,8 +408,35 @@ class StageWriter {
 
   const frontend::Pt2Archive& archive_;
   const Pt2StagePlan& stage_;
+  // The safetensors file `path`, open for reading (once per stage file).
+  int sourceFile(const std::string& path) {
+    auto it = source_files_.find(path);
+    if (it != source_files_.end()) return it->second.get();
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      throw Error(ErrorCode::kIo, fmt::format("cannot read --weights file '{}': {}", path, std::strerror(errno)));
+    }
+    return source_files_.emplace(path, FileDescriptor(fd)).first->second.get();
+  }
+
+  // An open file, closed once.
+  class FileDescriptor {
+   public:
+    explicit FileDescriptor(int fd) : fd_(fd) {}
+    FileDescriptor(FileDescriptor&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+    FileDescriptor& operator=(FileDescriptor&&) = delete;
+    ~FileDescriptor() {
+      if (fd_ >= 0) ::close(fd_);
+    }
+    int get() const { return fd_; }
+
+   private:
+    int fd_;
+  };
+
   caffe2::serialize::PyTorchStreamReader reader_;
   SourceArchive source_;
+  std::map<std::string, FileDescriptor> source_files_;
 };
 
 }  // namespace

@@ -15,8 +15,8 @@ struct Pt2StagePlan;
 
 // Writes `stage`, cut out of `archive`'s program, to `path` (".../stage_<i>.pt2"):
 // the archive layout torch.export.save writes, holding only the stage's
-// weights and constants, copied byte for byte. Returns the file's SHA-256
-// (Note [File digests]), computed as it was written (Note [Stage files at
+// weights and constants, copied byte for byte. Returns the file's XXH3-128
+// digest (Note [File digests]), computed as it was written (Note [Stage files at
 // the disk's speed] in common/torch_zip.h). Throws StageBuildError, or
 // Error(kIo) when the file cannot be written.
 std::string writePt2Stage(const frontend::Pt2Archive& archive, const Pt2StagePlan& stage, const std::string& path);

@@ -11,10 +11,12 @@
 
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "common/xxh3.h"
 #include "frontend/load_model.h"
 #include "frontend/module_mode.h"
 #include "frontend/pipe_split_op.h"
 #include "frontend/pt2_archive.h"
+#include "frontend/pt2_module_tree.h"
 #include "frontend/pt2_import.h"
 #include "frontend/pt2_inputs.h"
 #include "partitioner/split_spec.h"
@@ -97,6 +99,9 @@ SplitSummary splitModelToDirectory(const SplitRequest& request) {
     archive.emplace(frontend::Pt2Archive::open(request.model_path, options));
   }
   torch::jit::Module model = archive ? frontend::importPt2(*archive) : frontend::loadModel(request.model_path);
+  // The split runs the model only on example inputs; without them a value
+  // in a checkpoint's other dtype is converted only as it is written.
+  if (archive && !spec.example_inputs.empty()) frontend::fillConvertedWeights(*archive, model);
   // Note [Ops that follow the mode]: what a stage cannot switch to eval mode.
   for (const std::string& op : frontend::randomOpsIgnoringMode(model)) {
     std::cerr << fmt::format("warning: {} draws random numbers in training and evaluation alike; held-out losses, "
@@ -137,7 +142,7 @@ SplitSummary splitModelToDirectory(const SplitRequest& request) {
     StageInfo& info = manifest.stages[i];
     const std::string file = (fs::path(temp.tempPath()) / info.file).string();
     if (pt2) {
-      info.sha256 = writePt2Stage(*archive, pt2->stages[i], file);  // Note [File digests], hashed as written
+      info.xxh3 = writePt2Stage(*archive, pt2->stages[i], file);  // Note [File digests], hashed as written
       continue;
     }
     try {
@@ -145,7 +150,7 @@ SplitSummary splitModelToDirectory(const SplitRequest& request) {
     } catch (const c10::Error& e) {  // the module was built and checked: only the write can fail
       throw Error(ErrorCode::kIo, "cannot write stage file '" + file + "': " + e.what_without_backtrace());
     }
-    info.sha256 = sha256OfFile(file);  // Note [File digests]
+    info.xxh3 = xxh3OfFile(file);  // Note [File digests]
   }
   if (pt2) recordPt2ValueMeta(temp.tempPath(), spec, manifest);
   writeFileAtomically((fs::path(temp.tempPath()) / kManifestFileName).string(), manifestToJson(manifest));

@@ -20,6 +20,7 @@
 #include "common/safetensors.h"
 #include "frontend/pipe_split_op.h"
 #include "frontend/pt2_archive.h"
+#include "frontend/pt2_weights.h"
 #include "stage/value_meta.h"
 #include "tools/export_model.h"
 
@@ -65,37 +66,16 @@ const std::vector<std::string>& likeFiles() {
 }
 
 // Note [Checkpoint renames], backwards: the pieces of model tensor `name`
-// under transformers' original layout, each (original name, how to cut it
-// from the tensor), when --like's checkpoint holds that layout; empty
-// otherwise (the model's own name is written).
-using Cut = std::function<at::Tensor(const at::Tensor&)>;
-std::vector<std::pair<std::string, Cut>> originalPieces(const std::string& name, const std::vector<std::int64_t>& shape,
-                                                        const SafetensorsSource& like) {
-  const std::string mlp = ".mlp.";
-  const std::size_t at_mlp = name.rfind(mlp);
-  if (at_mlp == std::string::npos) return {};
-  const std::string prefix = name.substr(0, at_mlp) + ".block_sparse_moe.";
-  const std::string rest = name.substr(at_mlp + mlp.size());
-  std::vector<std::pair<std::string, Cut>> out;
-  if (rest == "experts.gate_up_proj" && shape.size() == 3 && shape[1] % 2 == 0) {
-    const std::int64_t half = shape[1] / 2;
-    for (std::int64_t e = 0; e < shape[0]; ++e) {
-      out.emplace_back(fmt::format("{}experts.{}.w1.weight", prefix, e),
-                       [e, half](const at::Tensor& t) { return t[e].narrow(0, 0, half); });
-      out.emplace_back(fmt::format("{}experts.{}.w3.weight", prefix, e),
-                       [e, half](const at::Tensor& t) { return t[e].narrow(0, half, half); });
-    }
-  } else if (rest == "experts.down_proj" && shape.size() == 3) {
-    for (std::int64_t e = 0; e < shape[0]; ++e) {
-      out.emplace_back(fmt::format("{}experts.{}.w2.weight", prefix, e), [e](const at::Tensor& t) { return t[e]; });
-    }
-  } else {
-    out.emplace_back(prefix + rest, [](const at::Tensor& t) { return t; });
+// under transformers' original layout (frontend::originalLayout), when
+// --like's checkpoint holds every one of them; empty otherwise (the model's
+// own name is written).
+std::vector<frontend::OriginalPiece> likePieces(const std::string& name, const std::vector<std::int64_t>& shape,
+                                                const SafetensorsSource& like) {
+  std::vector<frontend::OriginalPiece> pieces = frontend::originalLayout(name, shape);
+  for (const auto& piece : pieces) {
+    if (like.find(piece.name) == nullptr) return {};
   }
-  for (const auto& [piece, cut] : out) {
-    if (like.find(piece) == nullptr) return {};
-  }
-  return out;
+  return pieces;
 }
 
 struct Planned {
@@ -248,25 +228,26 @@ ExportSummary exportSafetensors(const ExportRequest& request) {
     if (at::isFloatingType(type) && written_float.empty()) {
       written_float = convert ? to_name : p.meta.dtype;
     }
-    std::vector<std::pair<std::string, Cut>> pieces;
-    if (like && like->find(p.name) == nullptr) pieces = originalPieces(p.name, p.meta.shape, *like);
-    if (pieces.empty()) pieces.emplace_back(p.name, [](const at::Tensor& t) { return t; });
-    for (const auto& [piece, cut] : pieces) {
+    std::vector<frontend::OriginalPiece> pieces;
+    if (like && like->find(p.name) == nullptr) pieces = likePieces(p.name, p.meta.shape, *like);
+    if (pieces.empty()) pieces.push_back({p.name});
+    for (const auto& piece : pieces) {
       // The piece's shape, from a zero-size stand-in of the tensor.
-      std::vector<std::int64_t> shape = p.meta.shape;
-      if (pieces.size() > 1 || piece != p.name) {
-        std::vector<std::int64_t> strides(shape.size(), 0);
-        shape = cut(at::empty_strided(p.meta.shape, strides, at::TensorOptions().dtype(at::kByte))).sizes().vec();
-      }
+      const std::vector<std::int64_t> shape =
+          frontend::pieceOf(at::empty_strided(p.meta.shape, std::vector<std::int64_t>(p.meta.shape.size(), 0),
+                                              at::TensorOptions().dtype(at::kByte)),
+                            piece)
+              .sizes()
+              .vec();
       std::int64_t numel = 1;
       for (std::int64_t d : shape) numel *= d;
       SafetensorsEntry e;
-      e.name = piece;
+      e.name = piece.name;
       e.dtype = st_name;
       e.shape = shape;
       e.nbytes = static_cast<std::size_t>(numel) * c10::elementSize(type);
-      e.fill = [&, p, type, cut = cut](std::uint8_t* out) {
-        const at::Tensor t = cut(tensorOf(p)).to(type).contiguous();
+      e.fill = [&, p, type, piece](std::uint8_t* out) {
+        const at::Tensor t = frontend::pieceOf(tensorOf(p), piece).to(type).contiguous();
         std::memcpy(out, t.data_ptr(), t.numel() * t.element_size());
       };
       entries.push_back(std::move(e));

@@ -1,10 +1,10 @@
 // TorchZipWriter against LibTorch's PyTorchStreamWriter (byte for byte),
 // LibTorch's reader and Python's zipfile; readZipDirectory on broken files.
 #include "common/torch_zip.h"
+#include "common/xxh3.h"
 
 #include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
-#include <openssl/evp.h>
 #include <zlib.h>
 
 #include <filesystem>
@@ -28,17 +28,10 @@ std::string readAll(const fs::path& path) {
   return out.str();
 }
 
-std::string sha256Hex(const std::string& bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int size = 0;
-  EVP_Digest(bytes.data(), bytes.size(), digest, &size, EVP_sha256(), nullptr);
-  std::string hex;
-  static constexpr char kHex[] = "0123456789abcdef";
-  for (unsigned int i = 0; i < size; ++i) {
-    hex += kHex[digest[i] >> 4];
-    hex += kHex[digest[i] & 15];
-  }
-  return hex;
+std::string xxh3Hex(const std::string& bytes) {
+  Xxh3Digest digest;
+  digest.update(bytes.data(), bytes.size());
+  return digest.hex();
 }
 
 std::uint32_t crcOf(const std::string& bytes) {
@@ -106,7 +99,8 @@ TEST_F(TorchZipTest, WritesWhatPyTorchStreamWriterWrites) {
     }
     FAIL() << "PyTorchStreamWriter wrote " << a.size() << " bytes, we wrote " << b.size() << ":\n" << both;
   }
-  EXPECT_EQ(digest, sha256Hex(b));
+  EXPECT_EQ(digest, xxh3Hex(b));
+  EXPECT_EQ(digest, xxh3OfFile(ours_path.string()));
 
   // Where the two may differ: the id's bytes, its CRC in its descriptor and
   // in its directory entry.

@@ -65,6 +65,9 @@ TEST(Manifest, StageEntriesAndCountsAgree) {
   std::string bad_digest = stageJson("stage_0.pt");
   bad_digest.insert(bad_digest.size() - 3, R"(, "sha256": "abc")");
   EXPECT_EQ(errorOf(bad_digest), "p.json: stage 0 has sha256 \"abc\", not 64 hex digits; re-run `pipeforge split`");
+  std::string bad_xxh3 = stageJson("stage_0.pt");
+  bad_xxh3.insert(bad_xxh3.size() - 3, R"(, "xxh3_128": "ABC")");
+  EXPECT_EQ(errorOf(bad_xxh3), "p.json: stage 0 has xxh3_128 \"ABC\", not 32 hex digits; re-run `pipeforge split`");
   std::string two = stageJson("stage_0.pt");
   two.replace(two.find("\"num_stages\": 1"), 15, "\"num_stages\": 2");
   EXPECT_EQ(errorOf(two), "p.json: num_stages is 2 but 1 stages are listed");

@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/xxh3.h"
+#include "stage/file_digest.h"
 #include "tests/support/zoo.h"
 #include "tests/train/train_fixture.h"
 
@@ -69,9 +71,25 @@ TEST(Integrity, PipeJsonRecordsEveryStageFilesDigest) {
   const std::string dir = splitGpt(ws);
   auto j = nlohmann::json::parse(readText(dir + "/pipe.json"));
   for (const auto& s : j["stages"]) {
-    ASSERT_TRUE(s.contains("sha256")) << s.dump();
-    EXPECT_EQ(s["sha256"].get<std::string>().size(), 64u);
+    ASSERT_TRUE(s.contains("xxh3_128")) << s.dump();
+    EXPECT_EQ(s["xxh3_128"].get<std::string>(), xxh3OfFile(dir + "/" + s["file"].get<std::string>()));
   }
+}
+
+// A split written before issue 41 records SHA-256 digests: still verified.
+TEST(Integrity, AnOlderSplitsSha256IsStillVerified) {
+  TrainWorkspace ws;
+  const std::string dir = splitGpt(ws);
+  auto j = nlohmann::json::parse(readText(dir + "/pipe.json"));
+  for (auto& s : j["stages"]) {
+    s.erase("xxh3_128");
+    s["sha256"] = stage::sha256OfFile(dir + "/" + s["file"].get<std::string>());
+  }
+  std::ofstream(dir + "/pipe.json") << j.dump(2);
+  corrupt(dir + "/stage_0.pt");
+  auto run = runPipeforge(fmt::format("train --config '{}' --nproc 2", configOnSplit(ws, "old", dir)));
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_NE(run.output.find("stage_0.pt' is corrupt: its SHA-256 is"), std::string::npos) << run.output;
 }
 
 TEST(Integrity, ACorruptStageFileFailsBeforeAnyRankStarts) {
@@ -80,7 +98,7 @@ TEST(Integrity, ACorruptStageFileFailsBeforeAnyRankStarts) {
   corrupt(dir + "/stage_1.pt");
   auto run = runPipeforge(fmt::format("train --config '{}' --nproc 2", configOnSplit(ws, "bad", dir)));
   EXPECT_EQ(run.exit_code, 1) << run.output;
-  EXPECT_NE(run.output.find("stage_1.pt' is corrupt: its SHA-256 is"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("stage_1.pt' is corrupt: its XXH3-128 digest is"), std::string::npos) << run.output;
   EXPECT_EQ(run.output.find("rank 0"), std::string::npos) << "no rank should have started:\n" << run.output;
 }
 
