@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes Pipeforge's text readers with libFuzzer (issue 12): pipe.json, split
-# specs, training configs, schedule CSV, actions, safetensors files, and the
+# specs, training configs, schedule CSV, actions, safetensors files, zip
+# directories (the .pt2 records a split copies), and the
 # .pt2 JSON reader and importer (fuzz/, README there).
 #
 #   bash scripts/fuzz.sh [SECONDS_PER_TARGET]     default 60; 0 builds and replays only
@@ -27,7 +28,7 @@ if ! [[ "$SECONDS_PER_TARGET" =~ ^[0-9]+$ ]]; then
   echo "usage: bash scripts/fuzz.sh [SECONDS_PER_TARGET]  (a whole number of seconds, default 60)" >&2
   exit 2
 fi
-read -r -a TARGETS <<< "${PIPEFORGE_FUZZ_TARGETS:-manifest split_spec train_config schedule_csv action safetensors pt2_json}"
+read -r -a TARGETS <<< "${PIPEFORGE_FUZZ_TARGETS:-manifest split_spec train_config schedule_csv action safetensors zip_directory pt2_json}"
 BUILD=build-fuzz
 JOBS=${PIPEFORGE_FUZZ_JOBS:-$(nproc)}
 started=$SECONDS
