@@ -18,6 +18,7 @@
 
 #include "common/english.h"
 #include "common/yaml_errors.h"
+#include "mesh/mesh_layout.h"
 #include "common/yaml_keys.h"
 #include "config/config_overrides.h"
 #include "partitioner/split_spec.h"
@@ -784,7 +785,7 @@ std::optional<schedules::Program> checkLayout(const TrainConfig& c, int world_si
                                   "a multiple of it",
                                   c.origin, counted(world_size, "rank"), p.data_parallel));
   }
-  const int pp = world_size / p.data_parallel;
+  const int pp = mesh::MeshLayout::fromWorld(world_size, /*tp=*/1, p.data_parallel).size(mesh::Axis::kPp);
   if (p.csv_program) {
     // The CSV fixes the ranks and stages; say so before the generic layout message.
     const schedules::Program& csv = *p.csv_program;

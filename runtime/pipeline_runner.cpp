@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <set>
 
 #include <ATen/ATen.h>
@@ -9,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "compat/autocast.h"
+#include "mesh/mesh_layout.h"
 #include "runtime/c10d_comm.h"
 #include "runtime/comm.h"
 #include "runtime/comm_plan.h"
@@ -96,12 +98,14 @@ class PipelineRunner::Impl {
       world = env.world_size;
       local_rank = env.local_rank;
     }
-    if (world % options_.dp_degree != 0) {
-      throw RuntimeError(fmt::format("world size {} is not a multiple of dp_degree {}", world, options_.dp_degree));
+    try {
+      mesh_ = mesh::MeshLayout::fromWorld(world, /*tp=*/1, options_.dp_degree);  // Note [Mesh order]
+    } catch (const mesh::MeshError& e) {
+      throw RuntimeError(e.what(), e.code());
     }
-    pp_size_ = world / options_.dp_degree;
-    pp_rank_ = rank % pp_size_;
-    dp_rank_ = rank / pp_size_;
+    pp_size_ = mesh_->size(mesh::Axis::kPp);
+    pp_rank_ = mesh_->coordsOf(rank).pp;
+    dp_rank_ = mesh_->coordsOf(rank).dp;
     rank_ = rank;
     world_ = world;
     device_ = resolveDevice(options_.device, local_rank);
@@ -186,7 +190,7 @@ class PipelineRunner::Impl {
     cfg.program = &program_;
     cfg.plan = &plan_;
     cfg.pipeline_rank = pp_rank_;
-    cfg.rank_offset = dp_rank_ * pp_size_;
+    cfg.pipeline_group = mesh_->group(mesh::Axis::kPp, rank_);
     cfg.stages = stages_;
     cfg.loss = loss_.get();
     cfg.device = device_;
@@ -194,21 +198,17 @@ class PipelineRunner::Impl {
     cfg.shapes = options_.shapes;
     cfg.static_shapes = options_.static_shapes;
     cfg.dp_degree = options_.dp_degree;
-    for (int d = 0; d < options_.dp_degree; ++d) cfg.dp_group.push_back(d * pp_size_ + pp_rank_);
+    cfg.dp_group = mesh_->group(mesh::Axis::kDp, rank_);
 
     for (const auto& fqns : manifest_.tied) {
       for (int d = 0; d < options_.dp_degree; ++d) {
-        ExecutorConfig::Tied tied = tiedGroup(fqns, d * pp_size_);
+        ExecutorConfig::Tied tied = tiedGroup(fqns, d);
         addGroup(groups, tied.ranks);
         if (d == dp_rank_) cfg.tied.push_back(std::move(tied));
       }
     }
     if (options_.dp_degree > 1) {
-      for (int r = 0; r < pp_size_; ++r) {
-        std::vector<int> g;
-        for (int d = 0; d < options_.dp_degree; ++d) g.push_back(d * pp_size_ + r);
-        addGroup(groups, g);
-      }
+      for (const auto& g : mesh_->groups(mesh::Axis::kDp)) addGroup(groups, g);
     }
     return cfg;
   }
@@ -263,7 +263,8 @@ class PipelineRunner::Impl {
     return program;
   }
 
-  ExecutorConfig::Tied tiedGroup(const std::vector<std::string>& fqns, int offset) const {
+  // The holders of a tied group in data-parallel replica `replica`.
+  ExecutorConfig::Tied tiedGroup(const std::vector<std::string>& fqns, int replica) const {
     ExecutorConfig::Tied tied;
     int holders = 0;
     for (int s = 0; s < manifest_.num_stages; ++s) {
@@ -273,7 +274,7 @@ class PipelineRunner::Impl {
       });
       if (it == fqns.end()) continue;
       ++holders;
-      tied.ranks.push_back(offset + program_.stage_to_rank[s]);
+      tied.ranks.push_back(mesh_->rankOf(mesh::MeshCoords{program_.stage_to_rank[s], 0, replica}));
       if (program_.stage_to_rank[s] == pp_rank_) tied.local.emplace_back(s, *it);
     }
     std::sort(tied.ranks.begin(), tied.ranks.end());
@@ -344,6 +345,7 @@ class PipelineRunner::Impl {
   CommPlan plan_;
   schedules::Program program_;
   int rank_ = 0, world_ = 1, pp_size_ = 1, pp_rank_ = 0, dp_rank_ = 0;
+  std::optional<mesh::MeshLayout> mesh_;  // the run's pp × tp × dp layout (Note [Mesh order])
   std::string device_;
   bool computes_loss_ = false;
   std::vector<std::unique_ptr<PipelineStage>> owned_;

@@ -61,21 +61,26 @@ std::vector<at::Tensor> modelOutputsOf(const CommPlan& plan, const std::vector<a
   return out;
 }
 
+// The global rank of pipeline rank `p` of this replica.
+int globalRank(const ExecutorConfig& cfg, int p) {
+  return cfg.pipeline_group.empty() ? p : cfg.pipeline_group.at(static_cast<std::size_t>(p));
+}
+
 // The messenger's view of the configuration: who is at each end of each edge.
 EdgeMessengerConfig messengerConfig(const ExecutorConfig& cfg) {
   EdgeMessengerConfig out;
   out.plan = cfg.plan;
-  out.rank = cfg.rank_offset + cfg.pipeline_rank;
+  out.rank = globalRank(cfg, cfg.pipeline_rank);
   const auto& s2r = cfg.program->stage_to_rank;
   for (const Edge& e : cfg.plan->edges) {
-    out.edge_src.push_back(cfg.rank_offset + s2r.at(e.producer));
-    out.edge_dst.push_back(cfg.rank_offset + s2r.at(e.consumer));
+    out.edge_src.push_back(globalRank(cfg, s2r.at(e.producer)));
+    out.edge_dst.push_back(globalRank(cfg, s2r.at(e.consumer)));
   }
   out.device = cfg.device;
   out.shapes = cfg.shapes;
   out.static_shapes = cfg.static_shapes;
   for (auto& [peer, order] : pairOrder(*cfg.program, *cfg.plan, cfg.pipeline_rank)) {
-    out.pair_order[cfg.rank_offset + peer] = std::move(order);
+    out.pair_order[globalRank(cfg, peer)] = std::move(order);
   }
   return out;
 }

@@ -44,7 +44,9 @@ struct ExecutorConfig {
   const schedules::Program* program = nullptr;  // lowered, one rank per pipeline rank
   const CommPlan* plan = nullptr;
   int pipeline_rank = 0;
-  int rank_offset = 0;  // global rank of pipeline rank r: rank_offset + r
+  // The global ranks of this replica's pipeline, by pipeline rank (the
+  // mesh's pp group, Note [Mesh order]); empty: pipeline rank = global rank.
+  std::vector<int> pipeline_group;
   std::vector<PipelineStage*> stages;  // by stage index; null where not local
   const LossFunction* loss = nullptr;
   std::string device = "cpu";

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
+#include "mesh/mesh_layout.h"
 #include "runtime/pipeline_runner.h"
 #include "runtime/rng_state.h"
 #include "stage/value_meta.h"
@@ -71,7 +72,10 @@ CheckpointMeta checkpointMetaFor(const TrainConfig& config, const stage::PipeMan
   CheckpointLayout layout;
   layout.stages_per_rank = std::max(1, config.pipeline.stages_per_rank);
   layout.data_parallel = std::max(1, config.pipeline.data_parallel);
-  layout.pipeline_ranks = std::max(1, world_size / layout.data_parallel);
+  layout.pipeline_ranks =
+      world_size % layout.data_parallel == 0
+          ? mesh::MeshLayout::fromWorld(world_size, /*tp=*/1, layout.data_parallel).size(mesh::Axis::kPp)
+          : 1;  // a run the launcher refused; never written
   meta.layout = layout;
   return meta;
 }

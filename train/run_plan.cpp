@@ -14,7 +14,8 @@ RunPlan planRun(const TrainConfig& config, const runtime::DistEnv& env, const st
   plan.split_dir = split_dir;
   plan.manifest = stage::readManifest(split_dir);
   std::optional<schedules::Program> program = checkLayout(config, env.world_size, plan.manifest.num_stages);
-  plan.pipeline_ranks = env.world_size / config.pipeline.data_parallel;
+  plan.mesh = mesh::MeshLayout::fromWorld(env.world_size, /*tp=*/1, config.pipeline.data_parallel);
+  plan.pipeline_ranks = plan.mesh.size(mesh::Axis::kPp);
   plan.data = dataLayoutFor(config, plan.manifest.inputs);
   // Note [Auto schedule] in train/auto_schedule_pick.h: start on the profiling
   // program; training replaces it with the chosen one, and evaluation (any
@@ -30,7 +31,8 @@ RunPlan planGeneration(const runtime::DistEnv& env, const std::string& split_dir
   plan.env = env;
   plan.split_dir = split_dir;
   plan.manifest = stage::readManifest(split_dir);
-  plan.pipeline_ranks = env.world_size;
+  plan.mesh = mesh::MeshLayout::fromWorld(env.world_size, /*tp=*/1, /*dp=*/1);
+  plan.pipeline_ranks = plan.mesh.size(mesh::Axis::kPp);
   schedules::ScheduleConfig one_chain;
   one_chain.num_ranks = env.world_size;
   one_chain.stages_per_rank = 1;

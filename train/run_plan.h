@@ -5,6 +5,7 @@
 
 #include "config/train_config.h"
 #include "data/data_layout.h"
+#include "mesh/mesh_layout.h"
 #include "runtime/dist_env.h"
 #include "schedules/program.h"
 #include "stage/manifest.h"
@@ -25,7 +26,8 @@ struct RunPlan {
   runtime::DistEnv env;
   std::string split_dir;
   stage::PipeManifest manifest;  // split_dir's pipe.json
-  int pipeline_ranks = 1;        // env.world_size / pipeline.data_parallel
+  mesh::MeshLayout mesh;         // the ranks' pp × tp × dp layout (Note [Mesh order])
+  int pipeline_ranks = 1;        // mesh.size(kPp): the ranks of one replica's pipeline
   // The microbatch cuts of the inputs and targets, resolved against the
   // manifest's inputs: the runner cuts and the dataset draws by the same one.
   DataLayout data;

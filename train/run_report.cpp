@@ -8,6 +8,7 @@
 
 #include "common/atomic_file.h"
 #include "compat/cuda_device.h"
+#include "mesh/mesh_layout.h"
 #include "schedules/csv.h"
 
 namespace pipeforge::train {
@@ -30,7 +31,9 @@ void RunReport::printBanner(const RunStart& start) {
   const auto& p = config_.pipeline;
   out_ << fmt::format("pipeforge train: {} ranks = {} pipeline x {} data-parallel, {} stages, schedule {}{}, {} "
                       "microbatches, {} steps of {} rows\n",
-                      start.world_size, start.world_size / p.data_parallel, p.data_parallel, start.num_stages,
+                      start.world_size,
+                      mesh::MeshLayout::fromWorld(start.world_size, /*tp=*/1, p.data_parallel).size(mesh::Axis::kPp),
+                      p.data_parallel, start.num_stages,
                       scheduleLabel(config_), p.csv_program ? " (CSV)" : "", p.microbatches, config_.steps,
                       config_.global_batch_size);
   nlohmann::json auto_record;
