@@ -410,6 +410,7 @@ void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
           {"stages_per_rank",
            [&](const YAML::Node& v) { c.pipeline.stages_per_rank = s.smallInteger(v, "stages_per_rank", 1); }},
           {"data_parallel", [&](const YAML::Node& v) { c.pipeline.data_parallel = s.smallInteger(v, "data_parallel", 1); }},
+          {"scale_grads", [&](const YAML::Node& v) { c.pipeline.scale_grads = s.boolean(v, "scale_grads"); }},
           {"activation_checkpointing",
            [&](const YAML::Node& v) { parseCheckpointing(s, v, c.pipeline); }},
           {"input_chunks", [&](const YAML::Node& v) { c.pipeline.input_chunks = parseChunks(s, v, "input_chunks", true); }},
@@ -669,6 +670,13 @@ void checkCrossKeys(const TrainConfig& c) {
                                   o, c.eval_every));
   }
   if (c.output_dir.empty()) throw ConfigError(fmt::format("{}: output.dir is missing (metrics, trace and the split go there)", o));
+  if (!p.scale_grads && c.loss_normalization == LossNormalization::kPerToken) {
+    throw ConfigError(fmt::format("{}: pipeline.scale_grads: false sums the microbatches' losses, but "
+                                  "loss_normalization: per_token already divides the summed loss by the tokens "
+                                  "counted; keep one: remove pipeline.scale_grads, or use loss_normalization: "
+                                  "per_microbatch",
+                                  o));
+  }
   if (c.loss == LossName::kModule && c.loss_normalization == LossNormalization::kPerToken) {
     throw ConfigError(fmt::format("{}: loss_normalization: per_token needs a built-in loss (cross_entropy or mse) "
                                   "whose elements Pipeforge can count; a loss module returns a scalar, so normalize "

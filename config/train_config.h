@@ -68,6 +68,10 @@ struct PipelineConfig {
   int microbatches = 1;
   int stages_per_rank = 1;
   int data_parallel = 1;  // world = pipeline ranks x data_parallel
+  // PyTorch's scale_grads: false sums the microbatches' losses (and their
+  // gradients) instead of averaging them; the step's reported loss is then
+  // that sum (Note [Loss scaling] in runtime/pipeline_runner.cpp).
+  bool scale_grads = true;
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kNone;
   int checkpoint_every_n = 0;  // kEveryN only: k >= 1
   // data.format tensors only; empty: every input (target) split along dim 0.

@@ -75,6 +75,7 @@ runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const RunPlan
       break;
   }
   ro.dp_degree = config.pipeline.data_parallel;
+  ro.scale_grads = config.pipeline.scale_grads;
   ro.device = config.device;
   ro.backend = backendOf(config.backend);
   ro.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(config.timeout_s * 1000));

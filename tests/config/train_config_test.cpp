@@ -567,5 +567,29 @@ TEST_F(TrainConfigTest, TrainingOptionKeys) {
          "loss_normalization: per_token needs a built-in loss");
 }
 
+// pipeline.scale_grads: true by default (PyTorch's), false sums the
+// microbatches' losses; per_token normalization already divides, so the two
+// are refused together.
+TEST_F(TrainConfigTest, ScaleGrads) {
+  auto withPipeline = [&](const std::string& keys, const std::string& extra = "") {
+    std::string text = valid();
+    const std::string at = "pipeline:\n";
+    text.insert(text.find(at) + at.size(), keys);
+    return parseTrainConfig(text + extra, "t.yaml");
+  };
+  EXPECT_TRUE(parseTrainConfig(valid(), "t.yaml").pipeline.scale_grads);
+  EXPECT_FALSE(withPipeline("  scale_grads: false\n").pipeline.scale_grads);
+  try {
+    withPipeline("  scale_grads: false\n", "loss_normalization: per_token\n");
+    ADD_FAILURE() << "scale_grads: false with per_token was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("pipeline.scale_grads: false sums the microbatches' losses, but "
+                                         "loss_normalization: per_token already divides"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(withPipeline("  scale_grads: maybe\n"), ConfigError);
+}
+
 }  // namespace
 }  // namespace pipeforge::train

@@ -10,8 +10,10 @@ the same microbatches, loss and optimizer, twice on 2 Gloo ranks:
     same cut and initial weights) wrapped in torch.distributed.pipelining's
     PipelineStage, run by PyTorch's own Schedule1F1B /
     ScheduleInterleavedZeroBubble / ScheduleZBVZeroBubble, with torch.optim.
-Both must agree on every step's loss (the mean of the microbatch losses) and
-on every final parameter within rtol 1e-5, atol 1e-6 (float32).
+Both must agree on every step's loss (the mean of the microbatch losses; their
+sum for the runs with pipeline.scale_grads: false against PyTorch's
+scale_grads=False) and on every final parameter within rtol 1e-5, atol 1e-6
+(float32).
 
 Models: the zoo's `mlp` (mse) and a small untied decoder defined here
 (cross-entropy with some targets at ignore_index -1); 2 stages for 1F1B, 4
@@ -97,6 +99,9 @@ RUNS = [
     ("decoder", "1F1B", "adamw"),
     ("decoder", "InterleavedZeroBubble", "sgd"),
     ("decoder", "ZBVZeroBubble", "adamw"),
+    # pipeline.scale_grads: false against PyTorch's scale_grads=False (summed microbatch losses).
+    ("mlp", "1F1B", "sgd", False),
+    ("decoder", "ZBVZeroBubble", "adamw", False),
 ]
 
 VOCAB, CONTEXT, WIDTH, HEADS = 32, 8, 16, 2
@@ -205,7 +210,7 @@ def train_pipeforge(binary: str, d: str, case: dict) -> tuple:
     config = os.path.join(d, name + ".yaml")
     with open(config, "w") as f:
         f.write(f"""model: {{split_dir: {case['split_dir']}}}
-pipeline: {{schedule: {case['schedule']}, microbatches: {MICROBATCHES}, stages_per_rank: {case['per_rank']}}}
+pipeline: {{schedule: {case['schedule']}, microbatches: {MICROBATCHES}, stages_per_rank: {case['per_rank']}, scale_grads: {str(case['scale_grads']).lower()}}}
 loss: {case['loss']}
 optimizer: {OPTIMIZERS[case['optimizer']][0]}
 lr_schedule: {{decay: constant, warmup_steps: 0}}
@@ -250,10 +255,9 @@ def rank_main(rank: int, world: int, cases: list, d: str) -> None:
         for m in modules.values():
             m.train()
         stages = [PipelineStage(modules[s], s, num_stages, torch.device("cpu")) for s in local]
-        if per_rank == 1:
-            schedule = getattr(schedules, "Schedule" + case["schedule"])(stages[0], MICROBATCHES, loss_fn=loss_fn)
-        else:
-            schedule = getattr(schedules, "Schedule" + case["schedule"])(stages, MICROBATCHES, loss_fn=loss_fn)
+        schedule = getattr(schedules, "Schedule" + case["schedule"])(stages[0] if per_rank == 1 else stages,
+                                                                     MICROBATCHES, loss_fn=loss_fn,
+                                                                     scale_grads=case["scale_grads"])
         # One optimizer per stage, as Pipeforge keeps them.
         optimizers = [OPTIMIZERS[case["optimizer"]][1](torch, list(modules[s].parameters())) for s in local]
 
@@ -269,7 +273,10 @@ def rank_main(rank: int, world: int, cases: list, d: str) -> None:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             if losses:
-                step_losses.append(sum(l.item() for l in losses) / len(losses))
+                # The step's loss as Pipeforge logs it: the mean of the microbatch
+                # losses, or their sum with scale_grads=False.
+                total = sum(l.item() for l in losses)
+                step_losses.append(total / len(losses) if case["scale_grads"] else total)
         params = {}
         for s in local:
             params.update({k: v.detach().clone() for k, v in modules[s].named_parameters()})
@@ -286,12 +293,15 @@ def main() -> None:
         for model, (_, cuts2, cuts4) in MODELS.items():
             for stages, cuts in ((2, cuts2), (4, cuts4)):
                 split(binary, files[model][0], cuts, os.path.join(d, f"{model}_{stages}"))
-        for model, schedule, optimizer in RUNS:
+        for model, schedule, optimizer, *rest in RUNS:
+            scale_grads = rest[0] if rest else True
             model_path, data_path = files[model]
             per_rank = SCHEDULES[schedule][0]
-            cases.append({"name": f"{model}-{schedule}-{optimizer}", "model": model_path, "loss": MODELS[model][0],
+            cases.append({"name": f"{model}-{schedule}-{optimizer}" + ("" if scale_grads else "-sum"),
+                          "model": model_path, "loss": MODELS[model][0],
                           "split_dir": os.path.join(d, f"{model}_{RANKS * per_rank}"), "data": data_path,
-                          "schedule": schedule, "per_rank": per_rank, "optimizer": optimizer})
+                          "schedule": schedule, "per_rank": per_rank, "optimizer": optimizer,
+                          "scale_grads": scale_grads})
         started = time.monotonic()
         pipeforge = {c["name"]: train_pipeforge(binary, d, c) for c in cases}
         pipeforge_s = time.monotonic() - started
