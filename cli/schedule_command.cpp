@@ -54,6 +54,7 @@ struct ScheduleOptions {
   int ranks = 0;
   int stages = 0;
   int microbatches = 0;
+  int microbatch_group_size = 0;  // MegatronInterleaved only; 0: Megatron's default (--ranks)
   std::string load;
   std::string format = "compute_only";
   std::string costs;
@@ -227,10 +228,15 @@ void generateNamedSchedule(const ScheduleOptions& o, ScheduleSource& source) {
     throw UsageError("--layout chooses the layout for --name auto; named schedules "
                      "have their own (ZBVZeroBubble and DualPipeV fold into a V)");
   }
+  if (o.microbatch_group_size != 0 && *sch::canonicalScheduleName(o.name) != "MegatronInterleaved") {
+    throw UsageError(fmt::format("--microbatch-group-size applies to MegatronInterleaved only, not {}; remove it",
+                                 *sch::canonicalScheduleName(o.name)));
+  }
   sch::ScheduleConfig config;
   config.num_ranks = o.ranks;
   config.stages_per_rank = per_rank;
   config.num_microbatches = o.microbatches;
+  config.microbatch_group_size_per_vp_stage = o.microbatch_group_size;
   try {
     source.program = sch::generateSchedule(o.name, config);
   } catch (const sch::ScheduleError& e) {
@@ -411,6 +417,9 @@ void addScheduleCommand(CLI::App& app, int& exit_code) {
   sub->add_option("--ranks", o->ranks, "pipeline ranks P");
   sub->add_option("--stages", o->stages, "total stages S (a multiple of P; S/P per rank)");
   sub->add_option("--microbatches", o->microbatches, "microbatches M per step");
+  sub->add_option("--microbatch-group-size", o->microbatch_group_size,
+                  "MegatronInterleaved: Megatron's microbatch_group_size_per_vp_stage, the microbatches run "
+                  "on one model chunk before the next (default: --ranks)");
   sub->add_option("--load", o->load, "read the schedule from a PyTorch-format CSV instead");
   sub->add_option("--format", o->format,
                   "CSV flavour for --load: compute_only (default) or compute_comms");

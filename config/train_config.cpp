@@ -411,6 +411,10 @@ void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
            [&](const YAML::Node& v) { c.pipeline.stages_per_rank = s.smallInteger(v, "stages_per_rank", 1); }},
           {"data_parallel", [&](const YAML::Node& v) { c.pipeline.data_parallel = s.smallInteger(v, "data_parallel", 1); }},
           {"scale_grads", [&](const YAML::Node& v) { c.pipeline.scale_grads = s.boolean(v, "scale_grads"); }},
+          {"microbatch_group_size",
+           [&](const YAML::Node& v) {
+             c.pipeline.microbatch_group_size = s.smallInteger(v, "microbatch_group_size", 1);
+           }},
           {"activation_checkpointing",
            [&](const YAML::Node& v) { parseCheckpointing(s, v, c.pipeline); }},
           {"input_chunks", [&](const YAML::Node& v) { c.pipeline.input_chunks = parseChunks(s, v, "input_chunks", true); }},
@@ -794,6 +798,11 @@ std::optional<schedules::Program> checkLayout(const TrainConfig& c, int world_si
                                   c.origin, counted(world_size, "rank"), p.data_parallel));
   }
   const int pp = mesh::MeshLayout::fromWorld(world_size, /*tp=*/1, p.data_parallel).size(mesh::Axis::kPp);
+  if (p.microbatch_group_size != 0 && (p.csv_program || p.schedule != "MegatronInterleaved")) {
+    throw ConfigError(fmt::format("{}: pipeline.microbatch_group_size is Megatron's microbatch_group_size_per_vp_stage "
+                                  "and applies to pipeline.schedule: MegatronInterleaved only, not {}; remove it",
+                                  c.origin, p.csv_program ? "pipeline.schedule_csv" : p.schedule));
+  }
   if (p.csv_program) {
     // The CSV fixes the ranks and stages; say so before the generic layout message.
     const schedules::Program& csv = *p.csv_program;
@@ -852,6 +861,7 @@ std::optional<schedules::Program> checkLayout(const TrainConfig& c, int world_si
   sc.num_ranks = pp;
   sc.stages_per_rank = p.stages_per_rank;
   sc.num_microbatches = p.microbatches;
+  sc.microbatch_group_size_per_vp_stage = p.microbatch_group_size;
   try {
     return schedules::generateSchedule(p.schedule, sc);
   } catch (const schedules::ScheduleError& e) {

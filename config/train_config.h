@@ -72,6 +72,10 @@ struct PipelineConfig {
   // gradients) instead of averaging them; the step's reported loss is then
   // that sum (Note [Loss scaling] in runtime/pipeline_runner.cpp).
   bool scale_grads = true;
+  // MegatronInterleaved only: Megatron's microbatch_group_size_per_vp_stage
+  // (the microbatches one model chunk runs before the next); 0: Megatron's
+  // default, the pipeline ranks.
+  int microbatch_group_size = 0;
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kNone;
   int checkpoint_every_n = 0;  // kEveryN only: k >= 1
   // data.format tensors only; empty: every input (target) split along dim 0.

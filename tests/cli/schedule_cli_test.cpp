@@ -40,6 +40,31 @@ TEST(ScheduleCli, DualPipeVCsvEqualsPyTorchsByteForByte) {
   std::filesystem::remove_all(dir);
 }
 
+// Megatron's docstring example, PP2 N3M5 VP2: rank 0 runs chunk c's
+// microbatches in groups of 3 (1 1 1 2 2 2 -2 1 -2 1 -2 2 -1 2 -1 -1 -2 -2 -1 -1).
+TEST(ScheduleCli, MicrobatchGroupSizeIsMegatrons) {
+  std::string dir = testing::makeTempDir("pf-sched");
+  auto r = testing::runCommand(pf() + " schedule --name MegatronInterleaved --ranks 2 --stages 4 --microbatches 5 "
+                                      "--microbatch-group-size 3 --csv " + dir + "/out.csv");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string csv = readFile(dir + "/out.csv");
+  std::string rank0 = csv.substr(0, csv.find('\n'));
+  std::string order;
+  for (std::size_t at = 0; at <= rank0.size();) {
+    const std::size_t comma = std::min(rank0.find(',', at), rank0.size());
+    if (comma > at) order += (order.empty() ? "" : " ") + rank0.substr(at, comma - at);
+    at = comma + 1;
+  }
+  EXPECT_EQ(order, "0F0 0F1 0F2 2F0 2F1 2F2 2B0 0F3 2B1 0F4 2B2 2F3 0B0 2F4 0B1 0B2 2B3 2B4 0B3 0B4") << csv;
+  auto other = testing::runCommand(pf() + " schedule --name 1F1B --ranks 2 --stages 2 --microbatches 4 "
+                                          "--microbatch-group-size 3");
+  EXPECT_EQ(other.exit_code, 2) << other.output;
+  EXPECT_NE(other.output.find("--microbatch-group-size applies to MegatronInterleaved only, not 1F1B"),
+            std::string::npos)
+      << other.output;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ScheduleCli, WritesTraceAndSvgWithCosts) {
   std::string dir = testing::makeTempDir("pf-sched");
   auto r = testing::runCommand(pf() + " schedule --name ZBVZeroBubble --ranks 2 --stages 4 --microbatches 4 "

@@ -2,6 +2,7 @@
 // is refused with a message naming the key (the CLI table in
 // train_cli_test.cpp covers the same through the binary).
 #include "config/train_config.h"
+#include "schedules/generate.h"
 #include "tests/support/build_paths.h"
 
 #include <gtest/gtest.h>
@@ -589,6 +590,45 @@ TEST_F(TrainConfigTest, ScaleGrads) {
         << e.what();
   }
   EXPECT_THROW(withPipeline("  scale_grads: maybe\n"), ConfigError);
+}
+
+// pipeline.microbatch_group_size reaches MegatronInterleaved's generator
+// (Megatron's microbatch_group_size_per_vp_stage) and nothing else.
+TEST_F(TrainConfigTest, MicrobatchGroupSize) {
+  auto with = [&](const std::string& schedule, int group) {
+    std::string text = valid();
+    const std::string from = "schedule: 1F1B\n  microbatches: 2", batch = "global_batch_size: 4";
+    text.replace(text.find(from), from.size(),
+                 "schedule: " + schedule + "\n  microbatches: 5\n  stages_per_rank: 2\n  microbatch_group_size: " +
+                     std::to_string(group));
+    text.replace(text.find(batch), batch.size(), "global_batch_size: 10");
+    return parseTrainConfig(text, "t.yaml");
+  };
+  TrainConfig c = with("MegatronInterleaved", 3);
+  EXPECT_EQ(c.pipeline.microbatch_group_size, 3);
+  const auto program = checkLayout(c, 2, 4);
+  ASSERT_TRUE(program.has_value());
+  schedules::ScheduleConfig megatron{2, 2, 5};
+  megatron.microbatch_group_size_per_vp_stage = 3;
+  EXPECT_EQ(*program, schedules::generateSchedule("MegatronInterleaved", megatron));
+  schedules::ScheduleConfig one_group = megatron;
+  one_group.microbatch_group_size_per_vp_stage = 5;  // the key is not ignored: another size, another order
+  EXPECT_FALSE(*program == schedules::generateSchedule("MegatronInterleaved", one_group));
+  try {
+    checkLayout(with("Interleaved1F1B", 3), 2, 4);
+    ADD_FAILURE() << "a group size was accepted for Interleaved1F1B";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("applies to pipeline.schedule: MegatronInterleaved only, not "
+                                         "Interleaved1F1B"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    checkLayout(with("MegatronInterleaved", 1), 2, 4);  // below PP
+    ADD_FAILURE() << "group size 1 < PP 2 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("must range in [PP=2, M=5]"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

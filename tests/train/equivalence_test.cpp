@@ -64,6 +64,19 @@ const char* kMlp8Stages =
 const char* kAdamW = "{name: adamw, lr: 1.0e-3, weight_decay: 0.01, eps: 1.0e-6}";
 
 RunSpec spec(std::string model, std::string split, std::string schedule, int stages_per_rank, int dp,
+             std::string optimizer);
+
+// Megatron's docstring example, PP2 N3M5 VP2: MegatronInterleaved with
+// pipeline.microbatch_group_size 3, 5 microbatches of 2 rows.
+RunSpec megatronGroups() {
+  RunSpec s = spec("gpt", kGpt4Stages, "MegatronInterleaved", 2, 1, kAdamW);
+  s.microbatches = 5;
+  s.batch = 10;
+  s.pipeline = ", microbatch_group_size: 3";
+  return s;
+}
+
+RunSpec spec(std::string model, std::string split, std::string schedule, int stages_per_rank, int dp,
              std::string optimizer) {
   RunSpec s;
   s.model = std::move(model);
@@ -86,7 +99,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"gpt_zbv_2ranks", 2, spec("gpt", kGpt4Stages, "ZBVZeroBubble", 2, 1, "{name: adam, lr: 1.0e-3, eps: 1.0e-6}")},
         Case{"mlp_zbv_4ranks", 4, spec("mlp", kMlp8Stages, "ZBVZeroBubble", 2, 1,
                                        "{name: sgd, lr: 0.05, momentum: 0.9, nesterov: true}")},
-        Case{"gpt_pp2_dp2", 4, spec("gpt", kGpt2Stages, "1F1B", 1, 2, kAdamW)}),
+        Case{"gpt_pp2_dp2", 4, spec("gpt", kGpt2Stages, "1F1B", 1, 2, kAdamW)},
+        Case{"gpt_megatron_groups_of_3", 2, megatronGroups()}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 

@@ -53,7 +53,7 @@ std::string TrainWorkspace::writeConfig(const std::string& name, const RunSpec& 
                                : fmt::format("{{format: tensors, path: {}/mlp.pt}}", dir_);
   std::string text = fmt::format(
       "model:\n  path: {}\n  {}\n"
-      "pipeline: {{schedule: {}, microbatches: {}, stages_per_rank: {}, data_parallel: {}}}\n"
+      "pipeline: {{schedule: {}, microbatches: {}, stages_per_rank: {}, data_parallel: {}{}}}\n"
       "loss: {}\n"
       "optimizer: {}\n"
       "lr_schedule: {{warmup_steps: 1, min_lr: 1.0e-5}}\n"
@@ -62,7 +62,7 @@ std::string TrainWorkspace::writeConfig(const std::string& name, const RunSpec& 
       "checkpoint: {{dir: {}, every: {}}}\n"
       "distributed: {{timeout_s: {}}}\n"
       "output: {{dir: {}{}}}\n{}",
-      s.model_path.empty() ? zooModelPath(s.model) : s.model_path, s.split, s.schedule, s.microbatches, s.stages_per_rank, s.data_parallel,
+      s.model_path.empty() ? zooModelPath(s.model) : s.model_path, s.split, s.schedule, s.microbatches, s.stages_per_rank, s.data_parallel, s.pipeline,
       gpt ? "cross_entropy" : "mse", s.optimizer, data, s.steps, s.batch, checkpointDir(name), s.checkpoint_every,
       s.timeout_s, outDir(name), s.output, s.extra);
   const std::string path = dir_ + "/" + name + ".yaml";

@@ -30,6 +30,7 @@ struct RunSpec {
   int checkpoint_every = 0;  // 0: only at the end
   double timeout_s = 60;
   std::string extra;  // more top-level YAML
+  std::string pipeline;  // more keys of pipeline:, e.g. ", microbatch_group_size: 3"
   std::string output;  // more keys of output:, e.g. ", trace: true"
 };
 
