@@ -168,6 +168,11 @@ void RunReport::checkpointed(std::int64_t done, const std::string& dir) {
   progress_->note(fmt::format("step {}: checkpoint {}", done, dir));
 }
 
+void RunReport::modelState(const ModelStateBytes& bytes) {
+  metrics_->write(modelStateRecord(bytes));
+  model_state_.push_back(bytes);
+}
+
 void RunReport::finish(const TrainSummary& s, const LossScaler* scaler, const std::string& model_source,
                        const std::string& trace_path) {
   progress_->finish();
@@ -198,6 +203,7 @@ void RunReport::finish(const TrainSummary& s, const LossScaler* scaler, const st
       }
     }
   }
+  for (const ModelStateBytes& b : model_state_) out_ << "  model state " << describeModelState(b) << "\n";
   out_ << "  metrics:    " << metrics_->path() << "\n";
   if (!trace_path.empty()) out_ << "  trace:      " << trace_path << "  (open in https://ui.perfetto.dev)\n";
   out_ << std::flush;

@@ -15,6 +15,7 @@
 #include "config/train_config.h"
 #include "train/loss_scaler.h"
 #include "train/metrics_log.h"
+#include "train/model_state.h"
 #include "train/progress_bar.h"
 #include "train/schedule_choice.h"
 #include "train/step_outcome.h"
@@ -63,6 +64,8 @@ class RunReport {
   void overflowed(std::int64_t done, double loss_scale, const NonFinite& bad, const StepOutcomePolicy& policy);
   void skipped(std::int64_t done, const NonFinite& bad, const StepOutcomePolicy& policy);
   void checkpointed(std::int64_t done, const std::string& dir);
+  // One rank's model_state record (train/model_state.h), kept for the summary.
+  void modelState(const ModelStateBytes& bytes);
 
   // Ends the bar and prints the summary: losses, dropped updates, where the
   // checkpoint, the metrics and the trace (`trace_path`, empty: none) are.
@@ -77,6 +80,7 @@ class RunReport {
   const TrainerOptions& options_;
   std::ostream& out_;
   std::unique_ptr<MetricsLog> metrics_;
+  std::vector<ModelStateBytes> model_state_;
   std::unique_ptr<ProgressBar> progress_;
 };
 

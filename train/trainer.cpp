@@ -12,6 +12,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "common/host_memory.h"
@@ -29,6 +30,7 @@
 #include "train/optimizer_factory.h"
 #include "train/rank_channel.h"
 #include "train/rank_checkpoint.h"
+#include "train/model_state.h"
 #include "train/run_report.h"
 #include "train/run_trace.h"
 #include "train/runner_options.h"
@@ -156,6 +158,7 @@ class RankTrainer {
       case StepOutcome::kUpdate:
         stepOptimizers(check.norm);
         pending_update_ = PendingUpdateCheck{step + 1, nonFiniteParameterStages()};
+        if (!model_state_reported_) reportModelState();
         break;
       case StepOutcome::kOverflow:
         if (rank() == 0) report_->overflowed(step + 1, *loss_scale, bad, policy_);
@@ -194,6 +197,27 @@ class RankTrainer {
   }
 
   int rank() const { return runner_->rank(); }
+
+  // After the run's first update, while the gradients still exist: every
+  // rank's bytes of parameters, gradients and optimizer state, to rank 0's
+  // metrics (train/model_state.h). Every rank takes the same branch in the
+  // same step (Note [One collective per step's checks]).
+  void reportModelState() {
+    model_state_reported_ = true;
+    const ModelStateBytes mine = measureModelState(rank(), runner_->parameters(), optimizers_, config_.optimizer.name);
+    channel_->publish("model_state/" + std::to_string(rank()), modelStateRecord(mine).dump());
+    if (rank() != 0) return;
+    for (int r = 0; r < plan_.env.world_size; ++r) {
+      const std::string key = "model_state/" + std::to_string(r);
+      const std::string text = channel_->take(key);
+      try {
+        report_->modelState(modelStateFromRecord(nlohmann::json::parse(text)));
+      } catch (const nlohmann::json::exception& e) {
+        throw Error(ErrorCode::kPeerFailure,
+                    fmt::format("rank {} sent a model_state record that is not one ({}): {}", r, e.what(), text));
+      }
+    }
+  }
 
   // `norm`: the global gradient norm, for optimizer.clip_grad_norm.
   void stepOptimizers(double norm) {
@@ -393,6 +417,7 @@ class RankTrainer {
   std::unique_ptr<RankChannel> channel_;  // after runner_: destroyed first (Note [Orderly exit])
   std::unique_ptr<Dataset> dataset_;
   StageOptimizers optimizers_;
+  bool model_state_reported_ = false;
   std::unique_ptr<RankCheckpoint> checkpoint_;  // after optimizers_, which it saves and restores
   StepOutcomePolicy policy_;  // Note [Non-finite steps]; fp16's loss scale
   std::optional<RunReport> report_;  // rank 0 only

@@ -1,0 +1,79 @@
+#include "train/model_state.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/optim/optimizer.h>
+
+#include <set>
+
+#include "runtime/pipeline_runner.h"
+#include "train/optimizer_factory.h"
+#include "train/optimizer_state.h"
+
+namespace pipeforge::train {
+
+namespace {
+
+// Bytes of `t`'s storage, once per storage.
+std::int64_t storageBytes(const at::Tensor& t, std::set<const void*>& seen) {
+  if (!t.defined() || !t.has_storage()) return 0;
+  const void* key = t.storage().data();
+  if (key == nullptr || !seen.insert(key).second) return 0;
+  return static_cast<std::int64_t>(t.storage().nbytes());
+}
+
+}  // namespace
+
+ModelStateBytes measureModelState(int rank, const std::vector<runtime::NamedTensor>& parameters,
+                                  const std::map<int, std::unique_ptr<torch::optim::Optimizer>>& optimizers,
+                                  OptimizerName name) {
+  ModelStateBytes out;
+  out.rank = rank;
+  std::set<const void*> params, grads, states, counted;
+  std::map<int, std::vector<NamedParameter>> by_stage;
+  for (const auto& p : parameters) {
+    if (counted.insert(p.tensor.unsafeGetTensorImpl()).second) out.parameters += p.tensor.numel();
+    out.param_bytes += storageBytes(p.tensor, params);
+    out.grad_bytes += storageBytes(p.tensor.grad(), grads);
+    by_stage[p.stage].push_back({p.name, p.tensor});
+  }
+  for (const auto& [stage, optimizer] : optimizers) {
+    const StageOptimizerState state = optimizerStateByName(*optimizer, name, by_stage[stage]);
+    for (const auto& [fqn, slots] : state.by_name) {
+      for (const auto& [slot, tensor] : slots.slots) out.optimizer_bytes += storageBytes(tensor, states);
+    }
+  }
+  return out;
+}
+
+nlohmann::json modelStateRecord(const ModelStateBytes& b) {
+  return nlohmann::json{{"event", "model_state"},
+                        {"rank", b.rank},
+                        {"parameters", b.parameters},
+                        {"param_bytes", b.param_bytes},
+                        {"grad_bytes", b.grad_bytes},
+                        {"optimizer_bytes", b.optimizer_bytes},
+                        {"bytes_per_parameter",
+                         b.parameters > 0 ? static_cast<double>(b.total()) / static_cast<double>(b.parameters) : 0.0}};
+}
+
+ModelStateBytes modelStateFromRecord(const nlohmann::json& j) {
+  ModelStateBytes b;
+  b.rank = j.at("rank").get<int>();
+  b.parameters = j.at("parameters").get<std::int64_t>();
+  b.param_bytes = j.at("param_bytes").get<std::int64_t>();
+  b.grad_bytes = j.at("grad_bytes").get<std::int64_t>();
+  b.optimizer_bytes = j.at("optimizer_bytes").get<std::int64_t>();
+  return b;
+}
+
+std::string describeModelState(const ModelStateBytes& b) {
+  auto mb = [](std::int64_t bytes) { return static_cast<double>(bytes) / 1e6; };
+  return fmt::format("rank {}: {:.1f} MB parameters, {:.1f} MB gradients, {:.1f} MB optimizer state ({:.1f} bytes "
+                     "per parameter)",
+                     b.rank, mb(b.param_bytes), mb(b.grad_bytes), mb(b.optimizer_bytes),
+                     b.parameters > 0 ? static_cast<double>(b.total()) / static_cast<double>(b.parameters) : 0.0);
+}
+
+}  // namespace pipeforge::train

@@ -1,0 +1,52 @@
+// What a rank keeps for its model: the bytes of its parameters, their
+// gradients and its optimizer state, each storage counted once (the
+// `model_state` record of metrics.jsonl, issue 42). With every stage whole on
+// every replica (no sharding yet), fp32 AdamW keeps 4 + 4 + 8 = 16 bytes per
+// parameter, SGD with momentum 12, plain SGD 8.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "config/train_config.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace pipeforge::runtime {
+struct NamedTensor;
+}
+
+namespace pipeforge::train {
+
+struct ModelStateBytes {
+  int rank = 0;
+  std::int64_t parameters = 0;  // elements, each tensor once
+  std::int64_t param_bytes = 0;
+  std::int64_t grad_bytes = 0;
+  std::int64_t optimizer_bytes = 0;
+  std::int64_t total() const { return param_bytes + grad_bytes + optimizer_bytes; }
+};
+
+// Measures this rank's `parameters` (after a backward, so their gradients
+// exist) and its stages' `optimizers` (after a step, so their state does).
+// Tied names of one tensor count once.
+ModelStateBytes measureModelState(int rank, const std::vector<runtime::NamedTensor>& parameters,
+                                  const std::map<int, std::unique_ptr<torch::optim::Optimizer>>& optimizers,
+                                  OptimizerName name);
+
+// {"event": "model_state", "rank": r, "parameters": n, "param_bytes": ...,
+// "grad_bytes": ..., "optimizer_bytes": ..., "bytes_per_parameter": ...}, and back.
+nlohmann::json modelStateRecord(const ModelStateBytes& bytes);
+ModelStateBytes modelStateFromRecord(const nlohmann::json& record);
+
+// "rank 0: 1.2 MB parameters, 1.2 MB gradients, 2.4 MB optimizer state (16.0 bytes per parameter)".
+std::string describeModelState(const ModelStateBytes& bytes);
+
+}  // namespace pipeforge::train
