@@ -288,16 +288,26 @@ void parseModel(const Section& top, const YAML::Node& node, TrainConfig& c) {
 // `none`, `full`, or `{every_n: k}` (runtime Note [Checkpointing every k-th call]).
 void parseCheckpointing(const Section& s, const YAML::Node& node, PipelineConfig& p) {
   const std::string name = "activation_checkpointing";
-  const std::string expected = "none, full or a map {every_n: k}";
+  const std::string expected = "none, full or a map {every_n: k} or {microbatches: k}";
   if (node.IsMap()) {
     Section sub(s, s.key(name));
-    bool given = false;
+    int given = 0;
     sub.read(node, s.key(name), {{"every_n", [&](const YAML::Node& v) {
                                    p.checkpoint_every_n = sub.smallInteger(v, "every_n", 1);
                                    p.activation_checkpointing = ActivationCheckpointing::kEveryN;
-                                   given = true;
+                                   ++given;
+                                 }},
+                                 {"microbatches", [&](const YAML::Node& v) {
+                                   p.checkpoint_microbatches = sub.smallInteger(v, "microbatches", 0);
+                                   p.activation_checkpointing = ActivationCheckpointing::kMicrobatches;
+                                   ++given;
                                  }}});
-    if (given) return;
+    if (given > 1) {
+      throw ConfigError(fmt::format("{}: pipeline.activation_checkpointing takes every_n (which submodule calls) or "
+                                    "microbatches (how many live microbatches keep their graph), not both; keep one",
+                                    s.where(node)));
+    }
+    if (given == 1) return;
     // An empty map: nothing chosen.
     s.fail(node, name, expected);
   }

@@ -45,6 +45,7 @@ enum class ActivationCheckpointing {
   kNone,  // every stage's autograd graph
   kFull,  // each stage's inputs only; its backward recomputes the forward
   kEveryN,  // every k-th submodule call of each stage (PipelineConfig::checkpoint_every_n)
+  kMicrobatches,  // at most k live microbatches per stage keep their graph (checkpoint_microbatches)
 };
 
 // One entry of pipeline.input_chunks / target_chunks: how a model input (or a
@@ -78,6 +79,7 @@ struct PipelineConfig {
   int microbatch_group_size = 0;
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kNone;
   int checkpoint_every_n = 0;  // kEveryN only: k >= 1
+  int checkpoint_microbatches = 0;  // kMicrobatches only: k >= 0 (0: every one recomputed, as full)
   // data.format tensors only; empty: every input (target) split along dim 0.
   // input_chunks is a list in the model's input order or a map by input name
   // (then every entry has a name); target_chunks is a list.

@@ -173,10 +173,11 @@ class PipelineRunner::Impl {
       if (program_.stage_to_rank[s] != pp_rank_) continue;
       owned_.push_back(std::make_unique<PipelineStage>(
           PipelineStage::fromSplit(options_.split_dir, manifest_, plan_, s, device_)));
-      owned_.back()->setActivationCheckpointing(
-          options_.activation_checkpointing != Checkpointing::kNone,
-          options_.activation_checkpointing == Checkpointing::kEveryN ? options_.checkpoint_every_n : 0,
-          options_.stage_cutter);
+      const Checkpointing mode = options_.activation_checkpointing;
+      owned_.back()->setActivationCheckpointing(mode == Checkpointing::kFull || mode == Checkpointing::kEveryN,
+                                                mode == Checkpointing::kEveryN ? options_.checkpoint_every_n : 0,
+                                                options_.stage_cutter);
+      if (mode == Checkpointing::kMicrobatches) owned_.back()->setKeptMicrobatches(options_.checkpoint_microbatches);
       stages_[s] = owned_.back().get();
     }
     computes_loss_ = program_.stage_to_rank[manifest_.num_stages - 1] == pp_rank_;

@@ -98,6 +98,9 @@ struct RunnerOptions {
   // the k-th, 2k-th, ... submodule call of each stage's forward, k = checkpoint_every_n.
   Checkpointing activation_checkpointing = Checkpointing::kNone;
   int checkpoint_every_n = 0;
+  // kMicrobatches: how many of a stage's live microbatches keep their graph
+  // (Note [Partial recompute] in runtime/pipeline_stage.h).
+  int checkpoint_microbatches = 0;
   // kEveryN: how a stage is cut at its calls, stage::cutAtCalls (the
   // runtime does not link the splitter it uses).
   StageCutter stage_cutter;

@@ -521,6 +521,8 @@ class PipelineStage::Impl {
   std::map<int, Microbatch> live_;
   std::string device_ = "cpu";  // the generators a forward draws from
   bool checkpointing_ = false;
+  int kept_limit_ = -1;                  // Note [Partial recompute]; < 0: off
+  std::int64_t recomputed_forwards_ = 0;
   std::vector<torch::jit::Module> segments_;  // every_n: the stage cut at its calls
   stage::StageSegments segment_plan_;
   std::function<void(const std::function<void()>&)> recompute_context_;
@@ -603,13 +605,18 @@ std::vector<at::Tensor> PipelineStage::forward(int mb, std::vector<at::Tensor> i
     torch::NoGradGuard no_grad;
     return s.run(mb, inputs);
   }
+  // Note [Partial recompute]: the live microbatches that keep their graph, before this one.
+  int kept = 0;
+  for (const auto& [live_mb, live] : s.live_) kept += live.pending_recompute ? 0 : 1;
+  const bool recompute = s.checkpointing_ || (s.kept_limit_ >= 0 && kept >= s.kept_limit_);
   Impl::Microbatch& m = s.live_[mb];
   m.inputs = std::move(inputs);
   try {
     if (s.segmented()) {
       s.segmentedForward(m, mb, outputs);
-    } else if (s.checkpointing_) {
+    } else if (recompute) {
       s.checkpointedForward(m, mb, outputs);
+      ++s.recomputed_forwards_;
     } else {
       outputs = s.run(mb, m.inputs);
       m.outputs = outputs;
@@ -660,6 +667,16 @@ void PipelineStage::setActivationCheckpointing(bool on, int every_n, const Stage
   s.segment_plan_ = stage::StageSegments{};
   if (on && every_n > 0) s.segment_plan_ = cutIntoSegments(s.module_, s.sig_.index, every_n, cut, s.segments_);
 }
+
+void PipelineStage::setKeptMicrobatches(int k) {
+  Impl& s = *impl_;
+  if (!s.live_.empty()) {
+    PIPEFORGE_FAIL(fmt::format("stage {}: checkpointing changed with microbatches live", s.sig_.index));
+  }
+  s.kept_limit_ = k;
+}
+
+std::int64_t PipelineStage::recomputedMicrobatches() const { return impl_->recomputed_forwards_; }
 
 std::vector<std::string> PipelineStage::recomputedCalls() const {
   const Impl& s = *impl_;

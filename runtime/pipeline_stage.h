@@ -90,6 +90,19 @@ class PipelineStage {
   // What B recomputes: "(the whole forward)", the calls of each recomputed
   // segment ("blocks.1"), or nothing.
   std::vector<std::string> recomputedCalls() const;
+
+  // Note [Partial recompute]: Megatron's
+  // num_microbatches_with_partial_activation_checkpoints. With k >= 0, a
+  // training forward keeps its graph while fewer than k of this stage's live
+  // microbatches keep theirs, and is otherwise checkpointed as with `full`
+  // (its B recomputes it): at most k microbatches hold activations at once,
+  // the first k in flight, as Megatron's 1F1B keeps the first k of each
+  // window of outstanding microbatches. k = 0 is `full`; k < 0 turns it off.
+  // Each microbatch's backward matches its own forward, so mixing the two is
+  // exact. Not with every_n (refused by the config).
+  void setKeptMicrobatches(int k);
+  // Training forwards run checkpointed so far (with full, every one).
+  std::int64_t recomputedMicrobatches() const;
   // Runs the recompute (forward and loss) inside `around`, e.g. the autocast
   // the executor runs forwards in; unset: as is.
   void setRecomputeContext(std::function<void(const std::function<void()>&)> around);

@@ -81,6 +81,7 @@ enum class Checkpointing {
   kNone,  // the stage's autograd graph, until its B (or W)
   kFull,  // the stage's inputs and generator state only; B (or I) recomputes the forward
   kEveryN,  // every checkpoint_every_n-th submodule call is recomputed (Note [Checkpointing every k-th call])
+  kMicrobatches,  // at most checkpoint_microbatches microbatches keep their graph (Note [Partial recompute])
 };
 
 }  // namespace pipeforge::runtime

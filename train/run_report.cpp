@@ -51,6 +51,12 @@ void RunReport::printBanner(const RunStart& start) {
     out_ << fmt::format("  activation checkpointing every {} calls: {}{}\n", p.checkpoint_every_n,
                         fmt::join(start.recomputed_calls, "; "), start.world_size > 1 ? " (this rank's stages)" : "");
   }
+  if (p.activation_checkpointing == ActivationCheckpointing::kMicrobatches) {
+    // Note [Partial recompute] in runtime/pipeline_stage.h.
+    out_ << fmt::format("  activation checkpointing: each stage keeps the graph of at most {} live {}, and "
+                        "recomputes the rest\n",
+                        p.checkpoint_microbatches, p.checkpoint_microbatches == 1 ? "microbatch" : "microbatches");
+  }
   if (!start.resumed_from.empty()) {
     out_ << fmt::format("  resumed from {} at step {}\n", start.resumed_from, start.first_step);
   }

@@ -73,6 +73,10 @@ runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const RunPlan
       ro.checkpoint_every_n = config.pipeline.checkpoint_every_n;
       ro.stage_cutter = stage::cutAtCalls;
       break;
+    case ActivationCheckpointing::kMicrobatches:
+      ro.activation_checkpointing = runtime::Checkpointing::kMicrobatches;
+      ro.checkpoint_microbatches = config.pipeline.checkpoint_microbatches;
+      break;
   }
   ro.dp_degree = config.pipeline.data_parallel;
   ro.scale_grads = config.pipeline.scale_grads;

@@ -47,7 +47,8 @@ constexpr int kFull = 0;
 // kNoCheckpointing, kFull or every_n.
 StageRun runWholeModel(const std::string& model, int checkpoint, Backward how, Order order, LossKind loss,
                        const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets,
-                       std::uint64_t seed = 11, std::vector<std::string>* recomputed = nullptr) {
+                       std::uint64_t seed = 11, std::vector<std::string>* recomputed = nullptr,
+                       int kept_microbatches = -1, std::int64_t* recomputed_forwards = nullptr) {
   torch::jit::Module module = torch::jit::load(testing::zooModelPath(model));
   module.train(true);
   StageSignature sig;
@@ -56,6 +57,7 @@ StageRun runWholeModel(const std::string& model, int checkpoint, Backward how, O
   sig.input_wants_grad = {at::isFloatingType(inputs[0].scalar_type())};
   PipelineStage stage(module, sig);
   stage.setActivationCheckpointing(checkpoint != kNoCheckpointing, std::max(checkpoint, 0), stage::cutAtCalls);
+  stage.setKeptMicrobatches(kept_microbatches);
   if (recomputed) *recomputed = stage.recomputedCalls();
   LossFunction loss_fn(loss, "", "cpu");
 
@@ -91,6 +93,7 @@ StageRun runWholeModel(const std::string& model, int checkpoint, Backward how, O
     backward({1});
   }
   EXPECT_EQ(stage.liveMicrobatches(), 0);
+  if (recomputed_forwards) *recomputed_forwards = stage.recomputedMicrobatches();
   r.next_draw = torch::rand({8});
   for (const auto& [name, p] : stage.namedParameters()) {
     r.grads[name] = p.grad().defined() ? p.grad().clone() : torch::zeros_like(p);
@@ -136,6 +139,40 @@ TEST_P(CheckpointedStage, ReplaysDropoutMasksAndGivesTheSameGradients) {
   // Not vacuous: the masks matter (another seed draws others).
   StageRun other = run(kNoCheckpointing, 12);
   EXPECT_GT(maxDiff(plain.grads, other.grads), 1e-4) << "dropout changed nothing; is it active?";
+}
+
+// Note [Partial recompute]: with both microbatches in flight (F0 F1 B1 B0),
+// keeping 1 recomputes only the second; in 1F1B order (F0 B0 F1 B1) none is
+// ever beyond the first in flight, so none is recomputed; keeping 0 is full.
+// Every mix gives the gradients, losses and dropout draws of no recompute.
+TEST_P(CheckpointedStage, PartialRecomputeKeepsTheFirstInFlight) {
+  torch::manual_seed(3);
+  std::vector<at::Tensor> idx{torch::randint(0, 64, {4, 16}), torch::randint(0, 64, {4, 16})};
+  std::vector<at::Tensor> tgt{torch::randint(0, 64, {4, 16}), torch::randint(0, 64, {4, 16})};
+  const StageRun plain = runWholeModel("gpt_dropout", kNoCheckpointing, GetParam(), Order::kInterleaved,
+                                       LossKind::kCrossEntropy, idx, tgt);
+  struct Want {
+    Order order;
+    int kept;
+    std::int64_t recomputed;
+  };
+  for (const Want& w : {Want{Order::kInterleaved, 1, 1}, Want{Order::kInterleaved, 0, 2},
+                        Want{Order::kInterleaved, 2, 0}, Want{Order::kSequential, 1, 0}}) {
+    std::int64_t recomputed = -1;
+    const StageRun partial = runWholeModel("gpt_dropout", kNoCheckpointing, GetParam(), w.order,
+                                           LossKind::kCrossEntropy, idx, tgt, 11, nullptr, w.kept, &recomputed);
+    EXPECT_EQ(recomputed, w.recomputed) << "kept " << w.kept;
+    const StageRun reference = w.order == Order::kInterleaved
+                                   ? plain
+                                   : runWholeModel("gpt_dropout", kNoCheckpointing, GetParam(), w.order,
+                                                   LossKind::kCrossEntropy, idx, tgt);
+    EXPECT_LE(maxDiff(reference.grads, partial.grads), kCheckpointAtol) << "kept " << w.kept;
+    ASSERT_EQ(reference.losses.size(), partial.losses.size());
+    for (std::size_t i = 0; i < partial.losses.size(); ++i) {
+      EXPECT_NEAR(reference.losses[i], partial.losses[i], kCheckpointAtol) << "kept " << w.kept;
+    }
+    EXPECT_TRUE(torch::equal(reference.next_draw, partial.next_draw)) << "kept " << w.kept;
+  }
 }
 
 TEST_P(CheckpointedStage, ChangesBuffersOncePerForwardAndRecomputesFromTheirOldValue) {

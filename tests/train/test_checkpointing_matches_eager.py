@@ -4,7 +4,9 @@
 `pipeforge train --nproc 2` with `pipeline.activation_checkpointing: full`
 (every stage's forward keeps no graph and its backward recomputes it), and
 with `{every_n: k}` (each stage recomputes only its k-th, 2k-th, ... submodule
-call and keeps the graph of the rest), trains
+call and keeps the graph of the rest), and with `{microbatches: k}` (Megatron's
+partial recompute: the first k microbatches in flight on each stage keep their
+graph, later ones are recomputed), trains
 the zoo's `gpt` (embedding and head tied across the two ends of the pipeline)
 for 4 steps of SGD with momentum, with 1F1B and with ZBVZeroBubble (split
 backward: I recomputes, W works from the recomputed graph). The same steps run
@@ -19,7 +21,7 @@ masks in another order than the pipeline's ranks); dropout replay is checked
 against training without checkpointing in runtime_checkpointing_test.
 
 With bf16 autocast and dropout active (the zoo's `gpt_dropout`, ZBVZeroBubble),
-checkpointing (full, and every_n 2) must change nothing at all: losses, grad
+checkpointing (full, every_n 2 and microbatches 1) must change nothing at all: losses, grad
 norms and trained parameters bit for bit equal to the same run without it.
 
 Then the refusals through the binary: `{every_n: 0}` and a misspelt value
@@ -44,7 +46,9 @@ RTOL, ATOL = 1e-4, 1e-5
 LR, MOMENTUM = 0.05, 0.9
 SCHEDULES = {"1F1B": 1, "ZBVZeroBubble": 2}  # schedule -> stages per rank
 # (schedule, activation_checkpointing) runs compared with PyTorch.
-RUNS = [("1F1B", "full"), ("ZBVZeroBubble", "full"), ("1F1B", "{every_n: 2}"), ("ZBVZeroBubble", "{every_n: 1}")]
+RUNS = [("1F1B", "full"), ("ZBVZeroBubble", "full"), ("1F1B", "{every_n: 2}"), ("ZBVZeroBubble", "{every_n: 1}"),
+        # Partial recompute (Note [Partial recompute]): the first k microbatches in flight keep their graph.
+        ("1F1B", "{microbatches: 1}"), ("ZBVZeroBubble", "{microbatches: 2}")]
 RANKS = 2
 
 
@@ -105,7 +109,7 @@ def check_bf16_dropout(torch, binary: str, d: str, zoo: str, data_path: str) -> 
     in the forward's autocast and replays its dropout masks)."""
     model_path = os.path.join(zoo, "gpt_dropout.pt")
     runs = {}
-    for checkpointing in ("none", "full", "{every_n: 2}"):
+    for checkpointing in ("none", "full", "{every_n: 2}", "{microbatches: 1}"):
         run = os.path.join(d, f"bf16-{''.join(c for c in checkpointing if c.isalnum())}")
         write_config(run + ".yaml", run, model_path, data_path, "ZBVZeroBubble", checkpointing, "bf16")
         common.run_pipeforge(binary, "train", "--config", run + ".yaml", "--nproc", str(RANKS),
@@ -117,7 +121,7 @@ def check_bf16_dropout(torch, binary: str, d: str, zoo: str, data_path: str) -> 
         runs[checkpointing] = ([(r["loss"], r["grad_norm"]) for r in train], torch.jit.load(trained).state_dict())
     a_log, a_state = runs["none"]
     problems = []
-    for checkpointing in ("full", "{every_n: 2}"):
+    for checkpointing in ("full", "{every_n: 2}", "{microbatches: 1}"):
         b_log, b_state = runs[checkpointing]
         if len(a_log) != STEPS or a_log != b_log:
             problems.append(f"bf16 losses and grad norms differ with {checkpointing}: {a_log} vs {b_log}")
@@ -132,7 +136,9 @@ def check_bf16_dropout(torch, binary: str, d: str, zoo: str, data_path: str) -> 
 def check_refusals(binary: str, d: str, model_path: str, data_path: str) -> list:
     problems = []
     cases = [("{every_n: 0}", ["pipeline.activation_checkpointing.every_n must be an integer in [1, ", "got '0'"]),
-             ("fulll", ["pipeline.activation_checkpointing must be none, full or a map {every_n: k}", "'fulll'"])]
+             ("fulll", ["pipeline.activation_checkpointing must be none, full or a map {every_n: k} or "
+                        "{microbatches: k}", "'fulll'"]),
+             ("{every_n: 2, microbatches: 1}", ["takes every_n (which submodule calls) or microbatches", "not both"])]
     for i, (value, fragments) in enumerate(cases):
         run = os.path.join(d, f"refuse-{i}")
         write_config(run + ".yaml", run, model_path, data_path, "1F1B", value)
