@@ -23,6 +23,11 @@ void addEvalCommand(CLI::App& app, int& exit_code) {
                   "checkpoint folder (its `latest`) or one step_<N> folder (default: the newest intact one in "
                   "checkpoint.dir)");
   sub->add_option("--batches", *batches, "held-out batches to average (default: training.eval_batches)");
+  sub->add_option("--outputs", request->outputs,
+                  "also save the model's outputs on those batches to this file (torch.load gives a tuple, one "
+                  "tensor per model output over every held-out row in order; PyTorch's return_outputs)");
+  sub->add_option("--outputs-dir", request->outputs_dir, "(for the launcher's ranks) where each replica leaves its outputs")
+      ->group("");
   addLaunchOptions(sub, request->launch, request->split_dir,
                    LaunchHelp{"local ranks (default: the config's layout, stages / stages_per_rank x data_parallel)",
                               "the split to load"});

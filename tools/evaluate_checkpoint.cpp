@@ -1,14 +1,18 @@
 #include "tools/evaluate_checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <torch/serialize.h>
 
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 
 #include <fmt/format.h>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/checkpoint_weights.h"
+#include "common/atomic_file.h"
 #include "config/train_config.h"
 #include "data/dataset.h"
 #include "data/open_dataset.h"
@@ -26,6 +30,52 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The dimension microbatches (and replicas, and batches) are cut along: the
+// first input's chunk dimension, 0 when it is replicated or not given.
+std::int64_t mergeDim(const TrainConfig& config) {
+  const auto& chunks = config.pipeline.input_chunks;
+  return !chunks.empty() && !chunks[0].replicate ? chunks[0].dim : 0;
+}
+
+std::string replicaOutputs(const std::string& dir, int replica) {
+  return (fs::path(dir) / fmt::format("outputs.replica{}.pt", replica)).string();
+}
+
+// Each replica's outputs per batch, read back: [batch][output].
+std::vector<std::vector<at::Tensor>> readReplicaOutputs(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(ErrorCode::kPeerFailure, fmt::format("a rank left no outputs at '{}'", path));
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::vector<at::Tensor>> out;
+  const c10::IValue saved = torch::pickle_load(bytes);  // kept: the loop reads into it
+  for (const c10::IValue& batch : saved.toListRef()) {
+    std::vector<at::Tensor> outputs;
+    for (const c10::IValue& t : batch.toListRef()) outputs.push_back(t.toTensor());
+    out.push_back(std::move(outputs));
+  }
+  return out;
+}
+
+// The launcher's merge: every replica's rows of each batch in replica order,
+// then the batches in order, along `dim`; one tensor per model output.
+void writeMergedOutputs(const std::string& dir, int replicas, std::int64_t dim, const std::string& out_path) {
+  std::vector<std::vector<std::vector<at::Tensor>>> parts;  // [replica][batch][output]
+  for (int d = 0; d < replicas; ++d) parts.push_back(readReplicaOutputs(replicaOutputs(dir, d)));
+  // A tuple: torch.load reads it with weights_only (a List pickles with
+  // torch.jit._pickle's type tags, which weights_only refuses).
+  std::vector<c10::IValue> merged;
+  const std::size_t num_outputs = parts.front().empty() ? 0 : parts.front().front().size();
+  for (std::size_t o = 0; o < num_outputs; ++o) {
+    std::vector<at::Tensor> rows;
+    for (std::size_t k = 0; k < parts.front().size(); ++k) {
+      for (const auto& replica : parts) rows.push_back(replica.at(k).at(o));
+    }
+    merged.push_back(at::cat(rows, dim));
+  }
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(c10::ivalue::Tuple::create(std::move(merged))));
+  writeFileAtomically(out_path, std::string(bytes.begin(), bytes.end()));  // Note [Atomic writes]
+}
+
 void runRank(const EvalRequest& r, std::int64_t batches) {
   const TrainConfig config = loadTrainConfig(r.config_path, r.overrides);
   // Note [One plan per run] in train/run_plan.h.
@@ -41,11 +91,21 @@ void runRank(const EvalRequest& r, std::int64_t batches) {
   at::Tensor losses = at::zeros({batches}, at::kDouble);
   const std::int64_t rows = replicaBatchSize(config);
   const std::int64_t first = runner.dpRank() * rows;
+  c10::impl::GenericList outputs(c10::ListType::ofTensors());  // [batch][output], on each replica's last stage
   for (std::int64_t k = 0; k < batches; ++k) {
     const Batch global = data->batch(DataSplit::kHeldOut, k, config.global_batch_size);
     const Batch batch = config.pipeline.data_parallel > 1 ? sliceBatch(global, first, first + rows, plan.data) : global;
     runtime::EvalResult result = runner.evalStep(batch.inputs, batch.targets, lossScalingFor(config, global));
     if (result.loss.has_loss) losses[k].fill_(result.loss.loss);
+    if (!result.outputs.empty()) {
+      c10::List<at::Tensor> these;
+      for (const at::Tensor& t : result.outputs) these.push_back(t.detach().cpu());
+      outputs.push_back(these);
+    }
+  }
+  if (!r.outputs_dir.empty() && !outputs.empty()) {
+    const std::vector<char> bytes = torch::pickle_save(c10::IValue(outputs));
+    writeFileAtomically(replicaOutputs(r.outputs_dir, runner.dpRank()), std::string(bytes.begin(), bytes.end()));
   }
   runner.allreduceSumAll(losses);
   losses /= static_cast<double>(config.pipeline.data_parallel);
@@ -174,9 +234,21 @@ void launch(const EvalRequest& r, std::int64_t batches) {
   RankCommand ranks;
   ranks.args = {"eval",          "--config",   r.config_path, "--checkpoint", step_dir,
                   "--batches",     std::to_string(batches), "--split-dir", split_dir};
+  const std::string outputs_dir = scratch.path() + "/outputs";
+  if (!r.outputs.empty()) {
+    fs::create_directories(outputs_dir);
+    ranks.args.push_back("--outputs-dir");
+    ranks.args.push_back(outputs_dir);
+  }
   for (std::string& arg : asSetArguments(r.overrides)) ranks.args.push_back(std::move(arg));
   ranks.num_ranks = nproc;
   std::cout << runRanksForOutput(r.launch, ranks) << std::flush;
+  if (!r.outputs.empty()) {
+    writeMergedOutputs(outputs_dir, config.pipeline.data_parallel, mergeDim(config), r.outputs);
+    std::cout << fmt::format("  outputs: {} (one tensor per model output over {} held-out rows)\n", r.outputs,
+                             batches * config.global_batch_size)
+              << std::flush;
+  }
 }
 
 }  // namespace
@@ -185,6 +257,14 @@ void runEvalRequest(const EvalRequest& request) {
   checkRankCount(request.launch);
   if (request.batches && *request.batches < 1) {
     throw ConfigError(fmt::format("--batches {}: give a number of held-out batches >= 1", *request.batches));
+  }
+  if (!request.outputs.empty()) {
+    const fs::path parent = fs::absolute(request.outputs).parent_path();
+    std::error_code ec;
+    if (!fs::is_directory(parent, ec)) {
+      throw ConfigError(fmt::format("--outputs {}: its folder '{}' does not exist; create it or give another path",
+                                    request.outputs, parent.string()));
+    }
   }
   if (request.split_dir.empty()) {
     const std::int64_t batches = request.batches.value_or(loadTrainConfig(request.config_path, request.overrides).eval_batches);

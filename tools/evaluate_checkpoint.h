@@ -25,6 +25,14 @@ struct EvalRequest {
   std::optional<std::int64_t> batches;   // default: training.eval_batches
   RankLaunch launch;                     // nproc 0: the ranks the config's layout needs
   std::string split_dir;  // set by the launcher for its ranks: the split to load
+  // --outputs OUT.pt: the model's outputs on the held-out batches (PyTorch's
+  // return_outputs, Megatron's collect_non_loss_data), one tensor per model
+  // output over every held-out row in order (microbatches, replicas and
+  // batches merged along the input chunk dimension), saved as torch.save
+  // saves a tuple (torch.load reads it, weights_only too), written
+  // atomically. Empty: none.
+  std::string outputs;
+  std::string outputs_dir;  // set by the launcher for its ranks: where each replica leaves its part
 };
 
 // Runs the request: as the launcher (split_dir empty) or as one of its ranks.

@@ -23,6 +23,9 @@ export` and loaded with torch.jit.load. Then:
     relative tolerance 1e-5 (float32 along different but equivalent paths);
     with eval_batches it equals the run's own "eval" event, and with 2
     data-parallel replicas (4 ranks) the same loss (same tolerance);
+  * eval --outputs: the saved outputs (one tensor per model output over every
+    held-out row, on 2 ranks and with 2 replicas) equal the exported model's
+    on those rows (PyTorch's return_outputs);
   * plot: the run's metrics.jsonl becomes an SVG with the train loss line;
   * refusals: exit 1 with a message naming the problem and the fix.
 
@@ -264,6 +267,26 @@ output: {{dir: {d}/out}}
               f"{rel(got, ref_mean):.2e}")
         if rel(got, ref_mean) > RTOL or "4 ranks" not in out:
             failures.append(f"data-parallel eval: {out}")
+
+        # Outputs (PyTorch's return_outputs, Megatron's collect_non_loss_data):
+        # `--outputs` saves one tensor per model output over every held-out row,
+        # in order, microbatches, replicas and batches merged along dim 0.
+        with torch.no_grad():
+            want = torch.cat([model(torch.tensor(held_out_rows(TEXT, k, BATCH)[0])) for k in range(3)])
+        for label, cfg in (("2 ranks", config), ("2 stages x 2 replicas", dp_config)):
+            path = os.path.join(d, f"outputs-{label.replace(' ', '_')}.pt")
+            out = run(binary, "eval", "--config", cfg, "--batches", "3", "--outputs", path)
+            got = torch.load(path)
+            ok = (isinstance(got, tuple) and len(got) == 1 and got[0].shape == want.shape
+                  and torch.allclose(got[0], want, rtol=RTOL, atol=1e-5))
+            diff = (got[0] - want).abs().max().item() if ok else float("nan")
+            print(f"eval --outputs ({label}): {tuple(got[0].shape) if got else None} vs Python {tuple(want.shape)}, "
+                  f"max |diff| {diff:.2e}")
+            if not ok or f"outputs: {path}" not in out:
+                failures.append(f"eval --outputs ({label}): {out}")
+        out = run(binary, "eval", "--config", config, "--outputs", os.path.join(d, "missing", "o.pt"), expect=1)
+        if "--outputs" not in out or "does not exist" not in out:
+            failures.append(f"eval --outputs into a missing folder: {out}")
 
         # --- plot -------------------------------------------------------------
         svg = os.path.join(d, "loss.svg")
