@@ -366,7 +366,9 @@ ChunkEntry parseChunkEntry(const Section& s, const YAML::Node& node, const std::
 std::vector<ChunkEntry> parseChunks(const Section& s, const YAML::Node& node, const std::string& name, bool by_name) {
   const std::string expected = by_name ? "a list of chunk entries (one per model input, in the model's order) or a "
                                          "map from input name to entry, each an integer dim or replicate"
-                                       : "a list of chunk entries (one per target), each an integer dim or replicate";
+                                       : fmt::format("a list of chunk entries (one per {}), each an integer dim or "
+                                                     "replicate",
+                                                     name == "output_chunks" ? "model output" : "target");
   std::vector<ChunkEntry> out;
   if (node.IsSequence() && node.size() > 0) {
     for (std::size_t i = 0; i < node.size(); ++i) {
@@ -429,7 +431,9 @@ void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
            [&](const YAML::Node& v) { parseCheckpointing(s, v, c.pipeline); }},
           {"input_chunks", [&](const YAML::Node& v) { c.pipeline.input_chunks = parseChunks(s, v, "input_chunks", true); }},
           {"target_chunks",
-           [&](const YAML::Node& v) { c.pipeline.target_chunks = parseChunks(s, v, "target_chunks", false); }}});
+           [&](const YAML::Node& v) { c.pipeline.target_chunks = parseChunks(s, v, "target_chunks", false); }},
+          {"output_chunks",
+           [&](const YAML::Node& v) { c.pipeline.output_chunks = parseChunks(s, v, "output_chunks", false); }}});
   auto& p = c.pipeline;
   if (csv_where.empty()) return;
   if (has_schedule) {
@@ -542,7 +546,13 @@ void parseData(const Section& top, const YAML::Node& node, TrainConfig& c) {
              has_dtype = true;
              d.dtype = s.choice<TokenDtype>(v, "dtype", {{"uint16", TokenDtype::kUint16}, {"uint32", TokenDtype::kUint32}});
            }},
-          {"block_size", [&](const YAML::Node& v) { d.block_size = s.integer(v, "block_size", 1); }}});
+          {"block_size", [&](const YAML::Node& v) { d.block_size = s.integer(v, "block_size", 1); }},
+          {"packing",
+           [&](const YAML::Node& v) {
+             d.packing = s.choice<Packing>(v, "packing", {{"windows", Packing::kWindows}, {"none", Packing::kNone}});
+           }},
+          {"document_separator",
+           [&](const YAML::Node& v) { d.document_separator = s.integer(v, "document_separator", 0); }}});
   const std::string o = top.origin();
   if (!has_format) throw ConfigError(fmt::format("{}: data.format is missing; use tokens, text or tensors", s.where(node)));
   if (d.path.empty()) throw ConfigError(fmt::format("{}: data.path is missing", s.where(node)));
@@ -558,10 +568,23 @@ void parseData(const Section& top, const YAML::Node& node, TrainConfig& c) {
         throw ConfigError(fmt::format("{}: data.block_size is missing; token data needs the sequence length, e.g. 64",
                                       s.where(node)));
       }
+      if (d.packing == Packing::kNone && d.document_separator < 0) {
+        throw ConfigError(fmt::format("{}: data.packing: none cuts the stream into documents, which needs "
+                                      "data.document_separator, the token that ends each one (GPT-2's "
+                                      "<|endoftext|> is 50256)",
+                                      s.where(node)));
+      }
+      if (d.packing == Packing::kWindows && d.document_separator >= 0) {
+        throw ConfigError(fmt::format("{}: data.document_separator applies to data.packing: none only; add "
+                                      "packing: none for one document per row, or remove the key",
+                                      s.where(node)));
+      }
       return;
     case DataFormat::kTensors:
-      if (d.block_size != 0 || has_dtype) {
-        throw ConfigError(fmt::format("{}: data.block_size and data.dtype apply to token data only", s.where(node)));
+      if (d.block_size != 0 || has_dtype || d.packing != Packing::kWindows || d.document_separator >= 0) {
+        throw ConfigError(fmt::format("{}: data.block_size, data.dtype, data.packing and data.document_separator "
+                                      "apply to token data only",
+                                      s.where(node)));
       }
       return;
   }
@@ -689,12 +712,6 @@ void checkCrossKeys(const TrainConfig& c) {
                                   "loss_normalization: per_token already divides the summed loss by the tokens "
                                   "counted; keep one: remove pipeline.scale_grads, or use loss_normalization: "
                                   "per_microbatch",
-                                  o));
-  }
-  if (c.loss == LossName::kModule && c.loss_normalization == LossNormalization::kPerToken) {
-    throw ConfigError(fmt::format("{}: loss_normalization: per_token needs a built-in loss (cross_entropy or mse) "
-                                  "whose elements Pipeforge can count; a loss module returns a scalar, so normalize "
-                                  "inside it and use loss_normalization: per_microbatch",
                                   o));
   }
   if ((!p.input_chunks.empty() || !p.target_chunks.empty()) && c.data.format != DataFormat::kTensors) {

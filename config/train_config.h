@@ -85,6 +85,10 @@ struct PipelineConfig {
   // (then every entry has a name); target_chunks is a list.
   std::vector<ChunkEntry> input_chunks;
   std::vector<ChunkEntry> target_chunks;
+  // PyTorch's output_merge_spec, for `eval --outputs`: per model output, the
+  // dim its microbatches (replicas, batches) are joined along, or replicate
+  // (the first microbatch's is kept). Empty: the first input's chunk dim.
+  std::vector<ChunkEntry> output_chunks;
 };
 
 enum class LossName {
@@ -151,6 +155,11 @@ enum class DataFormat {
   kTensors,  // torch.save'd {"inputs": ..., "targets": ...} or a TorchScript holder
 };
 enum class TokenDtype { kUint8, kUint16, kUint32 };
+// How token data becomes rows (Note [Variable sequence lengths] in data/token_dataset.cpp).
+enum class Packing {
+  kWindows,  // every row a block_size window of the stream, documents packed back to back (nanoGPT)
+  kNone,     // every row one document, cut at block_size + 1 tokens; each microbatch padded to its longest row
+};
 
 struct DataConfig {
   DataFormat format = DataFormat::kTokens;
@@ -159,6 +168,10 @@ struct DataConfig {
   double val_fraction = 0.1;   // share of `path` held out when val_path is empty
   TokenDtype dtype = TokenDtype::kUint16;  // kTokens only (kText is always uint8)
   std::int64_t block_size = 0;             // kTokens and kText
+  Packing packing = Packing::kWindows;     // kTokens and kText
+  // kNone: the token that ends each document (GPT-2's <|endoftext|> is
+  // 50256); the rows' inputs are padded with it, their targets with -1.
+  std::int64_t document_separator = -1;
 };
 
 struct CheckpointConfig {

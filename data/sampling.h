@@ -8,6 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <numeric>
+#include <utility>
+#include <vector>
 
 namespace pipeforge::train {
 
@@ -29,5 +32,30 @@ inline std::uint64_t drawBits(std::uint64_t seed, std::uint64_t stream, std::uin
 inline std::uint64_t drawBelow(std::uint64_t bits, std::uint64_t bound) {
   return static_cast<std::uint64_t>((static_cast<unsigned __int128>(bits) * bound) >> 64);
 }
+
+// The order of one epoch of n items (rows, documents): a Fisher-Yates
+// shuffle drawn from (seed, stream, epoch), kept until another is asked for.
+class EpochOrder {
+ public:
+  const std::vector<std::int64_t>& get(std::uint64_t seed, std::uint64_t stream, std::int64_t epoch, std::int64_t n) {
+    if (stream_ == stream && epoch_ == epoch && static_cast<std::int64_t>(order_.size()) == n) return order_;
+    order_.resize(static_cast<std::size_t>(n));
+    std::iota(order_.begin(), order_.end(), 0);
+    for (std::int64_t i = n - 1; i > 0; --i) {
+      const auto j = static_cast<std::int64_t>(
+          drawBelow(drawBits(seed, stream, static_cast<std::uint64_t>(epoch), static_cast<std::uint64_t>(i)),
+                    static_cast<std::uint64_t>(i + 1)));
+      std::swap(order_[i], order_[j]);
+    }
+    stream_ = stream;
+    epoch_ = epoch;
+    return order_;
+  }
+
+ private:
+  std::uint64_t stream_ = ~0ull;
+  std::int64_t epoch_ = -1;
+  std::vector<std::int64_t> order_;
+};
 
 }  // namespace pipeforge::train

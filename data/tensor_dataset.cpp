@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <iterator>
 #include <map>
-#include <numeric>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -273,20 +272,7 @@ class TensorDataset::Impl {
 
   // The row order of one epoch: a Fisher-Yates shuffle drawn from (seed, epoch).
   const std::vector<std::int64_t>& order(std::uint64_t stream, std::int64_t epoch, std::int64_t n) {
-    if (cached_stream_ == stream && cached_epoch_ == epoch && static_cast<std::int64_t>(cached_.size()) == n) {
-      return cached_;
-    }
-    cached_.resize(n);
-    std::iota(cached_.begin(), cached_.end(), 0);
-    for (std::int64_t i = n - 1; i > 0; --i) {
-      auto j = static_cast<std::int64_t>(drawBelow(
-          drawBits(seed_, stream + 2, static_cast<std::uint64_t>(epoch), static_cast<std::uint64_t>(i)),
-          static_cast<std::uint64_t>(i + 1)));
-      std::swap(cached_[i], cached_[j]);
-    }
-    cached_stream_ = stream;
-    cached_epoch_ = epoch;
-    return cached_;
+    return order_.get(seed_, stream + 2, epoch, n);
   }
 
   DataConfig config_;
@@ -295,9 +281,7 @@ class TensorDataset::Impl {
   std::int64_t rows_ = 0;
   Batch train_;
   Batch held_out_;
-  std::uint64_t cached_stream_ = ~0ull;
-  std::int64_t cached_epoch_ = -1;
-  std::vector<std::int64_t> cached_;
+  EpochOrder order_;
 };
 
 TensorDataset::TensorDataset(const DataConfig& config, std::uint64_t seed, const DataLayout& layout)

@@ -78,7 +78,32 @@ struct TokenSpan {
   std::int64_t length = 0;
 };
 
+// One document of a span (data.packing: none), in tokens from the span's start.
+struct Document {
+  std::int64_t begin = 0;
+  std::int64_t length = 0;  // its separator included
+};
+
 }  // namespace
+
+// Note [Variable sequence lengths]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// data.packing: none makes every row one document: the tokens after a
+// data.document_separator up to and including the next one (the stream's
+// last document may lack it), cut at block_size + 1 tokens. A document of
+// n tokens gives x = doc[0 : n-1] and y = doc[1 : n]; the rest of the row up
+// to block_size is padding, the separator in x and -1 (ignored by the loss)
+// in y. Documents come in a shuffled order, each once per epoch, drawn as
+// tensor rows are (Note [Stateless sampling]); documents of one token have no
+// target and are skipped.
+// The global batch is padded to block_size; the runner then cuts each
+// microbatch to its own longest row (RunnerOptions::trim_padding), so a
+// microbatch of short documents computes at its length. For a causal model
+// that is exact: no position reads a later one, so the padding changes no
+// counted output, and per-token normalization (loss_normalization:
+// per_token) counts only the real targets. The shapes sent between stages
+// then differ per microbatch; each (edge, microbatch) is described as it
+// changes (Note [Shape inference]).
 
 class TokenDataset::Impl {
  public:
@@ -100,11 +125,50 @@ class TokenDataset::Impl {
     if (held > 0) checkLength(held_out_, "data.val_fraction", config.path);
   }
 
-  Batch batch(DataSplit split, std::int64_t index, std::int64_t batch_size) const {
+  bool documents() const { return config_.packing == Packing::kNone; }
+
+  // The documents of a span (Note [Variable sequence lengths]).
+  std::vector<Document> findDocuments(const TokenSpan& span) const {
+    std::vector<Document> docs;
+    std::int64_t begin = 0;
+    for (std::int64_t i = 0; i < span.length; ++i) {
+      if (token(span, i) != config_.document_separator && i + 1 < span.length) continue;
+      const std::int64_t length = i + 1 - begin;
+      if (length >= 2) docs.push_back(Document{begin, length});
+      begin = i + 1;
+    }
+    return docs;
+  }
+
+  Batch documentBatch(const TokenSpan& span, const std::vector<Document>& docs, std::uint64_t stream,
+                      std::int64_t index, std::int64_t batch_size) {
+    const std::int64_t t = config_.block_size;
+    const auto n = static_cast<std::int64_t>(docs.size());
+    at::Tensor x = at::full({batch_size, t}, config_.document_separator, at::kLong);
+    at::Tensor y = at::full({batch_size, t}, -1, at::kLong);
+    std::int64_t* px = x.data_ptr<std::int64_t>();
+    std::int64_t* py = y.data_ptr<std::int64_t>();
+    for (std::int64_t row = 0; row < batch_size; ++row) {
+      const std::int64_t k = index * batch_size + row;  // position in the endless sequence of documents
+      const Document& doc = docs[order_.get(seed_, stream + 2, k / n, n)[k % n]];
+      const std::int64_t used = std::min(doc.length, t + 1) - 1;  // targets in this row
+      for (std::int64_t j = 0; j < used; ++j) {
+        px[row * t + j] = token(span, doc.begin + j);
+        py[row * t + j] = token(span, doc.begin + j + 1);
+      }
+    }
+    return Batch{{x}, {y}};
+  }
+
+  Batch batch(DataSplit split, std::int64_t index, std::int64_t batch_size) {
     const TokenSpan& span = split == DataSplit::kTrain ? train_ : held_out_;
     if (span.length == 0) {
       throw ConfigError("evaluation needs held-out data: set data.val_path or data.val_fraction > 0, or "
                         "training.eval_every: 0");
+    }
+    if (documents()) {
+      return split == DataSplit::kTrain ? documentBatch(span, train_docs_, 0, index, batch_size)
+                                        : documentBatch(span, held_out_docs_, 1, index, batch_size);
     }
     const std::int64_t t = config_.block_size;
     const auto windows = static_cast<std::uint64_t>(span.length - t);  // starts i with i + t < length
@@ -125,11 +189,21 @@ class TokenDataset::Impl {
   }
 
   std::string describe() const {
-    return fmt::format("{}: {} {} tokens ({} train, {} held out{}), block {}",
+    std::string docs;
+    if (documents()) {
+      std::int64_t longest = 0;
+      for (const auto* list : {&train_docs_, &held_out_docs_}) {
+        for (const Document& d : *list) longest = std::max(longest, d.length);
+      }
+      docs = fmt::format(", one document per row (packing none: {} train, {} held out, the longest {} tokens), "
+                         "each microbatch padded to its longest row",
+                         train_docs_.size(), held_out_docs_.size(), longest);
+    }
+    return fmt::format("{}: {} {} tokens ({} train, {} held out{}), block {}{}",
                        std::filesystem::path(config_.path).filename().string(),
                        train_.length + (val_file_ ? 0 : held_out_.length), dtypeName(config_.dtype), train_.length,
                        held_out_.length, val_file_ ? " from " + config_.val_path : heldOutFrom(config_),
-                       config_.block_size);
+                       config_.block_size, docs);
   }
 
   DataConfig config_;
@@ -139,6 +213,8 @@ class TokenDataset::Impl {
   std::unique_ptr<MappedFile> val_file_;
   TokenSpan train_;
   TokenSpan held_out_;
+  std::vector<Document> train_docs_, held_out_docs_;  // packing none
+  EpochOrder order_;
 
   // One pass over each mapped file (the held-out tail of data.path is in it).
   Dataset::LargestToken largestToken() const {
@@ -165,7 +241,17 @@ class TokenDataset::Impl {
     return static_cast<std::int64_t>(file.size() / width_);
   }
 
-  void checkLength(const TokenSpan& span, const std::string& key, const std::string& path) const {
+  void checkLength(const TokenSpan& span, const std::string& key, const std::string& path) {
+    if (documents()) {
+      std::vector<Document>& docs = &span == &train_ ? train_docs_ : held_out_docs_;
+      docs = findDocuments(span);
+      if (docs.empty()) {
+        throw ConfigError(fmt::format("{}: '{}' holds no document of two or more tokens here (data.document_separator "
+                                      "{} ends each); check the separator, or use data.packing: windows",
+                                      key, path, config_.document_separator));
+      }
+      return;
+    }
     if (span.length < config_.block_size + 1) {
       throw ConfigError(fmt::format("{}: '{}' gives {} tokens here but data.block_size {} needs at least {}; use a "
                                     "larger file or a smaller block",

@@ -265,11 +265,18 @@ void checkDataFitsInputs(const TrainConfig& config, const stage::PipeManifest& m
     for (size_t d = 0; d < dims.size(); ++d) {
       if (!chunk.replicate && static_cast<int>(d) == chunk.dim) continue;  // the batch: checkInputSizes
       const std::int64_t n = x.size(static_cast<std::int64_t>(d));
-      if (n >= dims[d].min && (dims[d].max < 0 || n <= dims[d].max)) continue;
+      // Note [Variable sequence lengths]: with packing none a microbatch
+      // runs at any length from 2 to block_size along the sequence.
+      const bool varies = config.data.format != DataFormat::kTensors && config.data.packing == Packing::kNone && d == 1;
+      const std::int64_t shortest = varies ? std::min<std::int64_t>(2, n) : n;
+      if (shortest >= dims[d].min && (dims[d].max < 0 || n <= dims[d].max)) continue;
       const std::string exported = dims[d].min == dims[d].max ? fmt::format("a static size of {}", dims[d].min)
                                    : dims[d].max < 0            ? fmt::format("sizes >= {}", dims[d].min)
                                                                 : fmt::format("sizes {}..{}", dims[d].min, dims[d].max);
-      const std::string data = config.data.format != DataFormat::kTensors
+      const std::string data = varies ? fmt::format("data.packing: none runs each microbatch at its own length, "
+                                                    "from 2 to data.block_size {}",
+                                                    config.data.block_size)
+                               : config.data.format != DataFormat::kTensors
                                    ? fmt::format("data.block_size is {}", config.data.block_size)
                                    : fmt::format("the data's microbatches have {} there", n);
       throw ConfigError(fmt::format(
@@ -318,9 +325,18 @@ void checkNoDecayPatterns(const TrainConfig& config, const stage::PipeManifest& 
   }
 }
 
+void checkOutputChunks(const TrainConfig& config, const stage::PipeManifest& manifest) {
+  const auto& chunks = config.pipeline.output_chunks;
+  if (chunks.empty() || chunks.size() == manifest.outputs.size()) return;
+  throw ConfigError(fmt::format("{}: pipeline.output_chunks gives {} entries but model '{}' has {} outputs; give one "
+                                "per output, in order (an integer dim or replicate)",
+                                chunks.front().where, chunks.size(), manifest.source, manifest.outputs.size()));
+}
+
 // What the config asks of the split, checked once before any rank starts.
 void checkAgainstSplit(const TrainConfig& config, const stage::PipeManifest& manifest, const DataLayout& layout) {
   checkInputSizes(config, manifest, layout);
+  checkOutputChunks(config, manifest);
   checkNoDecayPatterns(config, manifest);
   checkOptimizerAvailable(config.optimizer);
 }

@@ -20,6 +20,8 @@ void checkSplitFolder(const std::string& dir, const stage::PipeManifest& manifes
 // A torch.export model takes the microbatches (and block) the config feeds;
 // throws ConfigError naming the fix.
 void checkInputSizes(const TrainConfig& config, const stage::PipeManifest& manifest, const DataLayout& layout);
+// pipeline.output_chunks gives one entry per model output, or none (ConfigError).
+void checkOutputChunks(const TrainConfig& config, const stage::PipeManifest& manifest);
 
 class Dataset;
 // Data whose rows, sequence length or dtypes the model's inputs cannot take

@@ -46,13 +46,10 @@ LossFunction::LossFunction(LossFunction&&) noexcept = default;
 LossFunction& LossFunction::operator=(LossFunction&&) noexcept = default;
 
 at::Tensor LossFunction::operator()(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& targets,
-                                    LossReduction reduction) const {
+                                    LossReduction reduction, at::Tensor* count) const {
   const at::Reduction::Reduction r =
       reduction == LossReduction::kSum ? at::Reduction::Sum : at::Reduction::Mean;
   if (impl_->kind == LossKind::kScript) {
-    if (reduction == LossReduction::kSum) {
-      throw RuntimeError("a loss module returns a scalar; it cannot be summed per element (per-token normalization)");
-    }
     std::vector<c10::IValue> args(outputs.begin(), outputs.end());
     args.insert(args.end(), targets.begin(), targets.end());
     c10::IValue r;
@@ -63,6 +60,28 @@ at::Tensor LossFunction::operator()(const std::vector<at::Tensor>& outputs, cons
                                      targets.size(), e.what_without_backtrace()));
     }
     if (r.isTuple() && r.toTupleRef().elements().size() == 1) r = r.toTupleRef().elements()[0];
+    const auto isScalar = [](const c10::IValue& v) { return v.isTensor() && v.toTensor().numel() == 1; };
+    const bool counted = r.isTuple() && r.toTupleRef().elements().size() == 2 &&
+                         isScalar(r.toTupleRef().elements()[0]) && isScalar(r.toTupleRef().elements()[1]);
+    if (reduction == LossReduction::kSum) {
+      if (!counted) {
+        throw RuntimeError(fmt::format(
+            "loss_normalization: per_token with a loss module needs it to return (loss_sum, num_tokens), the "
+            "summed loss of the microbatch and the number of tokens it covers (Megatron's per-token loss form), "
+            "but it returned {}; return both, or use loss_normalization: per_microbatch with a module that "
+            "returns its mean",
+            r.isTensor() ? fmt::format("a tensor of shape [{}]", fmt::join(r.toTensor().sizes(), ",")) : r.tagKind()));
+      }
+      const auto& pair = r.toTupleRef().elements();
+      if (count != nullptr) *count = pair[1].toTensor().detach().reshape({});
+      return pair[0].toTensor().reshape({});
+    }
+    if (counted) {
+      throw RuntimeError(
+          "the loss module returns two scalars, (loss_sum, num_tokens), the per-token form: set "
+          "loss_normalization: per_token to divide by the tokens counted over the whole batch, or return one "
+          "scalar loss");
+    }
     if (!r.isTensor() || r.toTensor().numel() != 1) {
       throw RuntimeError(fmt::format("the loss module must return a scalar tensor, but it returned {}",
                                      r.isTensor() ? fmt::format("a tensor of shape [{}]",

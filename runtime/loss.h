@@ -29,8 +29,13 @@ class LossFunction {
   // RuntimeError on mismatched shapes or counts.
   // With LossReduction::kSum each term is the sum over elements instead (the
   // ignored targets of cross-entropy add nothing), for per-token normalization.
+  // A loss module counts for itself (Note [Counts from the loss] in
+  // runtime/pipeline_runner.cpp): with kSum it must return (loss_sum,
+  // num_tokens), Megatron's per-token loss form; the sum is returned and the
+  // count, a scalar tensor, stored in `*count` when given. With kMean it must
+  // return one scalar. Either mismatch throws RuntimeError naming the fix.
   at::Tensor operator()(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& targets,
-                        LossReduction reduction = LossReduction::kMean) const;
+                        LossReduction reduction = LossReduction::kMean, at::Tensor* count = nullptr) const;
 
  private:
   class Impl;

@@ -308,6 +308,8 @@ class PipelineRunner::Impl {
     try {
       req.inputs = splitIntoMicrobatches(inputs, options_.input_chunks, m, "input");
       if (!targets.empty()) req.targets = splitIntoMicrobatches(targets, options_.target_chunks, m, "target");
+      lengths_.clear();
+      if (options_.trim_padding && !targets.empty()) lengths_ = trimPadding(req.inputs, req.targets);
     } catch (const RuntimeError& e) {
       // The peers would otherwise wait for this rank until the timeout.
       comm_->abort(fmt::format("rank {} failed before its step: {}", rank_, e.what()));
@@ -323,6 +325,8 @@ class PipelineRunner::Impl {
     req.reduction = scaling.reduction;
     req.grad_scale = scaling.grad_scale;
     req.batch_signature.push_back(m);
+    // Each microbatch's own length: a change re-describes what crosses stages.
+    req.batch_signature.insert(req.batch_signature.end(), lengths_.begin(), lengths_.end());
     for (const auto* list : {&inputs, &targets}) {
       for (const at::Tensor& t : *list) {
         req.batch_signature.push_back(t.dim());
@@ -332,8 +336,60 @@ class PipelineRunner::Impl {
     return executor_->run(req, options_.profile);
   }
 
+  void allreduceSumAll(const at::Tensor& values) {
+    if (world_ == 1) return;
+    std::vector<int> all(world_);
+    for (int r = 0; r < world_; ++r) all[r] = r;
+    try {
+      comm_->allreduceSum(values, all);
+    } catch (const CommError& e) {
+      if (e.kind() == CommError::Kind::kAborted) {
+        throw RuntimeError(std::string(e.what()) + ":\n" + e.report(), ErrorCode::kPeerFailure);
+      }
+      std::string report = fmt::format("rank {} failed in an allreduce over all ranks: {}", rank_, e.what());
+      comm_->abort(report);
+      throw RuntimeError(report, ErrorCode::kPeerFailure);
+    }
+  }
+
+  // Note [Counts from the loss]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // Megatron's per-token loss with a custom loss function: the function
+  // returns (loss_sum, num_tokens) per microbatch, each backward runs on the
+  // sum, and the step ends dividing every gradient by the tokens counted over
+  // the whole global batch (finalize_model_grads). The count is only known
+  // once every microbatch's forward has run, after earlier backwards, so it
+  // cannot scale the losses beforehand as built-in per-token losses do (Note
+  // [Per-token loss] in train/runner_options.cpp). Here the loss ranks' counts
+  // are summed over every rank (others add 0), then the gradients, already
+  // averaged over the replicas (sum times data_parallel, the LossScaling's
+  // scale, over the replica count), and the returned losses are divided by
+  // that total: the gradients are those of sum(loss_sum) / sum(num_tokens).
+  // What .grad held before the step is divided too; the trainer zeroes the
+  // gradients between steps. With nothing counted the loss and gradients are 0.
+  void divideByCounts(StepOutcome& out, bool train) {
+    double local = 0.0;
+    for (double c : out.token_counts) local += c;
+    const at::Tensor total = at::full({1}, local, at::kDouble);
+    allreduceSumAll(total);
+    const double counted = total.item<double>();
+    const double factor = counted > 0.0 ? 1.0 / counted : 0.0;
+    for (double& l : out.losses) l *= factor;
+    if (!train) return;
+    at::NoGradGuard no_grad;
+    std::set<const void*> done;  // two names of one tensor share one .grad
+    for (PipelineStage* s : stages_) {
+      if (s == nullptr) continue;
+      for (auto& [name, p] : s->namedParameters()) {
+        at::Tensor g = p.grad();
+        if (g.defined() && done.insert(g.unsafeGetTensorImpl()).second) g.mul_(factor);
+      }
+    }
+  }
+
   StepResult toResult(const StepOutcome& out) const {
     StepResult r;
+    r.microbatch_lengths = lengths_;
     if (!computes_loss_ || out.losses.empty()) return r;
     r.has_loss = true;
     r.losses = out.losses;
@@ -349,6 +405,7 @@ class PipelineRunner::Impl {
   std::optional<mesh::MeshLayout> mesh_;  // the run's pp × tp × dp layout (Note [Mesh order])
   std::string device_;
   bool computes_loss_ = false;
+  std::vector<std::int64_t> lengths_;  // the last step's microbatch lengths (RunnerOptions::trim_padding)
   std::vector<std::unique_ptr<PipelineStage>> owned_;
   std::vector<PipelineStage*> stages_;
   std::unique_ptr<LossFunction> loss_;
@@ -372,6 +429,7 @@ StepResult PipelineRunner::trainStep(const std::vector<at::Tensor>& inputs, cons
     throw RuntimeError(fmt::format("trainStep: grad_scale must be a finite number > 0, got {}", scaling.grad_scale));
   }
   StepOutcome out = impl_->runStep(inputs, targets, /*train=*/true, scaling);
+  if (scaling.count_from_loss) impl_->divideByCounts(out, /*train=*/true);
   impl_->profile_ = std::move(out.profile);
   return impl_->toResult(out);
 }
@@ -397,13 +455,17 @@ EvalResult PipelineRunner::evalStep(const std::vector<at::Tensor>& inputs, const
     EvalMode eval_mode(impl_->stages_);
     out = impl_->runStep(inputs, targets, /*train=*/false, scaling);
   }
+  if (scaling.count_from_loss && !targets.empty()) {
+    impl_->divideByCounts(out, /*train=*/false);
+  }
   impl_->profile_ = std::move(out.profile);
   EvalResult r;
   r.loss = impl_->toResult(out);
   if (impl_->computes_loss_) {
     const auto& chunks = impl_->options_.input_chunks;
     int dim = !chunks.empty() && !chunks[0].replicate ? chunks[0].dim : 0;
-    r.outputs = mergeMicrobatches(out.outputs, dim);
+    if (!impl_->lengths_.empty()) padToLength(out.outputs, impl_->lengths_, inputs.at(0).size(1));
+    r.outputs = mergeMicrobatches(out.outputs, dim, impl_->options_.output_chunks);
   }
   return r;
 }
@@ -458,21 +520,7 @@ void PipelineRunner::barrier() {
   }
 }
 
-void PipelineRunner::allreduceSumAll(const at::Tensor& values) {
-  if (impl_->world_ == 1) return;
-  std::vector<int> all(impl_->world_);
-  for (int r = 0; r < impl_->world_; ++r) all[r] = r;
-  try {
-    impl_->comm_->allreduceSum(values, all);
-  } catch (const CommError& e) {
-    if (e.kind() == CommError::Kind::kAborted) {
-      throw RuntimeError(std::string(e.what()) + ":\n" + e.report(), ErrorCode::kPeerFailure);
-    }
-    std::string report = fmt::format("rank {} failed in an allreduce over all ranks: {}", impl_->rank_, e.what());
-    impl_->comm_->abort(report);
-    throw RuntimeError(report, ErrorCode::kPeerFailure);
-  }
-}
+void PipelineRunner::allreduceSumAll(const at::Tensor& values) { impl_->allreduceSumAll(values); }
 
 void PipelineRunner::setProgram(const schedules::Program& program) { impl_->setProgram(program); }
 

@@ -68,6 +68,17 @@ struct RunnerOptions {
   // Per model input / per target; empty: every tensor split along dim 0.
   std::vector<ChunkSpec> input_chunks;
   std::vector<ChunkSpec> target_chunks;
+  // Variable sequence lengths (Note [Variable sequence lengths] in
+  // data/token_dataset.cpp): rows [batch, seq] padded at the end, targets
+  // with -1. Each microbatch is cut along dim 1 to its longest row (the last
+  // column with a target that is not -1) before it runs; in eval the outputs
+  // are padded back with zeros to the batch's length. For causal models.
+  bool trim_padding = false;
+  // How evalStep merges each model output over the microbatches (PyTorch's
+  // output_merge_spec): split(dim) concatenates along dim, replicated keeps
+  // the first microbatch's. Empty: every output along the first input's
+  // chunk dim. Given, one per model output (RuntimeError otherwise).
+  std::vector<ChunkSpec> output_chunks;
 
   // Data parallelism: world = dp_degree * pipeline ranks. Rank r runs
   // pipeline rank r % (world / dp_degree) of replica r / (world / dp_degree);
@@ -115,6 +126,8 @@ struct StepResult {
   std::vector<double> losses;
   bool has_loss = false;
   double loss = 0.0;  // sum of `losses`
+  // RunnerOptions::trim_padding: each microbatch's length after the cut, on every rank.
+  std::vector<std::int64_t> microbatch_lengths;
 };
 
 struct EvalResult {

@@ -46,6 +46,11 @@ struct LossScaling {
   // each microbatch's backward runs on its loss times grad_scale, so the
   // gradients come out multiplied by it; the returned losses are not.
   double grad_scale = 1.0;
+  // The loss module returns (loss_sum, num_tokens) (Note [Counts from the
+  // loss] in runtime/pipeline_runner.cpp): each microbatch's backward runs
+  // on its sum times `scale`, and the step ends dividing the gradients and
+  // the losses by the tokens counted over every rank. Same on every rank.
+  bool count_from_loss = false;
 };
 
 enum class Backend {

@@ -301,11 +301,15 @@ class ScheduleExecutor::Impl {
       // activation checkpointing the stage runs it again after its recompute
       // (in the same autocast: setRecomputeContext). The backward's root is
       // the loss times grad_scale (fp16 loss scaling); the reported loss is not.
+      // A loss module that counts its tokens leaves the count in `count`
+      // (the same on a recompute's second call).
+      auto count = std::make_shared<at::Tensor>();
       PipelineStage::LossFn loss_of = [plan = cfg_.plan, fn = cfg_.loss, device = cfg_.device, roots, targets,
                                        reduction = req_->reduction, scale = req_->loss_scale,
-                                       grad_scale = req_->grad_scale](const std::vector<at::Tensor>& outs,
-                                                                      const std::vector<at::Tensor>& ins) {
-        at::Tensor loss = (*fn)(modelOutputsOf(*plan, outs, ins, roots, device), targets, reduction) * scale;
+                                       grad_scale = req_->grad_scale, count](const std::vector<at::Tensor>& outs,
+                                                                             const std::vector<at::Tensor>& ins) {
+        at::Tensor loss =
+            (*fn)(modelOutputsOf(*plan, outs, ins, roots, device), targets, reduction, count.get()) * scale;
         return grad_scale == 1.0 ? loss : loss * grad_scale;
       };
       at::Tensor root;
@@ -317,6 +321,7 @@ class ScheduleExecutor::Impl {
       if (req_->train) losses_[mb] = root;
       const at::Tensor loss = req_->grad_scale == 1.0 ? root : root / req_->grad_scale;
       loss_values_[mb] = loss.detach();  // read at the step's end (Note [One read of the losses])
+      if (count->defined()) count_values_[mb] = *count;
     } else if (req_->train) {
       throw RuntimeError("a training step needs targets for the loss");
     }
@@ -448,17 +453,22 @@ class ScheduleExecutor::Impl {
   // forward: a synchronisation per action instead of one per step.
   void readLosses() {
     if (loss_values_.empty()) return;
-    std::vector<at::Tensor> values;
-    values.reserve(loss_values_.size());
+    std::vector<at::Tensor> values;  // the losses, then the counts a loss module gave: one copy
+    values.reserve(loss_values_.size() + count_values_.size());
     for (const auto& [mb, v] : loss_values_) values.push_back(v.reshape({}).to(at::kDouble));
+    for (const auto& [mb, v] : count_values_) values.push_back(v.reshape({}).to(at::kDouble));
     const at::Tensor host = at::stack(values).to(at::kCPU);
     const double* read = host.data_ptr<double>();
     std::size_t k = 0;
     for (const auto& [mb, v] : loss_values_) out_.losses.at(mb) = read[k++];
+    if (count_values_.empty()) return;
+    out_.token_counts.assign(out_.losses.size(), 0.0);
+    for (const auto& [mb, v] : count_values_) out_.token_counts.at(mb) = read[k++];
   }
 
   void clearStep() {
     loss_values_.clear();
+    count_values_.clear();
     messenger_.clearStep();
     local_values_.clear();
     local_grads_.clear();
@@ -503,6 +513,7 @@ class ScheduleExecutor::Impl {
   std::map<std::pair<int, int>, std::vector<TensorMeta>> input_meta_, output_meta_;  // (stage, mb)
   std::map<int, at::Tensor> losses_;  // last stage: the loss of each microbatch until its backward
   std::map<int, at::Tensor> loss_values_;  // last stage: each microbatch's loss value, read once per step
+  std::map<int, at::Tensor> count_values_;  // ... and the tokens a counting loss module covered (LossScaling::count_from_loss)
 };
 
 ScheduleExecutor::ScheduleExecutor(Communicator& comm, ExecutorConfig config)

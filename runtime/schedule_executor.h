@@ -73,6 +73,7 @@ struct StepRequest {
 
 struct StepOutcome {
   std::vector<double> losses;                     // [mb], on the loss rank with targets
+  std::vector<double> token_counts;               // [mb], where a loss module counted (LossScaling::count_from_loss)
   std::vector<std::vector<at::Tensor>> outputs;   // [mb][model output], eval on the loss rank
   StepProfile profile;
 };

@@ -57,8 +57,11 @@ std::vector<std::vector<at::Tensor>> readReplicaOutputs(const std::string& path)
 }
 
 // The launcher's merge: every replica's rows of each batch in replica order,
-// then the batches in order, along `dim`; one tensor per model output.
-void writeMergedOutputs(const std::string& dir, int replicas, std::int64_t dim, const std::string& out_path) {
+// then the batches in order, along `dim` or the output's own
+// pipeline.output_chunks entry (replicate: the first part); one tensor per
+// model output.
+void writeMergedOutputs(const std::string& dir, int replicas, std::int64_t dim, const std::vector<ChunkEntry>& specs,
+                        const std::string& out_path) {
   std::vector<std::vector<std::vector<at::Tensor>>> parts;  // [replica][batch][output]
   for (int d = 0; d < replicas; ++d) parts.push_back(readReplicaOutputs(replicaOutputs(dir, d)));
   // A tuple: torch.load reads it with weights_only (a List pickles with
@@ -66,11 +69,15 @@ void writeMergedOutputs(const std::string& dir, int replicas, std::int64_t dim, 
   std::vector<c10::IValue> merged;
   const std::size_t num_outputs = parts.front().empty() ? 0 : parts.front().front().size();
   for (std::size_t o = 0; o < num_outputs; ++o) {
+    if (o < specs.size() && specs[o].replicate) {
+      merged.push_back(parts.front().front().at(o));
+      continue;
+    }
     std::vector<at::Tensor> rows;
     for (std::size_t k = 0; k < parts.front().size(); ++k) {
       for (const auto& replica : parts) rows.push_back(replica.at(k).at(o));
     }
-    merged.push_back(at::cat(rows, dim));
+    merged.push_back(rows.front().dim() == 0 ? at::stack(rows) : at::cat(rows, o < specs.size() ? specs[o].dim : dim));
   }
   const std::vector<char> bytes = torch::pickle_save(c10::IValue(c10::ivalue::Tuple::create(std::move(merged))));
   writeFileAtomically(out_path, std::string(bytes.begin(), bytes.end()));  // Note [Atomic writes]
@@ -229,6 +236,7 @@ void launch(const EvalRequest& r, std::int64_t batches) {
   checkLayout(config, nproc, manifest.num_stages);
   const DataLayout layout = dataLayoutFor(config, manifest.inputs);
   checkInputSizes(config, manifest, layout);
+  checkOutputChunks(config, manifest);
   if (config.data.format == DataFormat::kTensors) checkHeldOut(layout);
 
   RankCommand ranks;
@@ -244,7 +252,8 @@ void launch(const EvalRequest& r, std::int64_t batches) {
   ranks.num_ranks = nproc;
   std::cout << runRanksForOutput(r.launch, ranks) << std::flush;
   if (!r.outputs.empty()) {
-    writeMergedOutputs(outputs_dir, config.pipeline.data_parallel, mergeDim(config), r.outputs);
+    writeMergedOutputs(outputs_dir, config.pipeline.data_parallel, mergeDim(config), config.pipeline.output_chunks,
+                       r.outputs);
     std::cout << fmt::format("  outputs: {} (one tensor per model output over {} held-out rows)\n", r.outputs,
                              batches * config.global_batch_size)
               << std::flush;

@@ -8,18 +8,20 @@
 #include "data/dataset.h"
 #include "runtime/pipeline_runner.h"
 #include "train/rank_checkpoint.h"
+#include "train/runner_options.h"
 #include "train/schedule_profile.h"
 
 namespace pipeforge::train {
 namespace {
 
 // Each stage's median action times over the timed runs, on this rank.
-std::vector<double> profileStages(runtime::PipelineRunner& runner, const Batch& batch, int num_stages) {
+std::vector<double> profileStages(runtime::PipelineRunner& runner, const Batch& batch, int num_stages,
+                                  const runtime::LossScaling& scaling) {
   constexpr int kWarmUpRuns = 1, kTimedRuns = 2;
   std::vector<runtime::StepProfile> timed;
   for (int run = 0; run < kWarmUpRuns + kTimedRuns; ++run) {
     try {
-      runner.trainStep(batch.inputs, batch.targets);
+      runner.trainStep(batch.inputs, batch.targets, scaling);  // the run's own loss (a counting module's too)
     } catch (...) {
       rethrowWithContext("profiling the stages for pipeline.schedule auto");
     }
@@ -43,7 +45,7 @@ std::vector<double> sumOverRanks(runtime::PipelineRunner& runner, const std::vec
 AutoChoice pickAutoSchedule(runtime::PipelineRunner& runner, const Batch& batch, const TrainConfig& config,
                             int pipeline_ranks, int num_stages, int world_size) {
   const at::Tensor rng = cpuGeneratorState();
-  std::vector<double> mine = profileStages(runner, batch, num_stages);
+  std::vector<double> mine = profileStages(runner, batch, num_stages, lossScalingFor(config, batch));
   if (runner.dpRank() != 0) mine.assign(mine.size(), 0.0);  // replica 0's times only
   const std::vector<double> all = sumOverRanks(runner, mine);
 

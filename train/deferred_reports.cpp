@@ -28,7 +28,8 @@ void DeferredReports::drain(std::size_t count, TrainSummary& summary) {
       continue;
     }
     const double loss = takeLoss(lossKey(r.done));
-    report_->trained(TrainRecord{r.done, loss, r.lr, r.step_s, r.eta_s, r.grad_norm, r.loss_scale});
+    report_->trained(TrainRecord{r.done, loss, r.lr, r.step_s, r.eta_s, r.grad_norm, r.loss_scale, r.tokens,
+                                 r.microbatch_lengths});
     if (!summary.first_loss) summary.first_loss = loss;
     summary.last_loss = loss;
   }

@@ -15,6 +15,7 @@
 #include <deque>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "config/train_config.h"
 #include "train/rank_channel.h"
@@ -36,6 +37,10 @@ struct PendingReport {
   double eta_s = 0.0;
   double grad_norm = 0.0;
   std::optional<double> loss_scale;  // fp16: the scale this step's backward ran with
+  // data.packing: none (Note [Variable sequence lengths]): the targets the
+  // global batch counts, and this rank's microbatch lengths after the cut.
+  std::optional<std::int64_t> tokens;
+  std::vector<std::int64_t> microbatch_lengths;
 };
 
 class DeferredReports {

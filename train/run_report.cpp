@@ -132,10 +132,16 @@ void RunReport::trained(const TrainRecord& r) {
   // Token data counts tokens; tensor data counts rows, whatever their shape.
   const bool tokens = config_.data.format != DataFormat::kTensors;
   const double rows_per_s = static_cast<double>(config_.global_batch_size) / r.step_s;
-  const double throughput = tokens ? rows_per_s * config_.data.block_size : rows_per_s;
+  // One document per row (data.packing: none): the tokens the loss counts, padding not.
+  const double throughput =
+      r.tokens ? static_cast<double>(*r.tokens) / r.step_s : tokens ? rows_per_s * config_.data.block_size : rows_per_s;
   nlohmann::json record{{"event", "train"}, {"step", r.done},           {"loss", r.loss},
                         {"lr", r.lr},       {"grad_norm", r.grad_norm}, {"step_s", r.step_s}};
   record[tokens ? "tokens_per_s" : "rows_per_s"] = throughput;
+  if (r.tokens) {
+    record["tokens"] = *r.tokens;
+    record["seq_lengths"] = r.microbatch_lengths;
+  }
   if (r.loss_scale) record["loss_scale"] = *r.loss_scale;
   // On a GPU: torch.cuda.max_memory_allocated of rank 0's device so far (a
   // CPU run has no such figure). Rank 0 is local rank 0, so "cuda" is cuda:0.

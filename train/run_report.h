@@ -47,6 +47,8 @@ struct TrainRecord {
   double eta_s = 0.0;
   double grad_norm = 0.0;            // before clipping
   std::optional<double> loss_scale;  // fp16: the scale this step's backward ran with
+  std::optional<std::int64_t> tokens;            // data.packing: none: the global batch's counted targets
+  std::vector<std::int64_t> microbatch_lengths;  // ... and replica 0's microbatch lengths
 };
 
 class RunReport {

@@ -57,6 +57,9 @@ runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const RunPlan
   // Note [Input chunks] in data/data_layout.h: the same entries place the data's rows.
   ro.input_chunks = chunkSpecsOf(plan.data.inputs);
   ro.target_chunks = chunkSpecsOf(plan.data.targets);
+  ro.output_chunks = chunkSpecsOf(config.pipeline.output_chunks);
+  // Note [Variable sequence lengths] in data/token_dataset.cpp.
+  ro.trim_padding = config.data.format != DataFormat::kTensors && config.data.packing == Packing::kNone;
   ro.stages_per_rank = config.pipeline.stages_per_rank;
   ro.loss = lossKind(config.loss);
   ro.loss_module = config.loss_module;
@@ -99,9 +102,22 @@ runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const RunPlan
 // data_parallel makes the average the global sum / count, and the mean of the
 // replicas' reported losses is the global per-token loss. per_microbatch (the
 // default) is the mean of the microbatches' means, which differs when
-// microbatches count different numbers of elements.
+// microbatches count different numbers of elements. A loss module counts for
+// itself: it returns (loss_sum, num_tokens), and the runner divides by the
+// total of those counts once the step's forwards have run (Note [Counts from
+// the loss] in runtime/pipeline_runner.cpp).
 runtime::LossScaling lossScalingFor(const TrainConfig& config, const Batch& global) {
   if (config.loss_normalization == LossNormalization::kPerMicrobatch) return {};
+  if (config.loss == LossName::kModule) {
+    // The module counts its own tokens (loss_sum, num_tokens); the runner
+    // divides by their total at the step's end (Note [Counts from the loss]
+    // in runtime/pipeline_runner.cpp).
+    runtime::LossScaling scaling;
+    scaling.reduction = runtime::LossReduction::kSum;
+    scaling.scale = static_cast<double>(config.pipeline.data_parallel);
+    scaling.count_from_loss = true;
+    return scaling;
+  }
   double counted = 0.0;
   for (const at::Tensor& t : global.targets) {
     counted += config.loss == LossName::kCrossEntropy ? at::ne(t, -1).sum().item<double>()

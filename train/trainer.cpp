@@ -181,9 +181,15 @@ class RankTrainer {
     if (done % config_.log_every == 0 || done == end_ || step == summary.first_step) {
       publishLoss(lossKey(done), result);
       const double elapsed = std::chrono::duration<double>(Clock::now() - loop_start_).count();
-      reports_->add(PendingReport{false, done, lr, window_s_ / window_steps_,
-                                  elapsed / static_cast<double>(done - summary.first_step) * (end_ - done),
-                                  check.norm, loss_scale});
+      PendingReport pending{false, done, lr, window_s_ / window_steps_,
+                            elapsed / static_cast<double>(done - summary.first_step) * (end_ - done), check.norm,
+                            loss_scale};
+      if (config_.data.packing == Packing::kNone && !global.targets.empty()) {
+        // Note [Variable sequence lengths]: the real tokens, and how this rank cut its microbatches.
+        pending.tokens = at::ne(global.targets[0], -1).sum().item<std::int64_t>();
+        pending.microbatch_lengths = result.microbatch_lengths;
+      }
+      reports_->add(pending);
       window_s_ = 0.0;
       window_steps_ = 0;
     }

@@ -177,6 +177,12 @@ TEST_F(TrainConfigTest, MistakesNameTheKey) {
       {"unknown optimizer", "", "optimizer: {name: lion}\n", {"optimizer.name", "sgd, adam, adamw"}},
       {"missing data file", "tokens.bin", "nope.bin", {"data.path", "nope.bin", "does not exist"}},
       {"missing block", "  block_size: 8\n", "", {"data.block_size is missing"}},
+      {"packing none without a separator", "  block_size: 8\n", "  block_size: 8\n  packing: none\n",
+       {"data.packing: none", "needs data.document_separator", "50256"}},
+      {"separator without packing none", "  block_size: 8\n", "  block_size: 8\n  document_separator: 0\n",
+       {"data.document_separator applies to data.packing: none only"}},
+      {"unknown packing", "  block_size: 8\n", "  block_size: 8\n  packing: greedy\n",
+       {"data.packing", "windows, none"}},
       {"batch vs microbatches", "global_batch_size: 4", "global_batch_size: 5",
        {"training.global_batch_size 5", "pipeline.microbatches 2"}},
       {"batch vs dp", "microbatches: 2", "microbatches: 1\n  data_parallel: 3",
@@ -564,8 +570,11 @@ TEST_F(TrainConfigTest, TrainingOptionKeys) {
   c = parse("loss: {module: " + module + "}\n");
   EXPECT_EQ(c.loss, LossName::kModule);
   EXPECT_EQ(c.loss_module, module);
-  refuse("loss: {module: " + module + "}\nloss_normalization: per_token\n",
-         "loss_normalization: per_token needs a built-in loss");
+  // A module that counts its own tokens, (loss_sum, num_tokens): accepted
+  // here, its return checked when it runs (runtime/loss.h).
+  c = parse("loss: {module: " + module + "}\nloss_normalization: per_token\n");
+  EXPECT_EQ(c.loss, LossName::kModule);
+  EXPECT_EQ(c.loss_normalization, LossNormalization::kPerToken);
 }
 
 // pipeline.scale_grads: true by default (PyTorch's), false sums the
@@ -590,6 +599,26 @@ TEST_F(TrainConfigTest, ScaleGrads) {
         << e.what();
   }
   EXPECT_THROW(withPipeline("  scale_grads: maybe\n"), ConfigError);
+}
+
+// pipeline.output_chunks: PyTorch's output_merge_spec, one entry per model
+// output (a dim or replicate), for eval --outputs.
+TEST_F(TrainConfigTest, OutputChunks) {
+  std::string text = valid();
+  const std::string at = "pipeline:\n";
+  text.insert(text.find(at) + at.size(), "  output_chunks: [1, replicate]\n");
+  const TrainConfig c = parseTrainConfig(text, "t.yaml");
+  ASSERT_EQ(c.pipeline.output_chunks.size(), 2u);
+  EXPECT_EQ(c.pipeline.output_chunks[0].dim, 1);
+  EXPECT_FALSE(c.pipeline.output_chunks[0].replicate);
+  EXPECT_TRUE(c.pipeline.output_chunks[1].replicate);
+  text.replace(text.find("[1, replicate]"), 14, "[sum]");
+  try {
+    parseTrainConfig(text, "t.yaml");
+    ADD_FAILURE() << "output_chunks: [sum] was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("output_chunks[0]"), std::string::npos) << e.what();
+  }
 }
 
 // pipeline.microbatch_group_size reaches MegatronInterleaved's generator

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <vector>
 
 #include "tests/support/zoo.h"
 
@@ -82,6 +84,63 @@ TEST_F(TokenDatasetTest, TooShortOrRaggedFilesAreRefused) {
     ADD_FAILURE();
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("not a whole number of 2-byte tokens"), std::string::npos) << e.what();
+  }
+}
+
+// Note [Variable sequence lengths]: one document per row, cut at block + 1
+// tokens, inputs padded with the separator and targets with -1; every
+// document once per epoch.
+TEST_F(TokenDatasetTest, PackingNoneGivesOneDocumentPerRow) {
+  // Documents (separator 0): [5 6 7 0] [8 0] [9 10 11 12 13 14 15 0] [0: one token, skipped] [16 17]
+  const std::vector<std::uint32_t> tokens = {5, 6, 7, 0, 8, 0, 9, 10, 11, 12, 13, 14, 15, 0, 0, 16, 17};
+  const std::string path = dir_ + "/docs.bin";
+  {
+    std::ofstream out(path, std::ios::binary);
+    for (std::uint32_t v : tokens) out.write(reinterpret_cast<const char*>(&v), 2);
+  }
+  DataConfig c = config(path, TokenDtype::kUint16, 5);
+  c.val_fraction = 0.0;
+  c.packing = Packing::kNone;
+  c.document_separator = 0;
+  TokenDataset data(c, 3);
+  EXPECT_NE(data.describe().find("one document per row (packing none: 4 train, 0 held out, the longest 8 tokens)"),
+            std::string::npos)
+      << data.describe();
+  // The rows each document makes, by its first token.
+  const std::map<std::int64_t, std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>> want = {
+      {5, {{5, 6, 7, 0, 0}, {6, 7, 0, -1, -1}}},
+      {8, {{8, 0, 0, 0, 0}, {0, -1, -1, -1, -1}}},
+      {9, {{9, 10, 11, 12, 13}, {10, 11, 12, 13, 14}}},  // cut at block + 1 tokens
+      {16, {{16, 0, 0, 0, 0}, {17, -1, -1, -1, -1}}},
+  };
+  std::map<std::int64_t, int> seen;
+  for (std::int64_t step = 0; step < 2; ++step) {  // two batches of 2: one epoch of 4 documents
+    const Batch b = data.batch(DataSplit::kTrain, step, 2);
+    ASSERT_EQ(b.inputs[0].sizes(), (std::vector<std::int64_t>{2, 5}));
+    for (std::int64_t r = 0; r < 2; ++r) {
+      const at::Tensor x = b.inputs[0][r], y = b.targets[0][r];
+      const auto it = want.find(x[0].item<std::int64_t>());
+      ASSERT_NE(it, want.end()) << x;
+      EXPECT_TRUE(at::equal(x, at::tensor(it->second.first, at::kLong))) << x;
+      EXPECT_TRUE(at::equal(y, at::tensor(it->second.second, at::kLong))) << y;
+      ++seen[it->first];
+    }
+  }
+  EXPECT_EQ(seen.size(), 4u);  // each document once in the epoch
+  c.document_separator = 99;  // never in the stream: the whole stream is one document
+  EXPECT_NO_THROW(TokenDataset(c, 3));
+  const std::string lone = dir_ + "/lone.bin";
+  {
+    std::ofstream out(lone, std::ios::binary);
+    for (std::uint32_t v : {0u, 0u, 0u}) out.write(reinterpret_cast<const char*>(&v), 2);
+  }
+  c.path = lone;
+  c.document_separator = 0;
+  try {
+    TokenDataset(c, 3);
+    ADD_FAILURE() << "a stream of separators was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds no document of two or more tokens"), std::string::npos) << e.what();
   }
 }
 

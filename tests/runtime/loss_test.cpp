@@ -16,9 +16,10 @@ namespace pipeforge::runtime {
 namespace {
 
 std::string refusal(const LossFunction& loss, const std::vector<at::Tensor>& outputs,
-                    const std::vector<at::Tensor>& targets) {
+                    const std::vector<at::Tensor>& targets, LossReduction reduction = LossReduction::kMean,
+                    at::Tensor* count = nullptr) {
   try {
-    loss(outputs, targets);
+    loss(outputs, targets, reduction, count);
   } catch (const RuntimeError& e) {
     return e.what();
   }
@@ -62,7 +63,38 @@ TEST(Loss, AScriptModuleIsCalledWithOutputsThenTargets) {
   at::Tensor out = torch::randn({6}), target = torch::randn({6});
   LossFunction loss(LossKind::kScript, path, "cpu");
   EXPECT_TRUE(torch::allclose(loss({out}, {target}), at::smooth_l1_loss(out, target, at::Reduction::Mean, 0.5)));
-  EXPECT_THROW(loss({out}, {target}, LossReduction::kSum), RuntimeError);
+  // A scalar module has no count for per-token normalization: refused, naming the form it needs.
+  at::Tensor count;
+  EXPECT_NE(refusal(loss, {out}, {target}, LossReduction::kSum, &count)
+                .find("per_token with a loss module needs it to return (loss_sum, num_tokens)"),
+            std::string::npos);
+}
+
+// Megatron's per-token form: (loss_sum, num_tokens); the sum is the loss, the
+// count comes back beside it, and without per_token the module is refused.
+TEST(Loss, ACountingModuleGivesItsSumAndItsCount) {
+  auto module = testing::scriptModule("Counted",
+                                      "def forward(self, logits, target):\n"
+                                      "    s = torch.cross_entropy_loss(logits.reshape(-1, logits.size(-1)), "
+                                      "target.reshape(-1), None, 2, -1)\n"  // reduction 2: sum
+                                      "    return s, (target != -1).sum()\n");
+  const std::string path = testing::makeTempDir("pf-loss") + "/counted.pt";
+  module.save(path);
+  torch::manual_seed(3);
+  at::Tensor logits = torch::randn({2, 5, 7});
+  at::Tensor targets = torch::randint(0, 7, {2, 5});
+  targets[0][0] = -1;
+  targets[1][2] = -1;
+  targets[1][3] = -1;
+  LossFunction loss(LossKind::kScript, path, "cpu");
+  at::Tensor count;
+  const at::Tensor sum = loss({logits}, {targets}, LossReduction::kSum, &count);
+  EXPECT_TRUE(torch::allclose(
+      sum, at::cross_entropy_loss(logits.reshape({10, 7}), targets.reshape({10}), {}, at::Reduction::Sum, -1)));
+  ASSERT_TRUE(count.defined());
+  EXPECT_EQ(count.item<std::int64_t>(), 7);
+  EXPECT_EQ(count.dim(), 0);
+  EXPECT_NE(refusal(loss, {logits}, {targets}).find("set loss_normalization: per_token"), std::string::npos);
 }
 
 TEST(Loss, RefusalsNameTheShapesAndCounts) {

@@ -28,6 +28,40 @@ TEST(MicrobatchTest, SplitsAlongAnotherDim) {
   EXPECT_EQ(mbs[3][0].sizes(), (std::vector<int64_t>{2, 2}));
 }
 
+// Note [Variable sequence lengths]: each microbatch is cut to its longest
+// row (the last column with a counted target), at least 2, and eval outputs
+// are padded back with zeros.
+TEST(MicrobatchTest, TrimsEachMicrobatchToItsLongestRow) {
+  at::Tensor x = torch::arange(4 * 6).view({4, 6});
+  at::Tensor y = torch::full({4, 6}, -1, at::kLong);
+  y[0].narrow(0, 0, 4).fill_(1);  // microbatch 0: rows of 4 and 2 targets
+  y[1].narrow(0, 0, 2).fill_(1);
+  y[2][0] = 1;  // microbatch 1: one target only, kept at length 2
+  auto inputs = splitIntoMicrobatches({x}, {}, 2, "input");
+  auto targets = splitIntoMicrobatches({y}, {}, 2, "target");
+  const std::vector<std::int64_t> lengths = trimPadding(inputs, targets);
+  EXPECT_EQ(lengths, (std::vector<std::int64_t>{4, 2}));
+  EXPECT_TRUE(torch::equal(inputs[0][0], x.narrow(0, 0, 2).narrow(1, 0, 4)));
+  EXPECT_TRUE(torch::equal(targets[1][0], y.narrow(0, 2, 2).narrow(1, 0, 2)));
+  EXPECT_TRUE(inputs[0][0].is_contiguous());
+  std::vector<std::vector<at::Tensor>> outs = {{inputs[0][0].to(at::kFloat)}, {inputs[1][0].to(at::kFloat)}};
+  padToLength(outs, lengths, 6);
+  const at::Tensor merged = mergeMicrobatches(outs, 0)[0];
+  EXPECT_EQ(merged.sizes(), (std::vector<std::int64_t>{4, 6}));
+  EXPECT_TRUE(torch::equal(merged.narrow(1, 0, 2), x.narrow(1, 0, 2).to(at::kFloat)));
+  EXPECT_EQ(merged[2][4].item<float>(), 0.0f);  // padding comes back as zeros
+  // A [batch, seq] input of another length than the targets is named.
+  auto bad_inputs = splitIntoMicrobatches({torch::zeros({4, 5})}, {}, 2, "input");
+  auto again = splitIntoMicrobatches({y}, {}, 2, "target");
+  try {
+    trimPadding(bad_inputs, again);
+    FAIL() << "no error";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("input 0 has length 5 along dim 1 but the targets 6"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(MicrobatchTest, ExplainsBadSplits) {
   try {
     splitIntoMicrobatches({torch::randn({3, 2})}, {}, 4, "input");

@@ -284,6 +284,26 @@ output: {{dir: {d}/out}}
                   f"max |diff| {diff:.2e}")
             if not ok or f"outputs: {path}" not in out:
                 failures.append(f"eval --outputs ({label}): {out}")
+        # A merge spec (PyTorch's output_merge_spec): `replicate` keeps the
+        # first microbatch's output, dim 1 joins the microbatches along the sequence.
+        rows = BATCH // MICROBATCHES
+        first = torch.tensor(held_out_rows(TEXT, 0, BATCH)[0])
+        with torch.no_grad():
+            per_mb = [model(first[m * rows:(m + 1) * rows]) for m in range(MICROBATCHES)]
+        for spec, expected in (("[replicate]", per_mb[0]), ("[1]", torch.cat(per_mb, 1))):
+            path = os.path.join(d, f"outputs-spec-{spec.strip('[]')}.pt")
+            out = run(binary, "eval", "--config", config, "--batches", "1", "--outputs", path,
+                      "--set", f"pipeline.output_chunks={spec}")
+            got = torch.load(path)[0]
+            ok = got.shape == expected.shape and torch.allclose(got, expected, rtol=RTOL, atol=1e-5)
+            print(f"eval --outputs with pipeline.output_chunks={spec}: {tuple(got.shape)} "
+                  f"{'== Python' if ok else 'MISMATCH'}")
+            if not ok:
+                failures.append(f"output_chunks {spec}: {tuple(got.shape)} vs {tuple(expected.shape)}: {out}")
+        out = run(binary, "eval", "--config", config, "--outputs", os.path.join(d, "o.pt"),
+                  "--set", "pipeline.output_chunks=[0, 0]", expect=1)
+        if "pipeline.output_chunks gives 2 entries but model" not in out or "has 1 outputs" not in out:
+            failures.append(f"output_chunks of the wrong length: {out}")
         out = run(binary, "eval", "--config", config, "--outputs", os.path.join(d, "missing", "o.pt"), expect=1)
         if "--outputs" not in out or "does not exist" not in out:
             failures.append(f"eval --outputs into a missing folder: {out}")

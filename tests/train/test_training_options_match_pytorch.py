@@ -21,6 +21,9 @@ the head, no dropout) for STEPS steps twice on the same token rows:
         proves nothing;
       - loss module: a scripted (and, with torch.export, an exported) label-
         smoothing loss, each microbatch's loss divided by their number;
+      - per_token with a loss module: the same loss returning Megatron's
+        (loss_sum, num_tokens); PyTorch divides the whole batch's sum by its
+        count, as Megatron does with calculate_per_token_loss;
       - optimizer.foreach / optimizer.fused: torch.optim.AdamW (Adam) with
         foreach=True / fused=True (torch 2.4 and later; before, the
         refusal that names the fix).
@@ -30,7 +33,8 @@ Layouts: 2 ranks 1F1B; 2 ranks ZBVZeroBubble (both tied ends on rank 0, in
 two stages); 2 pipeline ranks x 2 data-parallel replicas.
 
 Then the refusals (exit 1, the message naming the fix): a no_decay glob that
-matches no parameter, per_token with a loss module, a missing loss module,
+matches no parameter, per_token with a loss module returning one scalar, a
+counting module without per_token, a missing loss module,
 and on LibTorch 1.x optimizer.foreach and fused.
 
 Usage: test_training_options_match_pytorch.py PIPEFORGE_BINARY ZOO_DIR
@@ -68,7 +72,8 @@ def make_data(torch, path: str) -> None:
 
 
 def write_losses(torch, d: str) -> dict:
-    """A label-smoothing cross-entropy as a scripted module and, where torch.export exists, as a .pt2."""
+    """A label-smoothing cross-entropy as a scripted module and, where torch.export exists, as a .pt2:
+    "pt"/"pt2" return the mean, "count_pt"/"count_pt2" Megatron's (loss_sum, num_tokens)."""
     import torch.nn.functional as F
 
     class Smoothed(torch.nn.Module):
@@ -76,12 +81,20 @@ def write_losses(torch, d: str) -> dict:
             return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
                                    label_smoothing=0.1)
 
-    paths = {"pt": os.path.join(d, "smoothed.pt")}
+    class SmoothedCount(torch.nn.Module):
+        def forward(self, logits, targets):
+            loss_sum = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
+                                       label_smoothing=0.1, reduction="sum")
+            return loss_sum, (targets != -1).sum()
+
+    paths = {"pt": os.path.join(d, "smoothed.pt"), "count_pt": os.path.join(d, "smoothed_count.pt")}
     torch.jit.script(Smoothed()).save(paths["pt"])
+    torch.jit.script(SmoothedCount()).save(paths["count_pt"])
     if hasattr(torch, "export") and hasattr(torch.export, "save"):
-        paths["pt2"] = os.path.join(d, "smoothed.pt2")
         example = (torch.randn(ROWS_PER_MB, BLOCK, VOCAB), torch.randint(0, VOCAB, (ROWS_PER_MB, BLOCK)))
-        torch.export.save(torch.export.export(Smoothed(), example), paths["pt2"])
+        for key, module in (("pt2", Smoothed()), ("count_pt2", SmoothedCount())):
+            paths[key] = os.path.join(d, f"{type(module).__name__.lower()}.pt2")
+            torch.export.save(torch.export.export(module, example), paths[key])
     return paths
 
 
@@ -115,7 +128,12 @@ def train_pytorch(torch, model_path: str, data_path: str, case: dict, microbatch
         opt.zero_grad(set_to_none=True)
         if case.get("per_token"):
             out = model(x)
-            loss = F.cross_entropy(out.reshape(-1, VOCAB), y.reshape(-1), ignore_index=-1)
+            if loss_module is not None:
+                # Megatron's per-token loss: the whole batch's sum over its count.
+                loss_sum, num_tokens = loss_module(out, y)
+                loss = loss_sum / num_tokens
+            else:
+                loss = F.cross_entropy(out.reshape(-1, VOCAB), y.reshape(-1), ignore_index=-1)
             loss.backward()
             total = loss.item()
         else:
@@ -198,16 +216,20 @@ def compare(torch, label: str, case: dict, train: list, state: dict, ref) -> lis
     return [f"{label}: {p}" for p in problems]
 
 
-def refusals(binary: str, d: str, model_path: str, data_path: str, loss_pt: str, kernels: bool) -> list:
+def refusals(binary: str, d: str, model_path: str, data_path: str, loss_pt: str, count_pt: str,
+             kernels: bool) -> list:
     cases = [
         ("no_decay glob matching nothing", {"optimizer": "adamw", "lr": 1e-3, "wd": 0.1, "no_decay": ["*.bais"]},
          ["optimizer.no_decay pattern '*.bais' matches no parameter"]),
         ("no_decay glob matching only the tied head", {"optimizer": "adamw", "lr": 1e-3, "wd": 0.1,
                                                        "no_decay": ["lm_head.*"]},
          ["matches only 'lm_head.weight', a tied name of 'wte.weight'", "use 'wte.weight'"]),
-        ("per_token with a loss module", {"optimizer": "sgd", "lr": 0.1, "wd": 0.0, "per_token": True,
-                                          "loss_module": loss_pt},
-         ["loss_normalization: per_token needs a built-in loss"]),
+        ("per_token with a loss module returning one scalar",
+         {"optimizer": "sgd", "lr": 0.1, "wd": 0.0, "per_token": True, "loss_module": loss_pt},
+         ["per_token with a loss module needs it to return (loss_sum, num_tokens)", "per_microbatch"]),
+        ("a counting loss module without per_token",
+         {"optimizer": "sgd", "lr": 0.1, "wd": 0.0, "loss_module": count_pt},
+         ["returns two scalars, (loss_sum, num_tokens)", "set loss_normalization: per_token"]),
         ("missing loss module", {"optimizer": "sgd", "lr": 0.1, "wd": 0.0,
                                  "loss_module": os.path.join(d, "nope.pt")},
          ["loss.module", "does not exist"]),
@@ -249,9 +271,17 @@ def main() -> None:
                                     ["2r-ZBV", "2pp-x-2dp"])
             cases["adamw_foreach"] = ({"optimizer": "adamw", "lr": 1e-2, "wd": 0.5, "impl": "foreach"}, ["2r-1F1B"])
             cases["adam_fused"] = ({"optimizer": "adam", "lr": 1e-2, "wd": 0.0, "impl": "fused"}, ["2r-1F1B"])
-        for kind, path in loss_paths.items():
-            cases[f"loss_module_{kind}"] = ({"optimizer": "sgd", "lr": 0.5, "wd": 0.0, "loss_module": path},
-                                            ["2r-1F1B"])
+        for kind in ("pt", "pt2"):
+            if kind in loss_paths:
+                cases[f"loss_module_{kind}"] = ({"optimizer": "sgd", "lr": 0.5, "wd": 0.0,
+                                                 "loss_module": loss_paths[kind], "ref_module": loss_paths["pt"]},
+                                                ["2r-1F1B"])
+        # Megatron's per-token loss from a custom loss function, (loss_sum, num_tokens).
+        for kind, layouts in (("count_pt", ["2r-1F1B", "2pp-x-2dp"]), ("count_pt2", ["2r-ZBV"])):
+            if kind in loss_paths:
+                cases[f"per_token_module_{kind[6:]}"] = (
+                    {"optimizer": "sgd", "lr": 0.5, "wd": 0.0, "per_token": True, "loss_module": loss_paths[kind],
+                     "ref_module": loss_paths["count_pt"]}, layouts)
         for name, (case, layouts) in cases.items():
             refs = {}
             for layout in layouts:
@@ -259,7 +289,7 @@ def main() -> None:
                 dp = LAYOUTS[layout][2]
                 if dp not in refs:
                     refs[dp] = train_pytorch(torch, model_path, data_path,
-                                             dict(case, loss_module=loss_paths["pt"]) if case.get("loss_module")
+                                             dict(case, loss_module=case["ref_module"]) if case.get("ref_module")
                                              else case, dp * MICROBATCHES)
                 ref = refs[dp]
                 run = os.path.join(d, f"{name}-{layout}")
@@ -279,7 +309,7 @@ def main() -> None:
                 plain = train_pytorch(torch, model_path, data_path, dict(case, no_decay=None))[2]
                 if all(torch.allclose(plain[k], ref[2][k], rtol=RTOL, atol=ATOL) for k in plain):
                     failures.append("no_decay: decaying every parameter gives the same weights; raise the decay")
-        failures += refusals(binary, d, model_path, data_path, loss_paths["pt"], kernels)
+        failures += refusals(binary, d, model_path, data_path, loss_paths["pt"], loss_paths["count_pt"], kernels)
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
         sys.exit(1)
