@@ -20,7 +20,8 @@ Per-step losses and final weights must agree within rtol 1e-4, atol 1e-5
 (float32 along different but equivalent paths), and every step's logged
 `seq_lengths` must be the microbatch lengths this file computes (so the cut
 happened; at least one below BLOCK, and not all equal). Layouts: 2 ranks 1F1B,
-and 2 pipeline ranks x 2 data-parallel replicas.
+2 ranks ZBVZeroBubble (two stages each), and 2 pipeline ranks x 2
+data-parallel replicas.
 
 Usage: test_variable_lengths_match_transformers.py PIPEFORGE_BINARY HF_ZOO_DIR
 """
@@ -39,7 +40,8 @@ BLOCK = 16
 SEED = 5
 SEPARATOR = 0
 RTOL, ATOL = 1e-4, 1e-5
-LAYOUTS = {"1F1B": (2, 1), "1F1B x DP2": (2, 2)}  # label -> (pipeline ranks, data parallel)
+# label -> (schedule, pipeline ranks, stages per rank, data parallel)
+LAYOUTS = {"1F1B": ("1F1B", 2, 1, 1), "ZBV": ("ZBVZeroBubble", 2, 2, 1), "1F1B x DP2": ("1F1B", 2, 1, 2)}
 
 
 def write_documents(torch, vocab: int, path: str) -> list:
@@ -116,12 +118,12 @@ def hf_llama(torch, zoo: str):
 
 
 def train_pipeforge(torch, binary: str, d: str, zoo: str, data: str, label: str, layout: tuple):
-    pp, dp = layout
+    schedule, pp, per_rank, dp = layout
     run = os.path.join(d, label.replace(" ", ""))
     model_path = os.path.join(zoo, "llama.pt2")
     with open(run + ".yaml", "w") as f:
-        f.write(f"""model: {{path: {model_path}, num_stages: {pp}, policy: parameters}}
-pipeline: {{schedule: 1F1B, microbatches: {MICROBATCHES}, data_parallel: {dp}}}
+        f.write(f"""model: {{path: {model_path}, num_stages: {pp * per_rank}, policy: parameters}}
+pipeline: {{schedule: {schedule}, microbatches: {MICROBATCHES}, stages_per_rank: {per_rank}, data_parallel: {dp}}}
 loss: cross_entropy
 loss_normalization: per_token
 optimizer: {{name: sgd, lr: 0.1, momentum: 0.9}}
@@ -161,7 +163,7 @@ def main() -> None:
         docs = write_documents(torch, meta["vocab"], data)
         for label, layout in LAYOUTS.items():
             model, _ = hf_llama(torch, zoo)
-            ref_losses, ref_lengths, ref_state = train_eager(torch, model, docs, layout[1])
+            ref_losses, ref_lengths, ref_state = train_eager(torch, model, docs, layout[3])
             out, records, state = train_pipeforge(torch, binary, d, zoo, data, label, layout)
             losses = [r["loss"] for r in records]
             problems, loss_diff, diff = common.compare_training(torch, losses, ref_losses, state, ref_state, RTOL,
