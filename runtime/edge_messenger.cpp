@@ -136,7 +136,10 @@ void EdgeMessenger::sendValue(int e, int mb, const at::Tensor& value) {
     shape.shape = true;
     send(shapeMessageOf(meta).to(cfg_.device), dst, tagOf(e, mb, MessageKind::kMeta), shape);
   }
-  send(value.detach().contiguous(), dst, tagOf(e, mb, MessageKind::kValue), what);
+  Send& sent = send(value.detach().contiguous(), dst, tagOf(e, mb, MessageKind::kValue), what);
+  sent.owned = false;  // the stage's output still holds it, unless released
+  sent.edge = e;
+  sent.mb = mb;
   if (cursor == nullptr) return;
   step_values_[{e, mb}] = meta;
   ++cursor->next;
@@ -150,10 +153,20 @@ void EdgeMessenger::sendGrad(int e, int mb, const at::Tensor& grad) {
   if (cursor != nullptr) ++cursor->next;
 }
 
-void EdgeMessenger::send(const at::Tensor& t, int dst, std::uint32_t tag, const Transfer& what) {
+EdgeMessenger::Send& EdgeMessenger::send(const at::Tensor& t, int dst, std::uint32_t tag, const Transfer& what) {
   const auto t0 = StepClock::now();
-  sends_.push_back(Send{comm_.isend(t, dst, tag), what});
+  sends_.push_back(Send{comm_.isend(t, dst, tag), what, static_cast<std::int64_t>(t.nbytes())});
   if (trace_->profiling()) trace_->record(SpanKind::kSend, what.name(), t0, StepClock::now());
+  return sends_.back();
+}
+
+void EdgeMessenger::releasedValue(int e, int mb) {
+  for (auto it = sends_.rbegin(); it != sends_.rend(); ++it) {
+    if (it->edge == e && it->mb == mb) {
+      it->owned = true;
+      return;
+    }
+  }
 }
 
 void EdgeMessenger::postValueRecv(int e, int mb) {
@@ -231,6 +244,23 @@ void EdgeMessenger::wait(PendingOp& op, const Transfer& what) {
   const auto t1 = StepClock::now();
   trace_->addWait(secondsBetween(t0, t1));
   if (trace_->profiling()) trace_->record(SpanKind::kWait, "wait " + what.name(), t0, t1);
+}
+
+void EdgeMessenger::reapFinishedSends() {
+  auto finished = [this](Send& send) {
+    if (!send.op->done()) return false;
+    send.op->wait();  // returns at once; throws for a send that failed
+    return true;
+  };
+  sends_.erase(std::remove_if(sends_.begin(), sends_.end(), finished), sends_.end());
+}
+
+std::int64_t EdgeMessenger::pendingSendBytes() const {
+  std::int64_t bytes = 0;
+  for (const Send& send : sends_) {
+    if (send.owned) bytes += send.bytes;
+  }
+  return bytes;
 }
 
 void EdgeMessenger::finishStep() {

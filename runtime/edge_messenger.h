@@ -81,6 +81,16 @@ class EdgeMessenger {
   // message of the pair order never posted, is a broken invariant (the
   // schedule and the plan disagree).
   void finishStep();
+  // Drops the sends that finished (waiting on each, which reports a failed
+  // one), so their buffers go as soon as the transport is done with them, as
+  // Megatron frees a sent output; the executor calls it after every action.
+  void reapFinishedSends();
+  // Bytes of the buffers only unfinished sends still hold: shape messages,
+  // gradients, and the values the executor released to their sends.
+  std::int64_t pendingSendBytes() const;
+  // The value sent along `edge` for `mb` is now the send's alone (the
+  // executor released its storage, Note [Releasing outputs]).
+  void releasedValue(int edge, int mb);
   // Drops the step's operations, all finished.
   void clearStep();
   // After a failure: releases the operations still in flight instead of
@@ -91,6 +101,10 @@ class EdgeMessenger {
   struct Send {
     std::unique_ptr<PendingOp> op;
     Transfer what;
+    std::int64_t bytes = 0;
+    bool owned = true;  // nothing but the send holds its buffer (pendingSendBytes)
+    int edge = -1;      // a value's send: its edge and microbatch (releasedValue)
+    int mb = -1;
   };
   struct Recv {
     at::Tensor meta_buf;
@@ -125,7 +139,7 @@ class EdgeMessenger {
   void need(int edge, int mb, MessageKind kind);
   Cursor& beforeSend(int edge, int mb, MessageKind kind);
   void checkPairOrderDone();
-  void send(const at::Tensor& t, int dst, std::uint32_t tag, const Transfer& what);
+  Send& send(const at::Tensor& t, int dst, std::uint32_t tag, const Transfer& what);
   void wait(PendingOp& op, const Transfer& what);
 
   Communicator& comm_;

@@ -1,13 +1,16 @@
 #include "runtime/schedule_executor.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
 #include "common/error.h"
 #include "compat/autocast.h"
+#include "compat/memory_meter.h"
 #include "runtime/comm.h"
 #include "runtime/comm_plan.h"
 #include "runtime/edge_messenger.h"
@@ -131,6 +134,9 @@ class ScheduleExecutor::Impl {
     const auto& actions = cfg_.program->actions.at(cfg_.pipeline_rank);
     int step = 0;
     const Action* current = nullptr;
+    collectStepParameters();
+    compat::MemoryMeter meter;  // Note [Activation memory]
+    std::int64_t& peak = out_.profile.activation_peak_bytes;
     try {
       for (; step < static_cast<int>(actions.size()); ++step) {
         if (!actions[step]) continue;
@@ -139,11 +145,20 @@ class ScheduleExecutor::Impl {
         checkAbort();
         auto t0 = StepClock::now();
         trace_.takeWaitSeconds();  // what earlier actions waited is theirs
+        const std::int64_t in_flight = messenger_.pendingSendBytes();
+        const std::int64_t before = meter.live() - in_flight - gradientBytes();
+        meter.resetPeak();
         execute(*current);
+        const std::int64_t grads = gradientBytes();
+        const std::int64_t held = meter.peak() - in_flight - grads;  // the sends in flight then are all alive
+        messenger_.reapFinishedSends();
+        const std::int64_t after = meter.live() - messenger_.pendingSendBytes() - grads;
+        peak = std::max({peak, held, after});
         if (profile) {
           out_.profile.steps.push_back(TimedStep{*current, secondsBetween(step_start, t0),
                                                  secondsBetween(step_start, StepClock::now()),
-                                                 trace_.takeWaitSeconds()});
+                                                 trace_.takeWaitSeconds(), after - before,
+                                                 std::max<std::int64_t>(0, held - before)});
         }
       }
       current = nullptr;
@@ -165,6 +180,46 @@ class ScheduleExecutor::Impl {
 
  private:
   // ---- dispatch ------------------------------------------------------------
+
+  // Note [Activation memory]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A step's activation memory on a rank is what the allocators hold for it
+  // above the step's start (compat::MemoryMeter counts the blocks allocated
+  // and freed on this thread while the step runs), less two things that are
+  // not activations: the parameters' gradients (made in the step's first
+  // backward of each stage, zeroGrad drops them between steps) and the
+  // buffers of sends still in flight (a sent output's storage is released
+  // to its send, Note [Releasing outputs], and freed once the send is done:
+  // reapFinishedSends after every action). What remains is what the
+  // forwards keep for their backwards, the received inputs and gradients,
+  // and each action's temporaries. Its peak over the step is measured after
+  // every action and at the top of each (the allocators' high-water mark
+  // inside the action), on every step; profiled steps also keep every
+  // action's change and peak (TimedStep), from which `pipeline.schedule:
+  // auto` learns each stage's F, I and W memory (train/schedule_profile.h).
+  // Blocks freed on another thread are not seen: the executor's tensors
+  // are made and dropped on the thread that runs the schedule.
+  std::int64_t gradientBytes() const {
+    std::int64_t bytes = 0;
+    for (const at::Tensor& p : step_params_) {
+      const at::Tensor& g = p.grad();
+      if (g.defined()) bytes += static_cast<std::int64_t>(g.nbytes());
+    }
+    return bytes;
+  }
+
+  // This rank's parameters, each tensor once (tied names share one .grad).
+  void collectStepParameters() {
+    step_params_.clear();
+    if (!req_->train) return;
+    std::set<const void*> seen;
+    for (PipelineStage* stage : cfg_.stages) {
+      if (stage == nullptr) continue;
+      for (const auto& [name, p] : stage->namedParameters()) {
+        if (seen.insert(p.unsafeGetTensorImpl()).second) step_params_.push_back(p);
+      }
+    }
+  }
 
   static bool runsInEval(const Action& a) {
     return a.type == ActionType::kForward || a.type == ActionType::kRecvF || a.type == ActionType::kSendF ||
@@ -286,7 +341,9 @@ class ScheduleExecutor::Impl {
           messenger_.sendValue(e, mb, outputs[k]);
         }
       }
-      if (all_remote && req_->train && s != last_stage_) releaseSentOutput(outputs, k);
+      if (all_remote && req_->train && s != last_stage_ && releaseSentOutput(outputs, k)) {
+        messenger_.releasedValue(sp.consumers[k].front(), mb);  // one storage, however many sends
+      }
     }
   }
   void finishLastStage(PipelineStage& stage, int mb, const std::vector<at::Tensor>& outputs,
@@ -365,13 +422,15 @@ class ScheduleExecutor::Impl {
   // and recorded shape, never its data. Skipped when anything else may read
   // the data: a same-rank consumer, a view, a leaf (an input passed through),
   // or a reference beyond the stage's and ours (an op inside the stage saved it).
-  void releaseSentOutput(std::vector<at::Tensor>& outputs, int k) {
+  // True when it released it.
+  bool releaseSentOutput(std::vector<at::Tensor>& outputs, int k) {
     at::Tensor& t = outputs[k];
-    if (!t.requires_grad() || t.is_leaf() || t.is_view()) return;
+    if (!t.requires_grad() || t.is_leaf() || t.is_view()) return false;
     constexpr long kOurs = 2;  // `outputs` here and the stage's copy
-    if (t.use_count() != kOurs) return;
+    if (t.use_count() != kOurs) return false;
     out_.profile.released_bytes += static_cast<std::int64_t>(t.nbytes());
     t.set_data(at::empty({0}, t.options()));
+    return true;
   }
 
   // ---- backward ------------------------------------------------------------
@@ -512,6 +571,7 @@ class ScheduleExecutor::Impl {
   std::map<std::pair<int, int>, at::Tensor> local_values_, local_grads_;
   std::map<std::pair<int, int>, std::vector<TensorMeta>> input_meta_, output_meta_;  // (stage, mb)
   std::map<int, at::Tensor> losses_;  // last stage: the loss of each microbatch until its backward
+  std::vector<at::Tensor> step_params_;  // gradientBytes()
   std::map<int, at::Tensor> loss_values_;  // last stage: each microbatch's loss value, read once per step
   std::map<int, at::Tensor> count_values_;  // ... and the tokens a counting loss module covered (LossScaling::count_from_loss)
 };

@@ -15,6 +15,10 @@ struct TimedStep {
   double start_s = 0.0;  // seconds since the step began on this rank
   double end_s = 0.0;
   double wait_s = 0.0;   // part of [start, end) spent waiting for peers
+  // Activation memory (Note [Activation memory]) the action left behind
+  // (negative: it released some), and the most it held above its start.
+  std::int64_t memory_delta = 0;
+  std::int64_t memory_peak = 0;
 };
 
 // Note [Trace slice kinds]: what a measured trace (`pipeforge train` with
@@ -77,6 +81,9 @@ struct StepProfile {
   // Bytes of sent stage outputs whose storage was released before their
   // backward (Megatron's deallocate_output_tensor); counted with or without profiling.
   std::int64_t released_bytes = 0;
+  // The step's peak activation memory on this rank, in bytes (Note
+  // [Activation memory] in runtime/schedule_executor.cpp); measured on every step.
+  std::int64_t activation_peak_bytes = 0;
 };
 
 }  // namespace pipeforge::runtime
