@@ -64,14 +64,18 @@ double CostModel::duration(const Action& action) const {
   unknownActionType(action.type);
 }
 
+double CostModel::weightMemoryShare(int stage_index) const {
+  return stage(stage_index).weight_memory_share.value_or(weight_memory_share);
+}
+
 double CostModel::memoryChange(ActionType type, int stage_index) const {
   switch (type) {
     case ActionType::kForward:
       return stage(stage_index).activation_memory;
     case ActionType::kBackwardInput:
-      return -(stage(stage_index).activation_memory * (1.0 - weight_memory_share));
+      return -(stage(stage_index).activation_memory * (1.0 - weightMemoryShare(stage_index)));
     case ActionType::kBackwardWeight:
-      return -(stage(stage_index).activation_memory * weight_memory_share);
+      return -(stage(stage_index).activation_memory * weightMemoryShare(stage_index));
     case ActionType::kFullBackward:
       return -stage(stage_index).activation_memory;
     case ActionType::kUnshard:
@@ -116,6 +120,11 @@ void CostModel::check(int num_stages) const {
     checkFinite(c.backward_weight, "W duration" + where, true);
     checkFinite(c.fullBackward(), "B duration" + where, true);
     checkFinite(c.activation_memory, "activation memory" + where, false);
+    if (c.weight_memory_share && !(*c.weight_memory_share >= 0.0 && std::isfinite(*c.weight_memory_share))) {
+      throw ScheduleError(fmt::format("cost model: weight_memory_share{} is {}; expected a number >= 0 (above 1: I "
+                                      "allocates what W then frees)",
+                                      where, *c.weight_memory_share));
+    }
   }
   checkFinite(comm_latency, "comm latency", false);
   if (!(weight_memory_share >= 0.0 && weight_memory_share <= 1.0)) {
@@ -170,7 +179,8 @@ double readNumber(const nlohmann::json& json, std::string_view key) {
 StageCost readStage(const nlohmann::json& json, const StageCost& defaults,
                     const std::set<std::string>& extra_keys) {
   static const std::set<std::string> kKeys = {"forward", "backward_input", "backward_weight",
-                                              "full_backward", "activation_memory"};
+                                              "full_backward", "activation_memory",
+                                              "weight_memory_share"};
   if (!json.is_object()) {
     throw ScheduleError(
         fmt::format("cost model JSON: expected an object of costs, got {}", json.dump()));
@@ -179,8 +189,8 @@ StageCost readStage(const nlohmann::json& json, const StageCost& defaults,
     if (!kKeys.count(item.key()) && !extra_keys.count(item.key())) {
       throw ScheduleError(fmt::format(
           "cost model JSON: unknown key \"{}\"; expected forward, backward_input, "
-          "backward_weight, full_backward, activation_memory{}",
-          item.key(), extra_keys.empty() ? "" : ", stages, comm_latency, weight_memory_share"));
+          "backward_weight, full_backward, activation_memory, weight_memory_share{}",
+          item.key(), extra_keys.empty() ? "" : ", stages, comm_latency"));
     }
   }
   StageCost cost = defaults;
@@ -192,6 +202,10 @@ StageCost readStage(const nlohmann::json& json, const StageCost& defaults,
   if (json.contains("full_backward")) cost.full_backward = readNumber(json, "full_backward");
   if (json.contains("activation_memory")) {
     cost.activation_memory = readNumber(json, "activation_memory");
+  }
+  // At the top level the share is the model's (CostModel::weight_memory_share).
+  if (extra_keys.empty() && json.contains("weight_memory_share")) {
+    cost.weight_memory_share = readNumber(json, "weight_memory_share");
   }
   return cost;
 }
@@ -227,10 +241,11 @@ nlohmann::json costModelToJson(const CostModel& model) {
                         {"backward_weight", c.backward_weight},
                         {"activation_memory", c.activation_memory}};
     if (c.full_backward) j["full_backward"] = *c.full_backward;
+    if (c.weight_memory_share) j["weight_memory_share"] = *c.weight_memory_share;
     return j;
   };
   nlohmann::json json;
-  if (model.stages.size() == 1) {
+  if (model.stages.size() == 1 && !model.stages.front().weight_memory_share) {
     json = stage_json(model.stages.front());
   } else {
     json["stages"] = nlohmann::json::array();

@@ -27,6 +27,11 @@ struct StageCost {
   // Memory one microbatch's activations take on this stage: allocated when its
   // F starts, released by its I or B (see CostModel::weight_memory_share).
   double activation_memory = 1.0;
+  // This stage's own share of activation_memory that I keeps for W (measured
+  // per stage by `pipeline.schedule: auto`); absent: the model's. Above 1
+  // when I allocates more than it frees (what it keeps for W: the gradients
+  // of the layers' outputs), which W then releases with the rest.
+  std::optional<double> weight_memory_share;
 
   double fullBackward() const {
     return full_backward ? *full_backward : backward_input + backward_weight;
@@ -42,8 +47,12 @@ struct CostModel {
   double comm_latency = 0.0;
   // When the backward is split, the share of a microbatch's activation memory
   // that I keeps alive until its W (the weight gradient still needs the layer
-  // inputs); the rest is released when I ends. In [0, 1].
+  // inputs); the rest is released when I ends. In [0, 1]. A stage's own
+  // StageCost::weight_memory_share takes precedence.
   double weight_memory_share = 0.5;
+
+  // The share that applies to `stage`.
+  double weightMemoryShare(int stage) const;
 
   // F, I, W for every stage (B = I + W), activation memory 1.
   static CostModel uniform(double forward, double backward_input, double backward_weight,

@@ -113,7 +113,7 @@ void OrderEvaluator::evaluate(const RankOrders& orders, OrderEvaluation& out,
         wait_head_[k] = -1;
       };
       memory_[r] += mem_[static_cast<int>(op.kind) * S_ + s];
-      if (op.kind == OpKind::kF) out.peak_memory[r] = std::max(out.peak_memory[r], memory_[r]);
+      out.peak_memory[r] = std::max(out.peak_memory[r], memory_[r]);  // F, or an I that allocates (share > 1)
       for (Product product : productsOf(type)) mark(key(product, s, i));
       clock_[r] = end;
       ++pos_[r];

@@ -331,7 +331,9 @@ void Simulator::complete(const Action& a, double start, double end, std::size_t 
     case ActionType::kBackwardInput:
     case ActionType::kFullBackward:
       memory_[rank] += costs_.memoryChange(a.type, a.stage);
-      if (a.type == ActionType::kForward) peak_[rank] = std::max(peak_[rank], memory_[rank]);
+      // F allocates; so does an I that keeps more for W than it frees
+      // (a stage's weight_memory_share above 1).
+      peak_[rank] = std::max(peak_[rank], memory_[rank]);
       for (Product product : productsOf(a.type)) {
         markDone(slotOf(product), a.stage, *a.microbatch, end, event, rank, step, a);
       }

@@ -94,6 +94,31 @@ TEST(CostModel, MemoryChangePerActionType) {
   EXPECT_EQ(c.memoryChange(ActionType::kSendF, 3), 0.0);
 }
 
+// A stage's own weight_memory_share (measured per stage by `schedule:
+// auto`) overrides the model's, survives JSON, and must be a fraction.
+TEST(CostModel, PerStageWeightMemoryShare) {
+  CostModel c = CostModel::uniform(1, 1, 1);
+  c.stages = {c.stages[0], c.stages[0]};
+  c.stages[1].activation_memory = 1000;
+  c.stages[1].weight_memory_share = 0.3;
+  EXPECT_DOUBLE_EQ(c.memoryChange(ActionType::kBackwardInput, 0), -0.5);  // the model's 0.5
+  EXPECT_DOUBLE_EQ(c.memoryChange(ActionType::kBackwardInput, 1), -700.0);
+  EXPECT_DOUBLE_EQ(c.memoryChange(ActionType::kBackwardWeight, 1), -300.0);
+  const CostModel back = costModelFromJson(costModelToJson(c));
+  ASSERT_EQ(back.stages.size(), 2u);
+  EXPECT_FALSE(back.stages[0].weight_memory_share.has_value());
+  EXPECT_DOUBLE_EQ(back.stages[1].weight_memory_share.value_or(-1), 0.3);
+  CostModel one = CostModel::uniform(1, 1, 1);
+  one.stages[0].weight_memory_share = 0.25;  // one set for all stages keeps its own share too
+  EXPECT_DOUBLE_EQ(costModelFromJson(costModelToJson(one)).weightMemoryShare(3), 0.25);
+  c.stages[1].weight_memory_share = 1.5;  // I keeps more than it frees: it allocates, W frees it all
+  EXPECT_NO_THROW(c.check(2));
+  EXPECT_DOUBLE_EQ(c.memoryChange(ActionType::kBackwardInput, 1), 500.0);
+  EXPECT_DOUBLE_EQ(c.memoryChange(ActionType::kBackwardWeight, 1), -1500.0);
+  c.stages[1].weight_memory_share = -0.1;
+  EXPECT_THROW(c.check(2), ScheduleError);
+}
+
 TEST(SimulateCost, OneFOneBOnTwoRanks) {
   Program p = programFromCsv("0F0,0F1,0B0,0F2,0B1,0B2\n1F0,1B0,1F1,1B1,1F2,1B2\n");
   CostModel c = CostModel::uniform(1, 1, 1);
