@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/byte_size.h"
 #include "common/english.h"
 #include "common/yaml_errors.h"
 #include "mesh/mesh_layout.h"
@@ -433,7 +434,18 @@ void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
           {"target_chunks",
            [&](const YAML::Node& v) { c.pipeline.target_chunks = parseChunks(s, v, "target_chunks", false); }},
           {"output_chunks",
-           [&](const YAML::Node& v) { c.pipeline.output_chunks = parseChunks(s, v, "output_chunks", false); }}});
+           [&](const YAML::Node& v) { c.pipeline.output_chunks = parseChunks(s, v, "output_chunks", false); }},
+          {"memory_limit",
+           [&](const YAML::Node& v) {
+             const std::string text = s.string(v, "memory_limit");
+             const std::optional<double> bytes = parseByteSize(text);
+             if (!bytes || *bytes <= 0) {
+               throw ConfigError(fmt::format("{}: pipeline.memory_limit '{}' is not a size; write bytes with a unit, "
+                                             "per rank, e.g. 6GiB or 512MB",
+                                             s.where(v), text));
+             }
+             c.pipeline.memory_limit = *bytes;
+           }}});
   auto& p = c.pipeline;
   if (csv_where.empty()) return;
   if (has_schedule) {
@@ -825,6 +837,12 @@ std::optional<schedules::Program> checkLayout(const TrainConfig& c, int world_si
                                   c.origin, counted(world_size, "rank"), p.data_parallel));
   }
   const int pp = mesh::MeshLayout::fromWorld(world_size, /*tp=*/1, p.data_parallel).size(mesh::Axis::kPp);
+  if (p.memory_limit && (p.csv_program || p.schedule != schedules::kAutoScheduleName)) {
+    throw ConfigError(fmt::format("{}: pipeline.memory_limit is a limit for pipeline.schedule: auto, which measures "
+                                  "the stages' memory and keeps the schedule's simulated peak under it; {} is fixed. "
+                                  "Set pipeline.schedule: auto, or remove memory_limit",
+                                  c.origin, p.csv_program ? "pipeline.schedule_csv" : p.schedule));
+  }
   if (p.microbatch_group_size != 0 && (p.csv_program || p.schedule != "MegatronInterleaved")) {
     throw ConfigError(fmt::format("{}: pipeline.microbatch_group_size is Megatron's microbatch_group_size_per_vp_stage "
                                   "and applies to pipeline.schedule: MegatronInterleaved only, not {}; remove it",

@@ -89,6 +89,11 @@ struct PipelineConfig {
   // dim its microbatches (replicas, batches) are joined along, or replicate
   // (the first microbatch's is kept). Empty: the first input's chunk dim.
   std::vector<ChunkEntry> output_chunks;
+  // Bytes one rank may hold for its stages: parameters, gradients and
+  // optimizer state, plus the schedule's peak activation memory. With
+  // `schedule: auto` the search keeps the simulated peak under what the
+  // model state leaves (Note [Memory-aware auto] in train/auto_schedule_pick.h).
+  std::optional<double> memory_limit;
 };
 
 enum class LossName {

@@ -1,12 +1,16 @@
 #include "train/auto_schedule_pick.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 
 #include <fmt/format.h>
 
+#include "common/byte_size.h"
 #include "common/error.h"
 #include "data/dataset.h"
 #include "runtime/pipeline_runner.h"
+#include "train/model_state.h"
 #include "train/rank_checkpoint.h"
 #include "train/runner_options.h"
 #include "train/schedule_profile.h"
@@ -14,9 +18,14 @@
 namespace pipeforge::train {
 namespace {
 
-// Each stage's median action times over the timed runs, on this rank.
-std::vector<double> profileStages(runtime::PipelineRunner& runner, const Batch& batch, int num_stages,
-                                  const runtime::LossScaling& scaling) {
+struct StageMeasurements {
+  std::vector<double> times;   // medianActionTimes
+  std::vector<double> memory;  // medianActionMemory
+};
+
+// Each stage's median action times and memory over the timed runs, on this rank.
+StageMeasurements profileStages(runtime::PipelineRunner& runner, const Batch& batch, int num_stages,
+                                const runtime::LossScaling& scaling) {
   constexpr int kWarmUpRuns = 1, kTimedRuns = 2;
   std::vector<runtime::StepProfile> timed;
   for (int run = 0; run < kWarmUpRuns + kTimedRuns; ++run) {
@@ -28,7 +37,7 @@ std::vector<double> profileStages(runtime::PipelineRunner& runner, const Batch& 
     runner.zeroGrad();
     if (run >= kWarmUpRuns) timed.push_back(runner.lastProfile());
   }
-  return medianActionTimes(timed, num_stages);
+  return {medianActionTimes(timed, num_stages), medianActionMemory(timed, num_stages)};
 }
 
 // The element-wise sum of `values` over all ranks.
@@ -40,21 +49,53 @@ std::vector<double> sumOverRanks(runtime::PipelineRunner& runner, const std::vec
   return std::vector<double>(sum.data_ptr<double>(), sum.data_ptr<double>() + sum.numel());
 }
 
+std::string noScheduleFitsMessage(const TrainConfig& config, const NoScheduleFits& e, double model_state) {
+  const double limit = *config.pipeline.memory_limit;
+  return fmt::format(
+      "pipeline.memory_limit {}: no schedule fits. A rank's parameters, gradients and optimizer state take up to {}, "
+      "and the smallest activation peak any schedule can have is {} ({} layout: one microbatch's activations on "
+      "every stage of a rank and an action's temporaries, measured), {} in all. Raise the limit to at least that, use more microbatches "
+      "(pipeline.microbatches: each holds fewer activations), recompute them "
+      "(pipeline.activation_checkpointing: full), or spread the model over more pipeline ranks or "
+      "pipeline.stages_per_rank",
+      formatByteSize(limit), formatByteSize(model_state), formatByteSize(e.smallest_peak), layoutName(e.layout),
+      formatByteSize(model_state + e.smallest_peak));
+}
+
 }  // namespace
 
 AutoChoice pickAutoSchedule(runtime::PipelineRunner& runner, const Batch& batch, const TrainConfig& config,
                             int pipeline_ranks, int num_stages, int world_size) {
   const at::Tensor rng = cpuGeneratorState();
-  std::vector<double> mine = profileStages(runner, batch, num_stages, lossScalingFor(config, batch));
-  if (runner.dpRank() != 0) mine.assign(mine.size(), 0.0);  // replica 0's times only
+  const StageMeasurements measured = profileStages(runner, batch, num_stages, lossScalingFor(config, batch));
+  // One allreduce: replica 0's times and memory, then every rank's model state.
+  std::vector<double> mine = measured.times;
+  mine.insert(mine.end(), measured.memory.begin(), measured.memory.end());
+  if (runner.dpRank() != 0) mine.assign(mine.size(), 0.0);  // replica 0's measurements only
+  const std::size_t measurements = mine.size();
+  mine.resize(measurements + static_cast<std::size_t>(world_size), 0.0);
+  const ModelStateBytes state =
+      estimateModelState(runner.rank(), runner.parameters(), config.optimizer.name, config.optimizer.momentum);
+  mine[measurements + static_cast<std::size_t>(runner.rank())] = static_cast<double>(state.total());
   const std::vector<double> all = sumOverRanks(runner, mine);
+  const std::vector<double> times(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(measured.times.size()));
+  const std::vector<double> memory(all.begin() + static_cast<std::ptrdiff_t>(measured.times.size()),
+                                   all.begin() + static_cast<std::ptrdiff_t>(measurements));
+  const double model_state = *std::max_element(all.begin() + static_cast<std::ptrdiff_t>(measurements), all.end());
 
   ScheduleChoiceRequest request;
   request.num_ranks = pipeline_ranks;
   request.stages_per_rank = config.pipeline.stages_per_rank;
   request.num_microbatches = config.pipeline.microbatches;
-  request.costs = costModelFromTimes(all, num_stages);
-  ScheduleChoice choice = chooseSchedule(request);
+  request.costs = costModelFromMeasurements(times, memory, num_stages);
+  request.stage_temporaries = stageTemporaries(memory, num_stages);
+  if (config.pipeline.memory_limit) request.memory_limit = *config.pipeline.memory_limit - model_state;
+  ScheduleChoice choice;
+  try {
+    choice = chooseSchedule(request);
+  } catch (const NoScheduleFits& e) {
+    throw Error(ErrorCode::kUserInput, noScheduleFitsMessage(config, e, model_state));
+  }
 
   std::vector<double> digests(world_size, 0.0);
   digests[runner.rank()] = static_cast<double>(programDigest(choice.program));
@@ -63,7 +104,8 @@ AutoChoice pickAutoSchedule(runtime::PipelineRunner& runner, const Batch& batch,
   runner.setProgram(choice.program);
   runner.setProfiling(config.trace);
   setCpuGeneratorState(rng);
-  return AutoChoice{std::move(choice), request.costs, static_cast<std::uint32_t>(digests[0])};
+  return AutoChoice{std::move(choice), request.costs, static_cast<std::uint32_t>(digests[0]), model_state,
+                    config.pipeline.memory_limit};
 }
 
 void checkSameProgram(const std::vector<double>& d) {

@@ -16,6 +16,21 @@
 // and gradients are as if profiling never ran, and so is the CPU generator
 // (restored here; the trainer seeds every generator afterwards anyway).
 // Training is then what it would be with the chosen schedule in the config.
+//
+// Note [Memory-aware auto]: the same profiling steps also measure each
+// stage's activation memory (Note [Activation memory] in
+// runtime/schedule_executor.cpp): what a forward keeps until its backward,
+// and what I and W release of it (train/schedule_profile.h), medians over
+// the microbatches, again replica 0's numbers on every rank. The search's
+// memory model is then in bytes: F allocates the stage's bytes, I releases
+// all but the stage's measured W share, W the rest. With
+// pipeline.memory_limit, each rank's model state (parameters, gradients and
+// optimizer state, estimated from the parameters: train/model_state.h) is
+// taken off the limit, the largest rank's for all, and the search keeps
+// every rank's simulated activation peak under what is left. When even one
+// microbatch in flight per stage does not fit, the run stops here, before
+// training, naming the smallest peak and the fixes. The run then reports
+// every rank's measured peak beside the simulated one (RunReport::activationMemory).
 #pragma once
 
 #include <vector>

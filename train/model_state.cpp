@@ -47,6 +47,29 @@ ModelStateBytes measureModelState(int rank, const std::vector<runtime::NamedTens
   return out;
 }
 
+ModelStateBytes estimateModelState(int rank, const std::vector<runtime::NamedTensor>& parameters, OptimizerName name,
+                                   double momentum) {
+  ModelStateBytes out;
+  out.rank = rank;
+  std::set<const void*> params, trained;
+  int states = 0;
+  switch (name) {
+    case OptimizerName::kAdam:
+    case OptimizerName::kAdamW: states = 2; break;
+    case OptimizerName::kSgd: states = momentum != 0.0 ? 1 : 0; break;
+  }
+  for (const auto& p : parameters) {
+    if (!params.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
+    out.parameters += p.tensor.numel();
+    const auto bytes = static_cast<std::int64_t>(p.tensor.nbytes());
+    out.param_bytes += bytes;
+    if (!p.tensor.requires_grad()) continue;
+    out.grad_bytes += bytes;
+    out.optimizer_bytes += states * bytes;
+  }
+  return out;
+}
+
 nlohmann::json modelStateRecord(const ModelStateBytes& b) {
   return nlohmann::json{{"event", "model_state"},
                         {"rank", b.rank},

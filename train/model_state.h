@@ -41,6 +41,13 @@ ModelStateBytes measureModelState(int rank, const std::vector<runtime::NamedTens
                                   const std::map<int, std::unique_ptr<torch::optim::Optimizer>>& optimizers,
                                   OptimizerName name);
 
+// Before the first step: the bytes measureModelState will find after it,
+// from the parameters alone: each trainable one gets a gradient of its
+// size, Adam(W) two state tensors of it, SGD one with momentum and none
+// without.
+ModelStateBytes estimateModelState(int rank, const std::vector<runtime::NamedTensor>& parameters, OptimizerName name,
+                                   double momentum);
+
 // {"event": "model_state", "rank": r, "parameters": n, "param_bytes": ...,
 // "grad_bytes": ..., "optimizer_bytes": ..., "bytes_per_parameter": ...}, and back.
 nlohmann::json modelStateRecord(const ModelStateBytes& bytes);

@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "common/atomic_file.h"
+#include "common/byte_size.h"
 #include "compat/cuda_device.h"
 #include "mesh/mesh_layout.h"
 #include "schedules/csv.h"
@@ -87,26 +88,34 @@ nlohmann::json RunReport::reportAutoSchedule(const AutoChoice& a) {
   const ScheduleChoice& c = a.choice;
   const std::string csv = (fs::path(config_.output_dir) / "auto_schedule.csv").string();
   writeFileAtomically(csv, schedules::programToCsv(c.program));
-  out_ << fmt::format("  schedule auto: {} ({} layout), simulated step {:.4g} ms (lower bound {:.4g} ms), peak "
-                      "{:g} microbatch activations per rank; written to {}\n",
-                      c.origin, layoutName(c.layout), c.makespan, c.lower_bound, c.peak_memory, csv);
+  out_ << fmt::format("  schedule auto: {} ({} layout), simulated step {:.4g} ms (lower bound {:.4g} ms), "
+                      "activation peak {} per rank{}; written to {}\n",
+                      c.origin, layoutName(c.layout), c.makespan, c.lower_bound, formatByteSize(c.peak_memory),
+                      a.memory_limit ? fmt::format(" (limit {} less {} of model state)", formatByteSize(*a.memory_limit),
+                                                   formatByteSize(a.model_state_bytes))
+                                     : std::string(),
+                      csv);
   nlohmann::json costs = nlohmann::json::array();
-  std::string f, i, w, b;
+  std::string f, i, w, b, kept;
   for (std::size_t s = 0; s < a.costs.stages.size(); ++s) {
     const schedules::StageCost& sc = a.costs.stages[s];
+    kept += fmt::format(" {}", formatByteSize(sc.activation_memory));
     f += fmt::format(" {:.3g}", sc.forward);
     i += fmt::format(" {:.3g}", sc.backward_input);
     w += fmt::format(" {:.3g}", sc.backward_weight);
     b += fmt::format(" {:.3g}", sc.fullBackward());
     costs.push_back({{"stage", s}, {"F", sc.forward}, {"I", sc.backward_input}, {"W", sc.backward_weight},
-                     {"B", sc.fullBackward()}});
+                     {"B", sc.fullBackward()}, {"activation_bytes", sc.activation_memory},
+                     {"weight_memory_share", a.costs.weightMemoryShare(static_cast<int>(s))}});
   }
   out_ << fmt::format("    measured ms per stage: F{} | I{} | W{} | B{}\n", f, i, w, b);
+  out_ << fmt::format("    activations a microbatch keeps per stage:{}\n", kept);
   nlohmann::json named = nlohmann::json::array();
   std::string ran, not_run;
   for (const NamedScheduleTime& n : c.named) {
     named.push_back({{"name", n.name},
                      {"simulated_step_ms", n.makespan ? nlohmann::json(*n.makespan) : nlohmann::json()},
+                     {"simulated_peak_activation_bytes", n.peak_memory ? nlohmann::json(*n.peak_memory) : nlohmann::json()},
                      {"note", n.note}});
     if (n.makespan) {
       ran += fmt::format("{}{} {:.4g} ms ({:+.1f}%)", ran.empty() ? "" : ", ", n.name, *n.makespan,
@@ -121,7 +130,10 @@ nlohmann::json RunReport::reportAutoSchedule(const AutoChoice& a) {
           {"layout", layoutName(c.layout)},
           {"simulated_step_ms", c.makespan},
           {"lower_bound_ms", c.lower_bound},
-          {"peak_activation_memory", c.peak_memory},
+          {"simulated_peak_activation_bytes", c.peak_memory},
+          {"simulated_rank_peak_activation_bytes", c.rank_peak_memory},
+          {"model_state_bytes", a.model_state_bytes},
+          {"memory_limit_bytes", a.memory_limit ? nlohmann::json(*a.memory_limit) : nlohmann::json()},
           {"program_digest", fmt::format("{:08x}", a.digest)},
           {"csv", csv},
           {"measured_ms", costs},
@@ -183,6 +195,26 @@ void RunReport::checkpointed(std::int64_t done, const std::string& dir) {
 void RunReport::modelState(const ModelStateBytes& bytes) {
   metrics_->write(modelStateRecord(bytes));
   model_state_.push_back(bytes);
+}
+
+void RunReport::activationMemory(const std::vector<std::int64_t>& peaks, const std::vector<int>& pipeline_rank,
+                                 const AutoChoice* a) {
+  std::string line;
+  for (std::size_t r = 0; r < peaks.size(); ++r) {
+    const int p = pipeline_rank.at(r);
+    nlohmann::json record{{"event", "activation_memory"}, {"rank", r}, {"pipeline_rank", p}, {"peak_bytes", peaks[r]}};
+    std::string simulated;
+    if (a != nullptr && p >= 0 && p < static_cast<int>(a->choice.rank_peak_memory.size())) {
+      const double sim = a->choice.rank_peak_memory[p];
+      record["simulated_peak_bytes"] = sim;
+      simulated = fmt::format(" (simulated {})", formatByteSize(sim));
+    }
+    if (a != nullptr && a->memory_limit) record["activation_budget_bytes"] = *a->memory_limit - a->model_state_bytes;
+    metrics_->write(record);
+    line += fmt::format("{}rank {}: {}{}", line.empty() ? "" : ", ", r, formatByteSize(static_cast<double>(peaks[r])),
+                        simulated);
+  }
+  out_ << "  activation memory, measured peak: " << line << "\n";
 }
 
 void RunReport::finish(const TrainSummary& s, const LossScaler* scaler, const std::string& model_source,

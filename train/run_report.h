@@ -68,6 +68,12 @@ class RunReport {
   void checkpointed(std::int64_t done, const std::string& dir);
   // One rank's model_state record (train/model_state.h), kept for the summary.
   void modelState(const ModelStateBytes& bytes);
+  // Every rank's measured peak activation memory over the run (Note
+  // [Activation memory] in runtime/schedule_executor.cpp), by rank, and each
+  // rank's pipeline rank: an `activation_memory` record per rank, with auto's
+  // simulated peak and what the limit left for activations, and one line.
+  void activationMemory(const std::vector<std::int64_t>& peak_bytes, const std::vector<int>& pipeline_rank,
+                        const AutoChoice* auto_choice);
 
   // Ends the bar and prints the summary: losses, dropped updates, where the
   // checkpoint, the metrics and the trace (`trace_path`, empty: none) are.

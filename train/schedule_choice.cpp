@@ -5,6 +5,8 @@
 #include "schedules/auto_schedule.h"
 #include "schedules/csv.h"
 #include "schedules/generate.h"
+#include "schedules/lower.h"
+#include "schedules/simulate_cost.h"
 
 namespace pipeforge::train {
 namespace {
@@ -14,6 +16,37 @@ namespace sch = pipeforge::schedules;
 // autoSchedule's note for a named schedule of the other layout; it only
 // decides which note is kept when neither layout can run the schedule.
 constexpr const char* kOtherLayout = "places its stages in another layout";
+
+// Each rank's largest stage temporary under `stage_to_rank`.
+std::vector<double> rankTemporaries(const ScheduleChoiceRequest& request, const std::vector<int>& stage_to_rank) {
+  std::vector<double> out(static_cast<std::size_t>(request.num_ranks), 0.0);
+  for (std::size_t s = 0; s < request.stage_temporaries.size() && s < stage_to_rank.size(); ++s) {
+    double& r = out.at(static_cast<std::size_t>(stage_to_rank[s]));
+    r = std::max(r, request.stage_temporaries[s]);
+  }
+  return out;
+}
+
+// The simulated peak of each rank under `program` as the runtime runs it
+// (lowered: adjacent I and W of a stage become one B, which never holds
+// what an I keeps for W), temporaries included.
+std::vector<double> rankPeaks(const ScheduleChoiceRequest& request, const sch::Program& program) {
+  std::vector<double> kept = sch::simulateCost(sch::lowerForExecution(program), request.costs).peak_memory;
+  const std::vector<double> extra = rankTemporaries(request, program.stage_to_rank);
+  for (std::size_t r = 0; r < kept.size() && r < extra.size(); ++r) kept[r] += extra[r];
+  return kept;
+}
+
+// A named schedule's simulated peak, max over ranks, temporaries included.
+double namedPeak(const ScheduleChoiceRequest& request, const std::string& name) {
+  sch::ScheduleConfig config;
+  config.num_ranks = request.num_ranks;
+  config.stages_per_rank = request.stages_per_rank;
+  config.num_microbatches = request.num_microbatches;
+  const sch::Program program = sch::generateSchedule(name, config);
+  const std::vector<double> peaks = rankPeaks(request, program);
+  return peaks.empty() ? 0.0 : *std::max_element(peaks.begin(), peaks.end());
+}
 
 }  // namespace
 
@@ -31,8 +64,9 @@ ScheduleChoice chooseSchedule(const ScheduleChoiceRequest& request) {
   if (request.stages_per_rank > 1) layouts.push_back(sch::StageLayout::kV);
 
   std::optional<ScheduleChoice> best;
+  std::optional<NoScheduleFits> too_small;
   std::vector<NamedScheduleTime> named;
-  for (const std::string& name : sch::scheduleNames()) named.push_back(NamedScheduleTime{name, std::nullopt, ""});
+  for (const std::string& name : sch::scheduleNames()) named.push_back(NamedScheduleTime{name, std::nullopt, std::nullopt, ""});
   for (sch::StageLayout layout : layouts) {
     sch::AutoScheduleConfig config;
     config.num_ranks = request.num_ranks;
@@ -40,6 +74,17 @@ ScheduleChoice chooseSchedule(const ScheduleChoiceRequest& request) {
     config.num_microbatches = request.num_microbatches;
     config.layout = layout;
     config.costs = request.costs;
+    const double temporary = request.stage_temporaries.empty()
+                                 ? 0.0
+                                 : *std::max_element(request.stage_temporaries.begin(), request.stage_temporaries.end());
+    if (request.memory_limit) {
+      const double smallest = sch::minimumMemoryLimit(config) + temporary;  // config has no limit yet
+      config.memory_limit = *request.memory_limit - temporary;
+      if (*request.memory_limit < smallest || *config.memory_limit <= 0.0) {
+        if (!too_small || smallest < too_small->smallest_peak) too_small.emplace(smallest, layout);
+        continue;
+      }
+    }
     sch::AutoScheduleResult result = sch::autoSchedule(config);
 
     // A named schedule runs in one layout; elsewhere it is "another layout".
@@ -48,6 +93,7 @@ ScheduleChoice chooseSchedule(const ScheduleChoiceRequest& request) {
       if (it == named.end() || it->makespan) continue;
       if (cand.makespan) {
         it->makespan = cand.makespan;
+        it->peak_memory = namedPeak(request, cand.name);
         it->note.clear();
       } else if (it->note.empty() || it->note == kOtherLayout) {
         it->note = cand.note;
@@ -62,14 +108,20 @@ ScheduleChoice chooseSchedule(const ScheduleChoiceRequest& request) {
     choice.origin = result.origin;
     choice.layout = layout;
     choice.makespan = makespan;
-    const auto& peaks = result.simulation.peak_memory;
-    choice.peak_memory = peaks.empty() ? 0.0 : *std::max_element(peaks.begin(), peaks.end());
+    choice.rank_peak_memory = rankPeaks(request, choice.program);
+    choice.peak_memory = choice.rank_peak_memory.empty()
+                             ? 0.0
+                             : *std::max_element(choice.rank_peak_memory.begin(), choice.rank_peak_memory.end());
     choice.lower_bound = result.lower_bound;
     best = std::move(choice);
   }
+  if (!best) throw *too_small;
   best->named = std::move(named);
   return std::move(*best);
 }
+
+NoScheduleFits::NoScheduleFits(double smallest, sch::StageLayout l)
+    : std::runtime_error("no schedule fits the memory limit"), smallest_peak(smallest), layout(l) {}
 
 std::uint32_t programDigest(const sch::Program& program) {
   std::uint32_t h = 2166136261u;

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -23,12 +24,21 @@ struct ScheduleChoiceRequest {
   int stages_per_rank = 1;
   int num_microbatches = 1;
   schedules::CostModel costs;  // one entry per stage, times in milliseconds
+  // Peak activation memory allowed per rank, in the unit of the costs'
+  // activation_memory (bytes when measured); absent: no limit.
+  std::optional<double> memory_limit;
+  // Per stage (or empty): what its actions hold for a moment above what
+  // they keep (schedules' memory model counts only what is kept). A rank's
+  // simulated peak adds the largest of its stages'; the search keeps the
+  // kept peak under the limit less the largest of all.
+  std::vector<double> stage_temporaries;
 };
 
 // How a named schedule (schedules::scheduleNames()) fares on the same costs.
 struct NamedScheduleTime {
   std::string name;
   std::optional<double> makespan;  // simulated step time; absent when it cannot run this job
+  std::optional<double> peak_memory;  // its simulated activation peak, max over ranks (with makespan)
   std::string note;                // why not
 };
 
@@ -37,7 +47,8 @@ struct ScheduleChoice {
   std::string origin;          // the candidate it came from (AutoScheduleResult::origin)
   schedules::StageLayout layout = schedules::StageLayout::kLoop;
   double makespan = 0.0;       // simulated step time
-  double peak_memory = 0.0;    // max over ranks, in microbatch activations of one stage
+  double peak_memory = 0.0;    // max over ranks, in the unit of the costs' activation_memory
+  std::vector<double> rank_peak_memory;  // simulated peak per pipeline rank
   double lower_bound = 0.0;    // no schedule of the chosen layout can be faster
   std::vector<NamedScheduleTime> named;  // in scheduleNames() order
 };
@@ -48,12 +59,24 @@ struct AutoChoice {
   ScheduleChoice choice;
   schedules::CostModel costs;  // measured, in milliseconds
   std::uint32_t digest = 0;    // programDigest(choice.program), the same on every rank
+  double model_state_bytes = 0.0;     // the largest rank's parameters, gradients and optimizer state (estimated)
+  std::optional<double> memory_limit; // pipeline.memory_limit, bytes per rank
 };
 
-// The fastest schedule the search finds, over the layouts above; on equal
-// simulated times the loop layout. Throws ScheduleError for a request the
-// search rejects (sizes below 1, costs of another stage count).
+// The fastest schedule the search finds, over the layouts above, whose
+// simulated peak fits the memory limit; on equal simulated times the loop
+// layout. Throws ScheduleError for a request the search rejects (sizes below
+// 1, costs of another stage count), and NoScheduleFits when the limit is
+// below what every layout needs.
 ScheduleChoice chooseSchedule(const ScheduleChoiceRequest& request);
+
+// The limit is below the smallest peak of every layout: one microbatch's
+// activations on all of a rank's stages (schedules::minimumMemoryLimit).
+struct NoScheduleFits : std::runtime_error {
+  NoScheduleFits(double smallest_peak, schedules::StageLayout layout);
+  double smallest_peak;
+  schedules::StageLayout layout;  // the layout that has it
+};
 
 const char* layoutName(schedules::StageLayout layout);
 

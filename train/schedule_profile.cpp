@@ -1,6 +1,8 @@
 #include "train/schedule_profile.h"
 
 #include <algorithm>
+#include <tuple>
+#include <map>
 
 #include "schedules/lower.h"
 
@@ -80,6 +82,79 @@ std::vector<double> medianActionTimes(const std::vector<runtime::StepProfile>& p
     if (!samples[k].empty()) times[k] = median(samples[k]);
   }
   return times;
+}
+
+std::vector<double> medianActionMemory(const std::vector<runtime::StepProfile>& profiles, int num_stages) {
+  std::vector<std::vector<double>> samples(static_cast<std::size_t>(num_stages) * kTimedKinds);
+  std::vector<std::vector<double>> temporaries(samples.size());
+  for (const runtime::StepProfile& profile : profiles) {
+    // (stage, microbatch, kind) -> change, RECV_F counted with its F and
+    // RECV_B with the I or B that consumes the gradient.
+    std::map<std::tuple<int, int, int>, double> change;
+    std::map<std::pair<int, int>, int> backward_kind;
+    for (const runtime::TimedStep& step : profile.steps) {
+      const int kind = timedKind(step.action.type);
+      if (kind == static_cast<int>(TimedKind::kBackwardInput) || kind == static_cast<int>(TimedKind::kFullBackward)) {
+        backward_kind[{step.action.stage, step.action.microbatch.value_or(-1)}] = kind;
+      }
+    }
+    for (const runtime::TimedStep& step : profile.steps) {
+      const int s = step.action.stage, mb = step.action.microbatch.value_or(-1);
+      if (s < 0 || s >= num_stages) continue;
+      int kind = timedKind(step.action.type);
+      if (step.action.type == sch::ActionType::kRecvF) kind = static_cast<int>(TimedKind::kForward);
+      if (step.action.type == sch::ActionType::kRecvB) {
+        auto it = backward_kind.find({s, mb});
+        kind = it == backward_kind.end() ? -1 : it->second;
+      }
+      if (kind < 0) continue;
+      change[{s, mb, kind}] += static_cast<double>(step.memory_delta);
+    }
+    for (const auto& [key, delta] : change) {
+      const auto& [s, mb, kind] = key;
+      const double bytes = kind == static_cast<int>(TimedKind::kForward) ? delta : -delta;
+      samples[static_cast<std::size_t>(s) * kTimedKinds + kind].push_back(bytes);
+    }
+    for (const runtime::TimedStep& step : profile.steps) {
+      const int s = step.action.stage, kind = timedKind(step.action.type);
+      if (s < 0 || s >= num_stages || kind < 0) continue;
+      const double above = static_cast<double>(step.memory_peak - std::max<std::int64_t>(step.memory_delta, 0));
+      temporaries[static_cast<std::size_t>(s) * kTimedKinds + kind].push_back(above);
+    }
+  }
+  std::vector<double> bytes(samples.size() + static_cast<std::size_t>(num_stages), 0.0);
+  for (std::size_t k = 0; k < samples.size(); ++k) {
+    if (!samples[k].empty()) bytes[k] = median(samples[k]);
+    double& temporary = bytes[samples.size() + k / kTimedKinds];
+    if (!temporaries[k].empty()) temporary = std::max(temporary, median(temporaries[k]));
+  }
+  return bytes;
+}
+
+sch::CostModel costModelFromMeasurements(const std::vector<double>& times, const std::vector<double>& memory,
+                                         int num_stages) {
+  sch::CostModel model = costModelFromTimes(times, num_stages);
+  auto at = [&](int stage, TimedKind kind) {
+    const std::size_t k = static_cast<std::size_t>(stage) * kTimedKinds + static_cast<int>(kind);
+    return k < memory.size() ? memory[k] : 0.0;
+  };
+  for (int s = 0; s < num_stages; ++s) {
+    sch::StageCost& cost = model.stages[s];
+    cost.activation_memory = std::max(0.0, at(s, TimedKind::kForward));
+    // I releases the rest of what F kept: negative (I allocates) when W
+    // frees more than F kept, the gradients I left for W among it.
+    const double w = std::max(0.0, at(s, TimedKind::kBackwardWeight));
+    const bool split_measured = at(s, TimedKind::kBackwardInput) != 0.0 || w != 0.0;
+    if (split_measured && cost.activation_memory > 0.0) cost.weight_memory_share = w / cost.activation_memory;
+  }
+  return model;
+}
+
+std::vector<double> stageTemporaries(const std::vector<double>& memory, int num_stages) {
+  const std::size_t first = static_cast<std::size_t>(num_stages) * kTimedKinds;
+  std::vector<double> out(static_cast<std::size_t>(num_stages), 0.0);
+  for (std::size_t s = 0; s < out.size() && first + s < memory.size(); ++s) out[s] = std::max(0.0, memory[first + s]);
+  return out;
 }
 
 sch::CostModel costModelFromTimes(const std::vector<double>& times, int num_stages) {

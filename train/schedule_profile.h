@@ -51,6 +51,29 @@ std::vector<double> medianActionTimes(const std::vector<runtime::StepProfile>& p
 // assumes without --act-mem.
 schedules::CostModel costModelFromTimes(const std::vector<double>& times, int num_stages);
 
+// One rank's activation memory per stage, in bytes, from the same profiles
+// (Note [Activation memory] in runtime/schedule_executor.cpp), laid out as
+// medianActionTimes lays out times: for kForward what the forward keeps
+// until its backward (the change over its RECV_F and F: the received inputs
+// and what autograd saved), for kBackwardInput, kBackwardWeight and
+// kFullBackward what they release (the change over RECV_B and I, over W,
+// over RECV_B and B, negated). Medians over the microbatches, so the first
+// backward, which also makes the gradients, counts no more than another.
+// Then one entry per stage: the most any of its actions held above both
+// its start and its end (temporaries: a softmax's output inside the loss,
+// the gradients in flight inside a backward), the largest median over kinds.
+std::vector<double> medianActionMemory(const std::vector<runtime::StepProfile>& profiles, int num_stages);
+
+// The per-stage temporaries at the end of medianActionMemory's layout.
+std::vector<double> stageTemporaries(const std::vector<double>& memory, int num_stages);
+
+// costModelFromTimes, with each stage's activation_memory the bytes its
+// forward keeps (`memory`, laid out as medianActionMemory returns it, summed
+// over the ranks) and its weight_memory_share what W releases over that
+// (absent where no I or W was measured; above 1 where I allocates).
+schedules::CostModel costModelFromMeasurements(const std::vector<double>& times, const std::vector<double>& memory,
+                                               int num_stages);
+
 inline constexpr double kMinActionMs = 1e-3;
 
 }  // namespace pipeforge::train

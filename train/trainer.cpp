@@ -3,12 +3,14 @@
 #include <ATen/ATen.h>
 #include <torch/optim.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <utility>
 
 #include <fmt/format.h>
@@ -116,9 +118,12 @@ class RankTrainer {
     summary.interrupted_by = interrupted_by_;
     summary.skipped_steps = policy_.skippedSteps();
     summary.overflow_steps = policy_.overflowSteps();
+    channel_->publish("activation_memory/" + std::to_string(rank()),
+                      fmt::format("{} {}", activation_peak_, runner_->pipelineRank()));
     if (config_.trace) trace_->publish();
     runner_->barrier();  // every rank published its last loss and its trace
     reports_->drain(reports_->size(), summary);
+    if (rank() == 0) reportActivationMemory();
     if (config_.trace && rank() == 0) writeTrace();
     summary.seconds = std::chrono::duration<double>(Clock::now() - started).count();
     if (rank() == 0) report_->finish(summary, policy_.scaler(), plan_.manifest.source, trace_path_);
@@ -145,6 +150,7 @@ class RankTrainer {
     runtime::LossScaling scaling = lossScalingFor(config_, global);
     scaling.grad_scale = loss_scale.value_or(1.0);
     runtime::StepResult result = runner_->trainStep(batch.inputs, batch.targets, scaling);
+    activation_peak_ = std::max(activation_peak_, runner_->lastProfile().activation_peak_bytes);
     if (scaler) unscaleGradients(scaler->inverseScale());
     const GradientCheck check = checkGradients(result);
     if (check.interrupted_by != 0 && interrupted_by_ == 0) {
@@ -203,6 +209,24 @@ class RankTrainer {
   }
 
   int rank() const { return runner_->rank(); }
+
+  // Rank 0: every rank's peak activation memory over the run, to the metrics.
+  void reportActivationMemory() {
+    std::vector<std::int64_t> peaks;
+    std::vector<int> pipeline_ranks;
+    for (int r = 0; r < plan_.env.world_size; ++r) {
+      const std::string text = channel_->take("activation_memory/" + std::to_string(r));
+      std::istringstream in(text);
+      std::int64_t peak = 0;
+      int p = -1;
+      if (!(in >> peak >> p)) {
+        throw Error(ErrorCode::kPeerFailure, fmt::format("rank {} sent an activation_memory record that is not one: {}", r, text));
+      }
+      peaks.push_back(peak);
+      pipeline_ranks.push_back(p);
+    }
+    report_->activationMemory(peaks, pipeline_ranks, auto_choice_ ? &*auto_choice_ : nullptr);
+  }
 
   // After the run's first update, while the gradients still exist: every
   // rank's bytes of parameters, gradients and optimizer state, to rank 0's
@@ -439,6 +463,7 @@ class RankTrainer {
   std::int64_t window_steps_ = 0;
   std::optional<DeferredReports> reports_;  // after report_, which it reports to
   TiedNames tied_;
+  std::int64_t activation_peak_ = 0;  // this rank's, over the run's steps (Note [Activation memory])
   std::optional<AutoChoice> auto_choice_;  // pipeline.schedule auto (Note [Auto schedule])
   // The last update's parameter check, until a collective carries it (Note
   // [One collective per step's checks]).

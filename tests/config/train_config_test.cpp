@@ -621,6 +621,37 @@ TEST_F(TrainConfigTest, OutputChunks) {
   }
 }
 
+// pipeline.memory_limit: bytes per rank with a unit, for schedule auto only.
+TEST_F(TrainConfigTest, MemoryLimit) {
+  auto with = [&](const std::string& schedule, const std::string& limit) {
+    std::string text = valid();
+    const std::string from = "schedule: 1F1B\n";
+    text.replace(text.find(from), from.size(), "schedule: " + schedule + "\n  memory_limit: " + limit + "\n");
+    return parseTrainConfig(text, "t.yaml");
+  };
+  TrainConfig c = with("auto", "6GiB");
+  ASSERT_TRUE(c.pipeline.memory_limit.has_value());
+  EXPECT_DOUBLE_EQ(*c.pipeline.memory_limit, 6.0 * 1024 * 1024 * 1024);
+  EXPECT_NO_THROW(checkLayout(c, 2, 2));
+  EXPECT_DOUBLE_EQ(*with("auto", "512 MB").pipeline.memory_limit, 512e6);
+  EXPECT_FALSE(parseTrainConfig(valid(), "t.yaml").pipeline.memory_limit.has_value());
+  for (const char* bad : {"6", "lots", "-1GiB", "0GiB"}) {
+    try {
+      with("auto", bad);
+      ADD_FAILURE() << "memory_limit " << bad << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("6GiB"), std::string::npos) << e.what();  // names the form
+    }
+  }
+  // A named schedule's memory is what it is: the limit is refused there.
+  try {
+    checkLayout(with("1F1B", "6GiB"), 2, 2);
+    ADD_FAILURE() << "memory_limit with 1F1B was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("pipeline.schedule: auto"), std::string::npos) << e.what();
+  }
+}
+
 // pipeline.microbatch_group_size reaches MegatronInterleaved's generator
 // (Megatron's microbatch_group_size_per_vp_stage) and nothing else.
 TEST_F(TrainConfigTest, MicrobatchGroupSize) {

@@ -10,6 +10,7 @@
 
 #include "schedules/auto_schedule.h"
 #include "schedules/generate.h"
+#include "schedules/simulate_cost.h"
 #include "schedules/validate.h"
 
 namespace pipeforge::train {
@@ -120,6 +121,63 @@ TEST(ChooseSchedule, UnbalancedStagesPickTheVLayout) {
                                              stageCost(1, 1, 1, 2)}))
                 .program,
             c.program);
+}
+
+// Expensive weight gradients make a zero-bubble schedule the fastest, and
+// the fastest keeps the most activations alive; a limit under its peak must
+// give a slower schedule whose simulated peak fits, checked here by
+// simulating the chosen program again.
+TEST(ChooseSchedule, AMemoryLimitRulesOutTheFastest) {
+  std::vector<sch::StageCost> stages(4, stageCost(1, 1, 2, 3));
+  for (sch::StageCost& c : stages) {
+    c.activation_memory = 1000;  // bytes, as measured
+    c.weight_memory_share = 0.4;
+  }
+  ScheduleChoiceRequest r = request(2, 2, 8, stages);
+  const ScheduleChoice free = chooseSchedule(r);
+  ASSERT_GT(free.peak_memory, 0.0);
+  const double smallest = 2 * 1000.0;  // one microbatch on both of a rank's stages
+  r.memory_limit = std::max(smallest, free.peak_memory - 1000.0);
+  ASSERT_LT(*r.memory_limit, free.peak_memory);
+  const ScheduleChoice limited = chooseSchedule(r);
+  EXPECT_LE(limited.peak_memory, *r.memory_limit + 1e-9);
+  EXPECT_GE(limited.makespan, free.makespan);
+  EXPECT_NE(programDigest(limited.program), programDigest(free.program));
+  const sch::CostSimulation again = sch::simulateCost(limited.program, r.costs);
+  EXPECT_LE(*std::max_element(again.peak_memory.begin(), again.peak_memory.end()), *r.memory_limit + 1e-9);
+  ASSERT_EQ(limited.rank_peak_memory.size(), 2u);
+  EXPECT_DOUBLE_EQ(*std::max_element(limited.rank_peak_memory.begin(), limited.rank_peak_memory.end()),
+                   limited.peak_memory);
+  // The named schedules that exceed the limit are listed without a time, saying why.
+  for (const NamedScheduleTime& n : limited.named) {
+    if (n.makespan) EXPECT_LE(*n.peak_memory, *r.memory_limit + 1e-9) << n.name;
+  }
+}
+
+TEST(ChooseSchedule, ALimitBelowOneMicrobatchPerStageFitsNothing) {
+  std::vector<sch::StageCost> stages(4, stageCost(1, 1, 1, 2));
+  for (std::size_t s = 0; s < stages.size(); ++s) stages[s].activation_memory = 100.0 * static_cast<double>(s + 1);
+  ScheduleChoiceRequest r = request(2, 2, 4, stages);
+  r.memory_limit = 400.0;
+  // Loop: rank 0 holds stages 0 and 2 (100 + 300), rank 1 stages 1 and 3
+  // (200 + 400): 600. V: rank 0 holds 0 and 3 (500), rank 1 holds 1 and 2 (500).
+  try {
+    chooseSchedule(r);
+    FAIL() << "a limit of 400 fits no layout";
+  } catch (const NoScheduleFits& e) {
+    EXPECT_DOUBLE_EQ(e.smallest_peak, 500.0);
+    EXPECT_EQ(e.layout, sch::StageLayout::kV);
+  }
+  r.memory_limit = -10.0;  // a limit the model state alone exceeds
+  EXPECT_THROW(chooseSchedule(r), NoScheduleFits);
+  r.stage_temporaries = {0, 0, 0, 60};  // stage 3's actions hold 60 more for a moment
+  r.memory_limit = 550.0;  // 500 + 60 would fit only at 560
+  EXPECT_THROW(chooseSchedule(r), NoScheduleFits);
+  r.stage_temporaries.clear();
+  r.memory_limit = 550.0;  // the V fits, the loop does not
+  const ScheduleChoice v = chooseSchedule(r);
+  EXPECT_EQ(v.layout, sch::StageLayout::kV);
+  EXPECT_LE(v.peak_memory, 550.0 + 1e-9);
 }
 
 TEST(ChooseSchedule, DigestsTellProgramsApart) {

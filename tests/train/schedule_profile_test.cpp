@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "schedules/action.h"
 #include "schedules/simulate_unit.h"
 #include "schedules/validate.h"
@@ -83,6 +85,54 @@ TEST(CostModelFromTimes, FillsWhatWasNotTimed) {
   EXPECT_DOUBLE_EQ(m.stages[1].backward_weight, 1.5);
   EXPECT_DOUBLE_EQ(m.stages[2].fullBackward(), 0.7 + 0.4);
   EXPECT_DOUBLE_EQ(m.stages[3].forward, kMinActionMs);
+}
+
+runtime::TimedStep withMemory(const char* action, std::int64_t delta, std::int64_t peak = 0) {
+  runtime::TimedStep t = timed(action, 0, 1);
+  t.memory_delta = delta;
+  t.memory_peak = std::max(peak, delta);
+  return t;
+}
+
+TEST(MedianActionMemory, RecvCountsWithItsComputeAndBackwardsRelease) {
+  // Stage 1 on this rank: microbatch 0 whole (B), microbatches 1 and 3 split.
+  // The received input (100) counts with F; the gradient received (10)
+  // with the I or B that consumes it; W of microbatch 1 also made nothing.
+  runtime::StepProfile p;
+  // Temporaries: each F went 300, 200 and 400 above its end, B0 50 above its start.
+  p.steps = {withMemory("1RECV_F0", 100), withMemory("1F0", 900, 1200), withMemory("1SEND_F0", 0),
+             withMemory("1RECV_B0", 10),  withMemory("1B0", -1010, 50),
+             withMemory("1RECV_F1", 100), withMemory("1F1", 1000, 1200), withMemory("1RECV_B1", 10),
+             withMemory("1I1", -710),     withMemory("1W1", -400),
+             withMemory("1RECV_F3", 100), withMemory("1F3", 800, 1200),  withMemory("1RECV_B3", 10),
+             withMemory("1I3", -610),     withMemory("1W3", -300)};
+  const std::vector<double> m = medianActionMemory({p}, 2);
+  ASSERT_EQ(m.size(), 2u * kTimedKinds + 2);
+  EXPECT_EQ(stageTemporaries(m, 2), (std::vector<double>{0.0, 300.0}));  // the median F's
+  for (int k = 0; k < kTimedKinds; ++k) EXPECT_EQ(m[k], 0.0);  // stage 0: not this rank's
+  EXPECT_DOUBLE_EQ(m[kTimedKinds + static_cast<int>(TimedKind::kForward)], 1000.0);  // median of 1000, 1100, 900
+  EXPECT_DOUBLE_EQ(m[kTimedKinds + static_cast<int>(TimedKind::kBackwardInput)], 650.0);  // 700, 600
+  EXPECT_DOUBLE_EQ(m[kTimedKinds + static_cast<int>(TimedKind::kBackwardWeight)], 350.0);  // 400, 300
+  EXPECT_DOUBLE_EQ(m[kTimedKinds + static_cast<int>(TimedKind::kFullBackward)], 1000.0);
+
+  const sch::CostModel costs = costModelFromMeasurements(std::vector<double>(8, 1.0), m, 2);
+  EXPECT_DOUBLE_EQ(costs.stages[1].activation_memory, 1000.0);
+  ASSERT_TRUE(costs.stages[1].weight_memory_share.has_value());
+  EXPECT_DOUBLE_EQ(*costs.stages[1].weight_memory_share, 350.0 / 1000.0);  // W's release over F's keep
+  // F allocates the bytes, I releases all but the stage's W share, W the rest.
+  EXPECT_DOUBLE_EQ(costs.memoryChange(sch::ActionType::kForward, 1), 1000.0);
+  EXPECT_DOUBLE_EQ(costs.memoryChange(sch::ActionType::kBackwardInput, 1), -650.0);
+  EXPECT_DOUBLE_EQ(costs.memoryChange(sch::ActionType::kBackwardWeight, 1), -350.0);
+  EXPECT_FALSE(costs.stages[0].weight_memory_share.has_value());  // nothing measured: the model's share
+  EXPECT_DOUBLE_EQ(costs.stages[0].activation_memory, 0.0);
+
+  // An I that keeps more for W than it frees: W frees 1500 of the 1000 F kept.
+  std::vector<double> allocating = m;
+  allocating[kTimedKinds + static_cast<int>(TimedKind::kBackwardInput)] = -500;
+  allocating[kTimedKinds + static_cast<int>(TimedKind::kBackwardWeight)] = 1500;
+  const sch::CostModel more = costModelFromMeasurements(std::vector<double>(8, 1.0), allocating, 2);
+  EXPECT_DOUBLE_EQ(more.memoryChange(sch::ActionType::kBackwardInput, 1), 500.0);
+  EXPECT_DOUBLE_EQ(more.memoryChange(sch::ActionType::kBackwardWeight, 1), -1500.0);
 }
 
 }  // namespace
