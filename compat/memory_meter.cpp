@@ -4,13 +4,14 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
-#include <torch/version.h>
+
+#include "compat/torch_compat.h"
 
 namespace pipeforge::compat {
 
 // LibTorch 2.x reports totals as size_t, 1.13 as int64_t; only the sign of
 // alloc_size (negative for a free) and its size matter here.
-#if TORCH_VERSION_MAJOR >= 2
+#if PIPEFORGE_TORCH_AT_LEAST(2, 0)
 using ReportedTotal = std::size_t;
 #else
 using ReportedTotal = std::int64_t;

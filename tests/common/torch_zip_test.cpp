@@ -78,6 +78,12 @@ class TorchZipTest : public ::testing::Test {
 // but for the serialization id (its bytes and CRC-32): alignment, headers,
 // descriptors, directory and end records included.
 TEST_F(TorchZipTest, WritesWhatPyTorchStreamWriterWrites) {
+#if !PIPEFORGE_TORCH_AT_LEAST(2, 1)
+  // 1.13's writer has neither the byteorder record nor the serialization id
+  // that 2.x writes and Pipeforge writes on every build; 1.13 reads them
+  // (LibTorchReadsItAndGivenCrcsAreKept), so there is no layout to match here.
+  GTEST_SKIP() << "LibTorch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << " writes the pre-2.1 layout";
+#endif
   const fs::path theirs = dir_ / "stage_3.pt2";
   {
     caffe2::serialize::PyTorchStreamWriter writer(theirs.string());
@@ -218,12 +224,19 @@ TEST_F(TorchZipTest, Zip64FieldsAreReadBack) {
     for (const auto& [name, bytes] : records_) writer.add(name, bytes.data(), bytes.size());
     writer.finish(6);
   }
+  // 1.13's miniz (2.0.8) checks a directory entry's 32-bit offset field
+  // plus its size against the archive's size even when that field says "in
+  // the zip64 extra" (0xFFFFFFFF): true of every entry of a real archive
+  // past 4 GiB, not of this small one with zip64 forced from 100 bytes.
+  // Later miniz reads the extra field first.
+#if PIPEFORGE_TORCH_AT_LEAST(2, 0)
   caffe2::serialize::PyTorchStreamReader reader(path.string());
   for (const auto& [name, bytes] : records_) {
     auto [data, size] = reader.getRecord(name);
     ASSERT_EQ(size, bytes.size()) << name;
     EXPECT_EQ(std::string(static_cast<const char*>(data.get()), size), bytes) << name;
   }
+#endif
   const std::string file = readAll(path);
   const auto dir = readZipDirectory(file.data(), file.size(), "stage_4.pt2");
   ASSERT_EQ(dir.size(), records_.size() + 3);
