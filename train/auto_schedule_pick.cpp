@@ -49,17 +49,26 @@ std::vector<double> sumOverRanks(runtime::PipelineRunner& runner, const std::vec
   return std::vector<double>(sum.data_ptr<double>(), sum.data_ptr<double>() + sum.numel());
 }
 
+// Note [Memory headroom]: the search keeps the simulated peak this share
+// under what the limit leaves for activations. The memory model is checked
+// to 10% of the measured peak (tests/train/test_memory_aware_auto.py); what
+// it does not see is small but real: a send freed a little later than its
+// action, a same-rank handoff (the V's turn) that the producing stage holds
+// until its own backward, an action's temporaries above their median.
+constexpr double kMemoryHeadroom = 0.1;
+
 std::string noScheduleFitsMessage(const TrainConfig& config, const NoScheduleFits& e, double model_state) {
   const double limit = *config.pipeline.memory_limit;
   return fmt::format(
       "pipeline.memory_limit {}: no schedule fits. A rank's parameters, gradients and optimizer state take up to {}, "
       "and the smallest activation peak any schedule can have is {} ({} layout: one microbatch's activations on "
-      "every stage of a rank and an action's temporaries, measured), {} in all. Raise the limit to at least that, use more microbatches "
+      "every stage of a rank and an action's temporaries, measured), {} in all with the {:.0f}% of headroom auto "
+      "keeps (Note [Memory headroom]). Raise the limit to at least that, use more microbatches "
       "(pipeline.microbatches: each holds fewer activations), recompute them "
       "(pipeline.activation_checkpointing: full), or spread the model over more pipeline ranks or "
       "pipeline.stages_per_rank",
       formatByteSize(limit), formatByteSize(model_state), formatByteSize(e.smallest_peak), layoutName(e.layout),
-      formatByteSize(model_state + e.smallest_peak));
+      formatByteSize(model_state + e.smallest_peak / (1.0 - kMemoryHeadroom)), 100.0 * kMemoryHeadroom);
 }
 
 }  // namespace
@@ -89,7 +98,9 @@ AutoChoice pickAutoSchedule(runtime::PipelineRunner& runner, const Batch& batch,
   request.num_microbatches = config.pipeline.microbatches;
   request.costs = costModelFromMeasurements(times, memory, num_stages);
   request.stage_temporaries = stageTemporaries(memory, num_stages);
-  if (config.pipeline.memory_limit) request.memory_limit = *config.pipeline.memory_limit - model_state;
+  if (config.pipeline.memory_limit) {
+    request.memory_limit = (*config.pipeline.memory_limit - model_state) * (1.0 - kMemoryHeadroom);
+  }
   ScheduleChoice choice;
   try {
     choice = chooseSchedule(request);

@@ -27,7 +27,8 @@
 // pipeline.memory_limit, each rank's model state (parameters, gradients and
 // optimizer state, estimated from the parameters: train/model_state.h) is
 // taken off the limit, the largest rank's for all, and the search keeps
-// every rank's simulated activation peak under what is left. When even one
+// every rank's simulated activation peak 10% under what is left (Note
+// [Memory headroom] in the .cpp). When even one
 // microbatch in flight per stage does not fit, the run stops here, before
 // training, naming the smallest peak and the fixes. The run then reports
 // every rank's measured peak beside the simulated one (RunReport::activationMemory).

@@ -13,7 +13,8 @@ rows), trained 2 steps with AdamW on 2 Gloo ranks, 8 microbatches of 4 rows:
     so is auto's own choice;
   * a limit under the peak of the fastest unconstrained choice (model state
     plus 80% of its peak) makes auto choose another program whose simulated
-    peak fits, and the measured peak stays within what the limit leaves;
+    peak fits with auto's 10% headroom, and the measured peak stays within
+    what the limit leaves;
   * a limit below one microbatch per stage is refused before training (exit
     1), naming the smallest peak and the fixes.
 
@@ -122,8 +123,9 @@ def main():
               f"simulated {record['simulated_peak_activation_bytes'] / 1e6:.3f} MB")
         if record["program_digest"] == free["program_digest"]:
             failures.append(f"the limited run chose the same program ({record['chosen']})")
-        if record["simulated_peak_activation_bytes"] > budget * (1 + 1e-9):
-            failures.append(f"the limited choice simulates {record['simulated_peak_activation_bytes']} > {budget}")
+        # Auto keeps 10% of the budget as headroom (Note [Memory headroom]).
+        if record["simulated_peak_activation_bytes"] > 0.9 * budget * (1 + 1e-9):
+            failures.append(f"the limited choice simulates {record['simulated_peak_activation_bytes']} > 0.9 * {budget}")
         for m in limited["memory"]:
             if abs(m["activation_budget_bytes"] - budget) > 1.0:
                 failures.append(f"rank {m['rank']} records a budget {m['activation_budget_bytes']}, expected {budget}")
