@@ -214,13 +214,23 @@ TEST_P(KillOneRank, OthersStopWithinTheTimeoutAndTheCheckpointResumes) {
     ::execl(PIPEFORGE_BINARY, PIPEFORGE_BINARY, "train", "--config", config.c_str(), "--nproc", "2", nullptr);
     ::_exit(127);
   }
-  // Wait for the second checkpoint, so the kill lands in the middle of training.
+  // Wait for the second checkpoint, so the kill lands in the middle of
+  // training: for the `latest` pointer to name it, which rank 0 writes just
+  // after the folder is sealed (the folder alone may be there a moment before).
+  auto second_done = [&] {
+    try {
+      const auto latest = train::latestCheckpoint(ckpt);
+      return latest && train::readCheckpointMeta(*latest).step >= 6;
+    } catch (const std::exception&) {
+      return false;
+    }
+  };
   auto deadline = Clock::now() + std::chrono::seconds(120);
-  while (Clock::now() < deadline && !fs::exists(train::checkpointDir(ckpt, 6))) {
+  while (Clock::now() < deadline && !second_done()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   pid_t rank = findRank(launcher, victim);
-  if (rank <= 0 || !fs::exists(train::checkpointDir(ckpt, 6))) {
+  if (rank <= 0 || !second_done()) {
     ::kill(launcher, SIGKILL);
     ::waitpid(launcher, nullptr, 0);
     FAIL() << "no checkpoint or rank " << victim << " process:\n" << readBytes(log);
