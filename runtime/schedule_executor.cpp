@@ -137,6 +137,9 @@ class ScheduleExecutor::Impl {
     collectStepParameters();
     compat::MemoryMeter meter;  // Note [Activation memory]
     std::int64_t& peak = out_.profile.activation_peak_bytes;
+    // Activation memory between actions (nothing changes it there): the
+    // meter and the sends start empty, gradients left from before count off.
+    std::int64_t level = -gradientBytes();
     try {
       for (; step < static_cast<int>(actions.size()); ++step) {
         if (!actions[step]) continue;
@@ -145,14 +148,15 @@ class ScheduleExecutor::Impl {
         checkAbort();
         auto t0 = StepClock::now();
         trace_.takeWaitSeconds();  // what earlier actions waited is theirs
+        const std::int64_t before = level;
         const std::int64_t in_flight = messenger_.pendingSendBytes();
-        const std::int64_t before = meter.live() - in_flight - gradientBytes();
         meter.resetPeak();
         execute(*current);
         const std::int64_t grads = gradientBytes();
         const std::int64_t held = meter.peak() - in_flight - grads;  // the sends in flight then are all alive
         messenger_.reapFinishedSends();
         const std::int64_t after = meter.live() - messenger_.pendingSendBytes() - grads;
+        level = after;
         peak = std::max({peak, held, after});
         if (profile) {
           out_.profile.steps.push_back(TimedStep{*current, secondsBetween(step_start, t0),
