@@ -124,8 +124,15 @@ double minimumMemoryLimit(const AutoScheduleConfig& config) {
   const int S = config.num_ranks * config.stages_per_rank;
   const std::vector<int> stage_to_rank = makeStageToRank(config.num_ranks, S, config.layout);
   std::vector<double> chain(config.num_ranks, 0.0);
-  for (int s = 0; s < S; ++s) chain[stage_to_rank[s]] += config.costs.stage(s).activation_memory;
-  return *std::max_element(chain.begin(), chain.end());
+  std::vector<double> growth(config.num_ranks, 0.0);  // Note [I that allocates]
+  for (int s = 0; s < S; ++s) {
+    const int r = stage_to_rank[s];
+    chain[r] += config.costs.stage(s).activation_memory;
+    growth[r] = std::max(growth[r], config.costs.memoryChange(ActionType::kBackwardInput, s));
+  }
+  double minimum = 0.0;
+  for (int r = 0; r < config.num_ranks; ++r) minimum = std::max(minimum, chain[r] + growth[r]);
+  return minimum;
 }
 
 std::vector<NamedListPolicy> greedyPolicyFamily(const AutoScheduleConfig& config) {
@@ -441,7 +448,8 @@ void checkMemoryLimitReachable(const AutoScheduleConfig& config) {
   if (limit >= minimum - 1e-9) return;
   throw ScheduleError(fmt::format(
       "auto schedule: memory limit {:g} is below {:g}, what a rank needs to hold one "
-      "microbatch's activations on all of its {} stages; raise the limit to at least {:g}",
+      "microbatch's activations on all of its {} stages and what its largest I keeps for W; raise "
+      "the limit to at least {:g}",
       limit, minimum, config.stages_per_rank, minimum));
 }
 

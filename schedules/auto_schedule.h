@@ -80,8 +80,10 @@ std::vector<NamedListPolicy> greedyPolicyFamily(const AutoScheduleConfig& config
 // See AutoScheduleResult::lower_bound.
 double makespanLowerBound(const AutoScheduleConfig& config);
 
-// The smallest per-rank memory limit under which some schedule exists: the
-// activations of one microbatch on all of a rank's stages, maximised over ranks.
+// The smallest per-rank memory limit under which the search always finds a
+// schedule: the activations of one microbatch on all of a rank's stages, plus
+// the most one of its I allocates when I keeps more for W than it frees
+// (Note [I that allocates] in list_schedule.cpp), maximised over ranks.
 double minimumMemoryLimit(const AutoScheduleConfig& config);
 
 }  // namespace pipeforge::schedules

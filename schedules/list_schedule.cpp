@@ -13,6 +13,14 @@ namespace pipeforge::schedules {
 
 namespace {
 
+// Note [I that allocates]: a measured I can allocate more than it frees (it
+// keeps the gradients of the layer outputs for W: StageCost::weight_memory_share
+// above 1), so the memory limit binds I as well as F. F leaves room for the
+// largest such growth on its rank, and I runs only when its growth fits. That
+// keeps the greedy from getting stuck: an I the limit blocks either has a W
+// pending on its rank, which runs and frees more than any I allocated, or
+// finds the rank holding only forward activations, which F kept that growth
+// below the limit.
 constexpr double kUnknown = -1.0;
 constexpr double kEps = 1e-9;
 
@@ -83,7 +91,8 @@ class ListScheduler {
   bool forwardAllowed(int r, int s, int mb) const;
   std::tuple<int, int> forwardOrder(int s, int mb) const;
   void considerForward(int r, int s, Choice& choice);
-  void considerInputGrad(int s, Choice& choice);
+  void considerInputGrad(int r, int s, Choice& choice);
+  double forwardLimit(int r) const { return pb_.memory_limit - i_growth_[r]; }
   void considerWeightGrad(int r, Choice& choice);
   void wakeAtSoonest(int r, const Choice& choice);
   bool waitsForHigherClass(int r, const Choice& choice);
@@ -95,6 +104,7 @@ class ListScheduler {
   DependencyRule rule_;
   std::vector<std::vector<int>> local_;
   std::vector<double> chain_act_;  // per rank: activations of one microbatch on all its stages
+  std::vector<double> i_growth_;   // per rank: the most one of its I allocates (Note [I that allocates])
   std::vector<double> done_[kNumProducts];  // [product][stage * M + mb]: when it was made
   std::vector<int> f_next_;
   std::vector<int> i_next_;
@@ -149,7 +159,7 @@ bool ListScheduler::forwardAllowed(int r, int s, int mb) const {
   if (policy_.reserve_whole_chain) {
     // Later F of admitted microbatches were reserved when they were admitted.
     if (s != first) return true;
-    return memory_[r] + reserved_[r] + chain_act_[r] <= pb_.memory_limit + kEps;
+    return memory_[r] + reserved_[r] + chain_act_[r] <= forwardLimit(r) + kEps;
   }
   // Keep room for the oldest microbatch in its forwards to finish them.
   const auto& open = forwarding_[r];
@@ -161,7 +171,7 @@ bool ListScheduler::forwardAllowed(int r, int s, int mb) const {
   } else {
     need = act(s) + left_act_[static_cast<std::size_t>(r) * M_ + open.front()];
   }
-  return memory_[r] + need <= pb_.memory_limit + kEps;
+  return memory_[r] + need <= forwardLimit(r) + kEps;
 }
 
 std::tuple<int, int> ListScheduler::forwardOrder(int s, int mb) const {
@@ -188,11 +198,17 @@ void ListScheduler::considerForward(int r, int s, Choice& choice) {
   choice.consider(c);
 }
 
-void ListScheduler::considerInputGrad(int s, Choice& choice) {
+void ListScheduler::considerInputGrad(int r, int s, Choice& choice) {
   const int mb = i_next_[s];
   const std::optional<double> ready =
       mb < M_ ? arrival(ActionType::kBackwardInput, s, mb) : std::nullopt;
   if (!ready) return;
+  // An I that allocates waits for W to free room (Note [I that allocates]).
+  const double growth = std::max(0.0, pb_.costs.memoryChange(ActionType::kBackwardInput, s));
+  // Under reserve_whole_chain the later F of admitted microbatches run
+  // unchecked: what they reserved is taken already.
+  const double held = memory_[r] + (policy_.reserve_whole_chain ? reserved_[r] : 0.0);
+  if (held + growth > pb_.memory_limit + kEps) return;
   Candidate c;
   c.op = Op{OpKind::kI, s, mb};
   c.ready = *ready;
@@ -241,7 +257,7 @@ void ListScheduler::decide(int r, double now) {
   Choice choice(now);
   for (int s : local_[r]) {
     considerForward(r, s, choice);
-    considerInputGrad(s, choice);
+    considerInputGrad(r, s, choice);
   }
   considerWeightGrad(r, choice);
   if (!choice.best_now) {
@@ -311,6 +327,11 @@ std::optional<RankOrders> ListScheduler::run() {
   for (int s = 0; s < S_; ++s) local_[pb_.stage_to_rank[s]].push_back(s);
   chain_act_.assign(P_, 0.0);
   for (int s = 0; s < S_; ++s) chain_act_[pb_.stage_to_rank[s]] += act(s);
+  i_growth_.assign(P_, 0.0);
+  for (int s = 0; s < S_; ++s) {
+    double& g = i_growth_[pb_.stage_to_rank[s]];
+    g = std::max(g, pb_.costs.memoryChange(ActionType::kBackwardInput, s));
+  }
   for (auto& done : done_) done.assign(static_cast<std::size_t>(S_) * M_, kUnknown);
   f_next_.assign(S_, 0);
   i_next_.assign(S_, 0);

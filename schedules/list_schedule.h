@@ -45,7 +45,8 @@ struct ListScheduleProblem {
   int num_microbatches = 1;
   std::vector<int> stage_to_rank;  // also gives the number of stages
   CostModel costs;
-  // Peak activation memory per rank; F waits (or is never admitted) to stay below.
+  // Peak activation memory per rank; F waits (or is never admitted) to stay below,
+  // and so does an I that allocates (Note [I that allocates]).
   double memory_limit = std::numeric_limits<double>::infinity();
 };
 

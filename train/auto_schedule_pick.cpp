@@ -62,7 +62,7 @@ std::string noScheduleFitsMessage(const TrainConfig& config, const NoScheduleFit
   return fmt::format(
       "pipeline.memory_limit {}: no schedule fits. A rank's parameters, gradients and optimizer state take up to {}, "
       "and the smallest activation peak any schedule can have is {} ({} layout: one microbatch's activations on "
-      "every stage of a rank and an action's temporaries, measured), {} in all with the {:.0f}% of headroom auto "
+      "every stage of a rank, what an I keeps for W and an action's temporaries, measured), {} in all with the {:.0f}% of headroom auto "
       "keeps (Note [Memory headroom]). Raise the limit to at least that, use more microbatches "
       "(pipeline.microbatches: each holds fewer activations), recompute them "
       "(pipeline.activation_checkpointing: full), or spread the model over more pipeline ranks or "
