@@ -1,8 +1,14 @@
 #include "tests/support/zoo.h"
 #include "tests/support/build_paths.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
+#include <mutex>
 #include <stdexcept>
+#include <system_error>
+#include <vector>
 
 namespace pipeforge::testing {
 
@@ -31,11 +37,43 @@ std::vector<at::Tensor> runForward(torch::jit::Module& module, const std::vector
   return flat;
 }
 
+namespace {
+
+// Every folder makeTempDir made, removed when the test binary exits (only by
+// the process that made them: a forked child leaves its parent's alone).
+class TempDirs {
+ public:
+  static TempDirs& instance() {
+    static TempDirs dirs;
+    return dirs;
+  }
+  void add(std::string dir) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    dirs_.push_back(std::move(dir));
+  }
+  ~TempDirs() {
+    if (getpid() != owner_) return;
+    for (const std::string& dir : dirs_) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  }
+
+ private:
+  TempDirs() : owner_(getpid()) {}
+  pid_t owner_;
+  std::mutex mutex_;
+  std::vector<std::string> dirs_;
+};
+
+}  // namespace
+
 std::string makeTempDir(const std::string& prefix) {
   std::string tmpl = "/tmp/" + prefix + "-XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   if (!mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
+  TempDirs::instance().add(buf.data());
   return buf.data();
 }
 

@@ -22,7 +22,8 @@ Reference loadReference(const std::string& name);
 // Runs `forward` and returns its result as a flat list of tensors (a tuple is unpacked).
 std::vector<at::Tensor> runForward(torch::jit::Module& module, const std::vector<torch::jit::IValue>& inputs);
 
-// A fresh empty temporary directory, removed by the caller.
+// A fresh empty temporary directory under /tmp, removed (with what it holds)
+// when the test binary exits.
 std::string makeTempDir(const std::string& prefix);
 
 }  // namespace pipeforge::testing
