@@ -82,6 +82,22 @@ StageOptimizerState optimizerFromIValue(const c10::IValue& value, const std::str
   return out;
 }
 
+// The slots every parameter of a sharded stage holds: those of its pieces
+// (every piece of a stage steps together), so that each rank writes the
+// same index whether or not it holds a piece of every parameter.
+std::map<std::string, std::vector<std::string>> shardedStateIndex(const StageCheckpoint& state) {
+  std::vector<std::string> slots;
+  for (const auto& [name, p] : state.optimizer_shard->optimizer.by_name) {
+    if (p.step) slots.push_back("step");
+    for (const auto& slot : p.slots) slots.push_back(slot.first);
+    break;
+  }
+  std::map<std::string, std::vector<std::string>> out;
+  if (slots.empty()) return out;
+  for (const auto& [name, range] : state.optimizer_shard->ranges) out[name] = slots;
+  return out;
+}
+
 nlohmann::json stageIndexJson(const StageCheckpoint& state) {
   nlohmann::json j;
   j["stage"] = state.stage;
@@ -91,13 +107,18 @@ nlohmann::json stageIndexJson(const StageCheckpoint& state) {
   j["buffers"] = nlohmann::json::object();
   for (const auto& [name, t] : state.buffers) j["buffers"][name] = stage::tensorMeta(t);
   nlohmann::json per_name = nlohmann::json::object();
+  if (state.optimizer_shard) {
+    for (const auto& [name, slots] : shardedStateIndex(state)) per_name[name] = slots;
+  }
   for (const auto& [name, p] : state.optimizer.by_name) {
     std::vector<std::string> slots;
     if (p.step) slots.push_back("step");
     for (const auto& slot : p.slots) slots.push_back(slot.first);
     per_name[name] = slots;
   }
-  j["optimizer"] = {{"name", state.optimizer.name}, {"state", per_name}};
+  j["optimizer"] = {{"name", state.optimizer_shard ? state.optimizer_shard->optimizer.name : state.optimizer.name},
+                    {"state", per_name}};
+  if (state.optimizer_shard) j["optimizer"]["shards"] = state.optimizer_shard->shards;
   return j;
 }
 
@@ -181,6 +202,32 @@ void clearCheckpointStep(const std::string& root, std::int64_t step) {
   fs::remove_all(checkpointDir(root, step), ec);
 }
 
+namespace {
+
+void writeOptimizerShard(const fs::path& dir, const StageCheckpoint& state) {
+  const OptimizerShard& shard = *state.optimizer_shard;
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  dict.insert("format", std::string(kCheckpointFormat));
+  dict.insert("stage", static_cast<std::int64_t>(state.stage));
+  dict.insert("step", state.step);
+  dict.insert("shard", static_cast<std::int64_t>(shard.shard));
+  dict.insert("shards", static_cast<std::int64_t>(shard.shards));
+  dict.insert("optimizer", optimizerToIValue(shard.optimizer));
+  c10::impl::GenericDict ranges(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [name, r] : shard.ranges) {
+    // A plain list (not an int list, which torch.load's weights_only refuses).
+    c10::impl::GenericList triple(c10::AnyType::get());
+    for (std::int64_t v : {r.begin, r.end, r.numel}) triple.push_back(v);
+    ranges.insert(name, triple);
+  }
+  dict.insert("ranges", ranges);
+  std::vector<char> bytes = pickleForTorchLoad(dict);
+  writeFileAtomically((dir / optimizerShardFile(state.stage, shard.shard)).string(),
+                      std::string(bytes.begin(), bytes.end()));
+}
+
+}  // namespace
+
 void writeStageCheckpoint(const std::string& root, const StageCheckpoint& state) {
   const fs::path dir = partialCheckpointDir(root, state.step);
   std::error_code ec;
@@ -200,11 +247,22 @@ void writeStageCheckpoint(const std::string& root, const StageCheckpoint& state)
   dict.insert("rng_state", state.rng_state.defined() ? state.rng_state.clone() : at::empty({0}, at::kByte));
   // Optional: a CPU run writes none, and a checkpoint without it still loads.
   if (state.device_rng_state.defined()) dict.insert("device_rng_state", state.device_rng_state.to(at::kCPU).clone());
-  dict.insert("optimizer", optimizerToIValue(state.optimizer));
+  if (state.optimizer_shard) {
+    StageOptimizerState none;
+    none.name = state.optimizer_shard->optimizer.name;
+    dict.insert("optimizer", optimizerToIValue(none));
+    dict.insert("optimizer_shards", static_cast<std::int64_t>(state.optimizer_shard->shards));
+    writeOptimizerShard(dir, state);
+  } else {
+    dict.insert("optimizer", optimizerToIValue(state.optimizer));
+  }
   std::vector<char> bytes = pickleForTorchLoad(dict);
   writeFileAtomically((dir / stageFile(state.stage)).string(), std::string(bytes.begin(), bytes.end()));
   writeFileAtomically((dir / indexFile(state.stage)).string(), stageIndexJson(state).dump(1) + "\n");
 }
+
+std::string optimizerShardFile(int stage, int shard) { return fmt::format("stage_{}.optim_shard_{}.pt", stage, shard); }
+
 
 std::string folderContentsToJson(const FolderContents& contents) {
   nlohmann::json j;
@@ -275,14 +333,23 @@ void sealCheckpoint(const std::string& root, const CheckpointMeta& meta, const F
   if (meta.layout) {
     j["layout"] = {{"pipeline_ranks", meta.layout->pipeline_ranks},
                    {"data_parallel", meta.layout->data_parallel},
-                   {"stages_per_rank", meta.layout->stages_per_rank}};
+                   {"stages_per_rank", meta.layout->stages_per_rank},
+                   {"zero_stage", meta.layout->zero_stage}};
   }
   if (meta.loss_scale) {
     j["loss_scale"] = {{"scale", meta.loss_scale->scale}, {"growth_tracker", meta.loss_scale->growth_tracker}};
   }
+  // Note [Sharded checkpoints]: one optimizer file per data-parallel rank.
+  const int shards = meta.layout && meta.layout->zero_stage > 0 ? meta.layout->data_parallel : 0;
   j["stages"] = nlohmann::json::array();
   for (int s = 0; s < meta.num_stages; ++s) {
-    j["stages"].push_back({{"index", s}, {"file", stageFile(s)}, {"index_file", indexFile(s)}});
+    nlohmann::json entry{{"index", s}, {"file", stageFile(s)}, {"index_file", indexFile(s)}};
+    if (shards > 0) {
+      std::vector<std::string> files;
+      for (int k = 0; k < shards; ++k) files.push_back(optimizerShardFile(s, k));
+      entry["optimizer_shards"] = files;
+    }
+    j["stages"].push_back(entry);
   }
   // Note [File digests]: this folder's files as written here; a file only
   // other folders hold, as written there (what a copy brings).
@@ -300,7 +367,9 @@ void sealCheckpoint(const std::string& root, const CheckpointMeta& meta, const F
     }
   }
   for (int s = 0; s < meta.num_stages; ++s) {
-    for (const std::string& name : {stageFile(s), indexFile(s)}) {
+    std::vector<std::string> names{stageFile(s), indexFile(s)};
+    for (int k = 0; k < shards; ++k) names.push_back(optimizerShardFile(s, k));
+    for (const std::string& name : names) {
       if (!digests.count(name)) {
         throw CheckpointError(fmt::format("checkpoint step {}: no rank wrote '{}' (stage {})", meta.step, name, s));
       }
@@ -519,8 +588,9 @@ CheckpointMeta readCheckpointMeta(const std::string& step_dir) {
     if (j.contains("layout")) {
       const auto& l = j.at("layout");
       CheckpointLayout layout{l.at("pipeline_ranks").get<int>(), l.at("data_parallel").get<int>(),
-                              l.at("stages_per_rank").get<int>()};
-      if (layout.pipeline_ranks < 1 || layout.data_parallel < 1 || layout.stages_per_rank < 1) {
+                              l.at("stages_per_rank").get<int>(), l.value("zero_stage", 0)};
+      if (layout.pipeline_ranks < 1 || layout.data_parallel < 1 || layout.stages_per_rank < 1 ||
+          layout.zero_stage < 0 || layout.zero_stage > 3) {
         throw CheckpointError(fmt::format("'{}': layout {} is out of range", path, l.dump()));
       }
       meta.layout = layout;
@@ -564,10 +634,66 @@ StageCheckpoint readStageCheckpoint(const std::string& step_dir, int stage) {
   state.rng_state = dict.at("rng_state").toTensor();
   if (dict.contains("device_rng_state")) state.device_rng_state = dict.at("device_rng_state").toTensor();
   if (dict.contains("optimizer")) state.optimizer = optimizerFromIValue(dict.at("optimizer"), path);
+  if (dict.contains("optimizer_shards")) {
+    state.optimizer_shards = static_cast<int>(dict.at("optimizer_shards").toInt());
+    if (state.optimizer_shards < 1) {
+      throw CheckpointError(fmt::format("'{}': optimizer_shards {} is not >= 1", path, state.optimizer_shards));
+    }
+  }
   if (state.stage != stage) {
     throw CheckpointError(fmt::format("'{}' holds stage {}, expected {}", path, state.stage, stage));
   }
   return state;
+}
+
+OptimizerShard readOptimizerShard(const std::string& step_dir, int stage, int shard) {
+  const std::string file = optimizerShardFile(stage, shard);
+  requireHere(step_dir, file);
+  const std::string path = (fs::path(step_dir) / file).string();
+  const std::string bytes = readFile(path, "optimizer shard");
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  } catch (const c10::Error& e) {
+    throw CheckpointError(fmt::format("checkpoint optimizer shard '{}' is corrupt: {}", path, e.what_without_backtrace()));
+  }
+  auto bad = [&](const std::string& what) {
+    return CheckpointError(fmt::format("'{}' is not an optimizer shard of stage {} ({})", path, stage, what));
+  };
+  if (!value.isGenericDict()) throw bad("not a dict");
+  auto dict = value.toGenericDict();
+  for (const char* key : {"stage", "shard", "shards", "optimizer", "ranges"}) {
+    if (!dict.contains(key)) throw bad(fmt::format("no '{}'", key));
+  }
+  if (dict.at("stage").toInt() != stage || dict.at("shard").toInt() != shard) throw bad("another stage or shard");
+  OptimizerShard out;
+  out.shard = shard;
+  out.shards = static_cast<int>(dict.at("shards").toInt());
+  out.optimizer = optimizerFromIValue(dict.at("optimizer"), path);
+  if (!dict.at("ranges").isGenericDict()) throw bad("ranges is not a dict");
+  for (const auto& kv : dict.at("ranges").toGenericDict()) {
+    std::vector<std::int64_t> list;
+    if (kv.value().isList()) {
+      for (const c10::IValue& v : kv.value().toListRef()) {
+        if (!v.isInt()) throw bad(fmt::format("range of '{}'", kv.key().toStringRef()));
+        list.push_back(v.toInt());
+      }
+    }
+    if (list.size() != 3 || list[0] < 0 || list[0] > list[1] || list[1] > list[2]) {
+      throw bad(fmt::format("range of '{}'", kv.key().toStringRef()));
+    }
+    out.ranges.emplace(kv.key().toStringRef(), OptimizerShard::Range{list[0], list[1], list[2]});
+  }
+  for (const auto& [name, p] : out.optimizer.by_name) {
+    auto it = out.ranges.find(name);
+    if (it == out.ranges.end()) throw bad(fmt::format("no range for '{}'", name));
+    for (const auto& [slot, t] : p.slots) {
+      if (t.dim() != 1 || t.numel() != it->second.end - it->second.begin) {
+        throw bad(fmt::format("'{}' of '{}' is not the 1-D piece its range says", slot, name));
+      }
+    }
+  }
+  return out;
 }
 
 StageIndex readStageIndex(const std::string& step_dir, int stage) {
@@ -581,6 +707,7 @@ StageIndex readStageIndex(const std::string& step_dir, int stage) {
     index.buffers = j.at("buffers").get<std::map<std::string, std::string>>();
     index.optimizer = j.at("optimizer").at("name").get<std::string>();
     index.optimizer_state = j.at("optimizer").at("state").get<std::map<std::string, std::vector<std::string>>>();
+    index.optimizer_shards = j.at("optimizer").value("shards", 0);
     if (index.stage != stage) {
       throw CheckpointError(fmt::format("'{}' describes stage {}, expected {}", path, index.stage, stage));
     }

@@ -86,6 +86,36 @@ struct StageOptimizerState {
   std::map<std::string, ParameterOptimizerState> by_name;
 };
 
+// Note [Sharded checkpoints]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With pipeline.zero_stage 1 or more, each data-parallel rank holds only its
+// piece of every parameter's optimizer state (Note [Shards] in
+// sharding/shard_layout.h), and writes only that: the stage file keeps the
+// parameters and buffers, with an empty optimizer state and
+// "optimizer_shards": d, and each of the d ranks writes
+// stage_<i>.optim_shard_<k>.pt, a torch.load-able dict:
+//   {"format", "stage", "step", "shard": k, "shards": d,
+//    "optimizer": {"name", "state": {FQN: {"step", "exp_avg": 1-D piece, ...}}},
+//    "ranges": {FQN: [begin, end, numel]}}
+// where a piece holds elements [begin, end) of the FQN's flattened state
+// (numel elements whole). No rank gathers a stage to save it. A resume
+// assembles any range of any parameter's state from the pieces, so it runs
+// on another zero stage or data-parallel size, or without sharding.
+
+// One data-parallel rank's piece of a stage's optimizer state.
+struct OptimizerShard {
+  int shard = 0;   // this rank's place in the data-parallel group
+  int shards = 1;  // the group's size
+  // FQN -> elements [begin, end) of the flattened tensor, and its numel.
+  struct Range {
+    std::int64_t begin = 0;
+    std::int64_t end = 0;
+    std::int64_t numel = 0;
+  };
+  std::map<std::string, Range> ranges;
+  StageOptimizerState optimizer;  // 1-D pieces, by FQN
+};
+
 // What one stage saves and restores.
 struct StageCheckpoint {
   int stage = 0;
@@ -96,6 +126,10 @@ struct StageCheckpoint {
   at::Tensor rng_state;            // the CPU generator's state on the rank that held the stage
   at::Tensor device_rng_state;     // its CUDA device's generator (undefined on CPU, and in older checkpoints)
   StageOptimizerState optimizer;   // empty in format-1 checkpoints (stage_<i>.optim.pt)
+  // ZeRO: this rank's piece of the optimizer state instead of `optimizer`
+  // (Note [Sharded checkpoints]). On reading, only `optimizer_shards` is set.
+  std::optional<OptimizerShard> optimizer_shard;
+  int optimizer_shards = 0;  // 0: the state is whole in `optimizer`
 };
 
 // stage_<i>.json: a stage's tensors without their values. Tensors are
@@ -108,6 +142,7 @@ struct StageIndex {
   std::string optimizer;                          // optimizer.name
   // FQN -> the optimizer state it holds ("step", "exp_avg", ...).
   std::map<std::string, std::vector<std::string>> optimizer_state;
+  int optimizer_shards = 0;  // Note [Sharded checkpoints]; 0: whole in the stage file
 };
 
 // How the run that wrote a checkpoint was laid out (format 2).
@@ -115,6 +150,7 @@ struct CheckpointLayout {
   int pipeline_ranks = 1;
   int data_parallel = 1;
   int stages_per_rank = 1;
+  int zero_stage = 0;  // pipeline.zero_stage; absent in older checkpoints
 };
 
 // fp16 runs: the loss scaler's state after the checkpoint's step (Note [Dynamic loss scaling]).
@@ -207,6 +243,10 @@ std::optional<std::string> newestIntactCheckpoint(const std::string& root, std::
 std::string resolveCheckpoint(const std::string& path);
 
 CheckpointMeta readCheckpointMeta(const std::string& step_dir);
+// stage_<i>.optim_shard_<k>.pt (Note [Sharded checkpoints]); throws
+// CheckpointError for a missing or malformed file.
+OptimizerShard readOptimizerShard(const std::string& step_dir, int stage, int shard);
+std::string optimizerShardFile(int stage, int shard);
 StageCheckpoint readStageCheckpoint(const std::string& step_dir, int stage);
 // stage_<i>.json of a format-2 checkpoint; reads no tensor.
 StageIndex readStageIndex(const std::string& step_dir, int stage);

@@ -423,6 +423,7 @@ void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
           {"stages_per_rank",
            [&](const YAML::Node& v) { c.pipeline.stages_per_rank = s.smallInteger(v, "stages_per_rank", 1); }},
           {"data_parallel", [&](const YAML::Node& v) { c.pipeline.data_parallel = s.smallInteger(v, "data_parallel", 1); }},
+          {"zero_stage", [&](const YAML::Node& v) { c.pipeline.zero_stage = s.smallInteger(v, "zero_stage", 0); }},
           {"scale_grads", [&](const YAML::Node& v) { c.pipeline.scale_grads = s.boolean(v, "scale_grads"); }},
           {"microbatch_group_size",
            [&](const YAML::Node& v) {
@@ -701,6 +702,22 @@ void checkCrossKeys(const TrainConfig& c) {
     throw ConfigError(fmt::format("{}: training.global_batch_size {} is not divisible by pipeline.data_parallel {}; "
                                   "each replica needs the same number of rows",
                                   o, c.global_batch_size, p.data_parallel));
+  }
+  if (p.zero_stage < 0 || p.zero_stage > 3) {
+    throw ConfigError(fmt::format("{}: pipeline.zero_stage {} is not a ZeRO stage; use 0 (no sharding) or 1 "
+                                  "(optimizer state sharded over the data-parallel replicas)",
+                                  o, p.zero_stage));
+  }
+  if (p.zero_stage >= 2) {
+    throw ConfigError(fmt::format("{}: pipeline.zero_stage {} (sharded gradients{}) is not built yet; use "
+                                  "pipeline.zero_stage: 1, which shards the optimizer state",
+                                  o, p.zero_stage, p.zero_stage == 3 ? " and parameters" : ""));
+  }
+  if (p.zero_stage >= 1 && p.data_parallel < 2) {
+    throw ConfigError(fmt::format("{}: pipeline.zero_stage {} shards over the data-parallel replicas, and "
+                                  "pipeline.data_parallel is {}; set pipeline.data_parallel to 2 or more, or "
+                                  "pipeline.zero_stage: 0",
+                                  o, p.zero_stage, p.data_parallel));
   }
   const std::int64_t per_replica = c.global_batch_size / p.data_parallel;
   if (per_replica % p.microbatches != 0) {

@@ -69,6 +69,10 @@ struct PipelineConfig {
   int microbatches = 1;
   int stages_per_rank = 1;
   int data_parallel = 1;  // world = pipeline ranks x data_parallel
+  // ZeRO across the data-parallel replicas (ColossalAI's key): 0 keeps every
+  // stage whole on every replica; 1 shards the optimizer state (Note
+  // [Sharded optimizer] in sharding/sharded_stage.cpp).
+  int zero_stage = 0;
   // PyTorch's scale_grads: false sums the microbatches' losses (and their
   // gradients) instead of averaging them; the step's reported loss is then
   // that sum (Note [Loss scaling] in runtime/pipeline_runner.cpp).

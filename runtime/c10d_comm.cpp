@@ -377,6 +377,36 @@ class C10dComm : public Communicator {
                   fmt::format("rank {} in an allreduce over ranks {}", rank(), fmt::join(group, ",")), group);
   }
 
+  // The real all-gather, so that NCCL runs the same code: _allgather_base
+  // (one output tensor) on LibTorch 2.x, and on 1.13, whose Gloo lacks it,
+  // the list form into views of `out`. Gloo has no bf16 or fp16 all-gather
+  // on 1.13 and sums in float for them (runCollective): those go through
+  // float32 copies on Gloo.
+  void allgather(const at::Tensor& in, const at::Tensor& out, const std::vector<int>& group) override {
+    const std::string what =
+        fmt::format("rank {} in an all-gather over ranks {}", rank(), fmt::join(group, ","));
+    c10::intrusive_ptr<PIPEFORGE_C10D_GROUP> pg = world_;
+    if (static_cast<int>(group.size()) != worldSize()) {
+      auto it = groups_.find(group);
+      if (it == groups_.end()) it = groups_.emplace(group, joinGroup(group)).first;
+      pg = it->second;
+    }
+    const bool widen = !options_.nccl && (in.scalar_type() == at::kBFloat16 || in.scalar_type() == at::kHalf);
+    at::Tensor send = widen ? in.to(at::kFloat) : in.contiguous();
+    at::Tensor recv = widen ? at::empty({out.numel()}, send.options()) : out.view({-1});
+#if PIPEFORGE_TORCH_AT_LEAST(2, 0)
+    waitCollective(pg->_allgather_base(recv, send), what, group);
+#else
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      outputs[0].push_back(recv.narrow(0, static_cast<std::int64_t>(k) * send.numel(), send.numel()));
+    }
+    std::vector<at::Tensor> inputs{send};
+    waitCollective(pg->allgather(outputs, inputs), what, group);
+#endif
+    if (widen) out.view({-1}).copy_(recv);
+  }
+
   void barrier() override {
     std::string what = fmt::format("rank {} in a barrier", rank());
     waitCollective(world_->barrier(), what);

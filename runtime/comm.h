@@ -87,6 +87,12 @@ class Communicator {
   // Implementations may require the groups to be declared up front.
   virtual void allreduceSum(const at::Tensor& tensor, const std::vector<int>& group) = 0;
 
+  // Fills `out` (group.size() x in.numel() elements, contiguous) with every
+  // member's `in`, in the group's order. This default places `in` in a
+  // zeroed `out` and sums it over the group (exact: every element has one
+  // non-zero term); c10d runs the all-gather itself.
+  virtual void allgather(const at::Tensor& in, const at::Tensor& out, const std::vector<int>& group);
+
   virtual void barrier() = 0;
 
   // The host `rank` runs on ("node2, 10.0.0.2"), as it published it when it

@@ -352,6 +352,24 @@ class PipelineRunner::Impl {
     }
   }
 
+  void allgatherOverReplicas(const at::Tensor& in, const at::Tensor& out) {
+    const std::vector<int> group = mesh_->group(mesh::Axis::kDp, rank_);
+    if (group.size() == 1) {
+      out.view({-1}).copy_(in.reshape({-1}));
+      return;
+    }
+    try {
+      comm_->allgather(in, out, group);
+    } catch (const CommError& e) {
+      if (e.kind() == CommError::Kind::kAborted) {
+        throw RuntimeError(std::string(e.what()) + ":\n" + e.report(), ErrorCode::kPeerFailure);
+      }
+      std::string report = fmt::format("rank {} failed in an all-gather over its replicas: {}", rank_, e.what());
+      comm_->abort(report);
+      throw RuntimeError(report, ErrorCode::kPeerFailure);
+    }
+  }
+
   // Note [Counts from the loss]
   // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
   // Megatron's per-token loss with a custom loss function: the function
@@ -521,6 +539,12 @@ void PipelineRunner::barrier() {
 }
 
 void PipelineRunner::allreduceSumAll(const at::Tensor& values) { impl_->allreduceSumAll(values); }
+
+void PipelineRunner::allgatherOverReplicas(const at::Tensor& in, const at::Tensor& out) {
+  impl_->allgatherOverReplicas(in, out);
+}
+
+int PipelineRunner::dataParallel() const { return impl_->mesh_->size(mesh::Axis::kDp); }
 
 void PipelineRunner::setProgram(const schedules::Program& program) { impl_->setProgram(program); }
 

@@ -200,6 +200,11 @@ class PipelineRunner {
   // Sums `values` (a small float64 CPU tensor, the same shape on every rank)
   // over every rank, in place: how ranks agree on a decision. A collective.
   void allreduceSumAll(const at::Tensor& values);
+  // Fills `out` (dataParallel() x in.numel() elements) with `in` from every
+  // replica of this rank's pipeline rank, in replica order. A collective of
+  // the data-parallel group (Note [Mesh order]).
+  void allgatherOverReplicas(const at::Tensor& in, const at::Tensor& out);
+  int dataParallel() const;  // the number of replicas
 
   int rank() const;
   int worldSize() const;

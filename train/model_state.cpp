@@ -27,19 +27,19 @@ std::int64_t storageBytes(const at::Tensor& t, std::set<const void*>& seen) {
 
 ModelStateBytes measureModelState(int rank, const std::vector<runtime::NamedTensor>& parameters,
                                   const std::map<int, std::unique_ptr<torch::optim::Optimizer>>& optimizers,
-                                  OptimizerName name) {
+                                  const std::map<int, std::vector<NamedParameter>>& stepped, OptimizerName name) {
   ModelStateBytes out;
   out.rank = rank;
   std::set<const void*> params, grads, states, counted;
-  std::map<int, std::vector<NamedParameter>> by_stage;
   for (const auto& p : parameters) {
     if (counted.insert(p.tensor.unsafeGetTensorImpl()).second) out.parameters += p.tensor.numel();
     out.param_bytes += storageBytes(p.tensor, params);
     out.grad_bytes += storageBytes(p.tensor.grad(), grads);
-    by_stage[p.stage].push_back({p.name, p.tensor});
   }
   for (const auto& [stage, optimizer] : optimizers) {
-    const StageOptimizerState state = optimizerStateByName(*optimizer, name, by_stage[stage]);
+    auto it = stepped.find(stage);
+    if (it == stepped.end()) continue;
+    const StageOptimizerState state = optimizerStateByName(*optimizer, name, it->second);
     for (const auto& [fqn, slots] : state.by_name) {
       for (const auto& [slot, tensor] : slots.slots) out.optimizer_bytes += storageBytes(tensor, states);
     }

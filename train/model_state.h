@@ -14,6 +14,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "config/train_config.h"
+#include "train/optimizer_factory.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -35,11 +36,13 @@ struct ModelStateBytes {
 };
 
 // Measures this rank's `parameters` (after a backward, so their gradients
-// exist) and its stages' `optimizers` (after a step, so their state does).
+// exist) and its stages' `optimizers` (after a step, so their state does),
+// whose state is keyed by the tensors `stepped` lists per stage: the
+// parameters, or with pipeline.zero_stage this rank's pieces of them.
 // Tied names of one tensor count once.
 ModelStateBytes measureModelState(int rank, const std::vector<runtime::NamedTensor>& parameters,
                                   const std::map<int, std::unique_ptr<torch::optim::Optimizer>>& optimizers,
-                                  OptimizerName name);
+                                  const std::map<int, std::vector<NamedParameter>>& stepped, OptimizerName name);
 
 // Before the first step: the bytes measureModelState will find after it,
 // from the parameters alone: each trainable one gets a gradient of its

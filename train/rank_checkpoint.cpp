@@ -4,7 +4,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/optim.h>
 
+#include <algorithm>
 #include <csignal>
+#include <iterator>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -22,6 +24,8 @@
 #include "mesh/mesh_layout.h"
 #include "runtime/pipeline_runner.h"
 #include "runtime/rng_state.h"
+#include "sharding/shard_layout.h"
+#include "sharding/sharded_stage.h"
 #include "stage/value_meta.h"
 #include "train/optimizer_state.h"
 
@@ -72,6 +76,7 @@ CheckpointMeta checkpointMetaFor(const TrainConfig& config, const stage::PipeMan
   CheckpointLayout layout;
   layout.stages_per_rank = std::max(1, config.pipeline.stages_per_rank);
   layout.data_parallel = std::max(1, config.pipeline.data_parallel);
+  layout.zero_stage = config.pipeline.zero_stage;
   layout.pipeline_ranks =
       world_size % layout.data_parallel == 0
           ? mesh::MeshLayout::fromWorld(world_size, /*tp=*/1, layout.data_parallel).size(mesh::Axis::kPp)
@@ -91,13 +96,15 @@ void setCpuGeneratorState(const at::Tensor& state) {
 
 RankCheckpoint::RankCheckpoint(const TrainConfig& config, const runtime::DistEnv& env,
                                const stage::PipeManifest& manifest, runtime::PipelineRunner& runner,
-                               RankChannel& channel, const StageOptimizers& optimizers, std::string schedule)
+                               RankChannel& channel, const StageOptimizers& optimizers,
+                               const ShardedStages& sharded, std::string schedule)
     : config_(config),
       env_(env),
       manifest_(manifest),
       runner_(runner),
       channel_(channel),
       optimizers_(optimizers),
+      sharded_(sharded),
       schedule_(std::move(schedule)) {}
 
 // Note [Elastic resume]
@@ -161,6 +168,87 @@ class TiedNames {
     }
   }
   std::map<std::string, std::string> parent_;
+};
+
+// A checkpoint stage's optimizer state, whole in its stage file or in
+// pieces (Note [Sharded checkpoints]): any element range of a parameter's
+// state, read from the shard files that hold it (each read once).
+class SavedOptimizer {
+ public:
+  SavedOptimizer(const std::string& dir, const StageCheckpoint& state) : dir_(dir), state_(state) {}
+
+  // Elements [range) of `name`'s flattened state (a tensor of `numel`
+  // elements), shaped `shape`; nullopt when the checkpoint keeps none.
+  std::optional<ParameterOptimizerState> slice(const std::string& name, sharding::ElementRange range,
+                                               std::int64_t numel, at::IntArrayRef shape) {
+    const std::string origin = fmt::format("checkpoint '{}' stage {}", dir_, state_.stage);
+    if (state_.optimizer_shards == 0) {
+      auto it = state_.optimizer.by_name.find(name);
+      if (it == state_.optimizer.by_name.end()) return std::nullopt;
+      ParameterOptimizerState out{it->second.step, {}};
+      for (const auto& [slot, t] : it->second.slots) {
+        if (t.numel() != numel) {
+          throw CheckpointError(fmt::format("{}: the optimizer's '{}' of '{}' has {} elements but the parameter has {}",
+                                            origin, slot, name, t.numel(), numel));
+        }
+        out.slots.emplace_back(slot, t.reshape({-1}).narrow(0, range.begin, range.size()).reshape(shape));
+      }
+      return out;
+    }
+    const int d = state_.optimizer_shards;
+    ParameterOptimizerState out;
+    std::int64_t covered = 0;
+    for (int k = 0; k < d; ++k) {
+      const sharding::ElementRange theirs = sharding::pieceOf(numel, d, k);
+      const sharding::ElementRange both = sharding::intersect(theirs, range);
+      if (both.empty()) continue;
+      const OptimizerShard& shard = load(k);
+      auto it = shard.optimizer.by_name.find(name);
+      if (it == shard.optimizer.by_name.end()) continue;
+      auto r = shard.ranges.find(name);
+      if (r == shard.ranges.end() || r->second.begin != theirs.begin || r->second.end != theirs.end ||
+          r->second.numel != numel) {
+        throw CheckpointError(fmt::format("{}: shard {} of {} does not hold the piece of '{}' (elements {} to {} of "
+                                          "{}) that Note [Shards] gives it; the file is not the one the checkpoint "
+                                          "describes",
+                                          origin, k, d, name, theirs.begin, theirs.end, numel));
+      }
+      if (!out.step) out.step = it->second.step;
+      for (const auto& [slot, t] : it->second.slots) {
+        auto dst = std::find_if(out.slots.begin(), out.slots.end(), [&](const auto& e) { return e.first == slot; });
+        if (dst == out.slots.end()) {
+          out.slots.emplace_back(slot, at::zeros({range.size()}, t.options()));
+          dst = std::prev(out.slots.end());
+        }
+        dst->second.narrow(0, both.begin - range.begin, both.size())
+            .copy_(t.narrow(0, both.begin - theirs.begin, both.size()));
+      }
+      covered += both.size();
+    }
+    if (covered == 0) return std::nullopt;
+    if (covered != range.size()) {
+      throw CheckpointError(fmt::format("{}: the optimizer state of '{}' is in some of its {} shards but not all; "
+                                        "the checkpoint is incomplete",
+                                        origin, name, d));
+    }
+    for (auto& [slot, t] : out.slots) t = t.reshape(shape);
+    return out;
+  }
+
+ private:
+  const OptimizerShard& load(int k) {
+    auto it = shards_.find(k);
+    if (it == shards_.end()) it = shards_.emplace(k, readOptimizerShard(dir_, state_.stage, k)).first;
+    if (it->second.shards != state_.optimizer_shards) {
+      throw CheckpointError(fmt::format("checkpoint '{}': optimizer shard {} of stage {} says {} shards, its stage file {}",
+                                        dir_, k, state_.stage, it->second.shards, state_.optimizer_shards));
+    }
+    return it->second;
+  }
+
+  const std::string& dir_;
+  const StageCheckpoint& state_;
+  std::map<int, OptimizerShard> shards_;
 };
 
 // Where a name of this split is found in the checkpoint.
@@ -299,6 +387,13 @@ std::int64_t RankCheckpoint::resume(LossScaler* scaler) {
   if (!warning.empty() && hostLeader(rank) == rank) std::cerr << "warning: " << warning << "\n";
   CheckpointMeta meta = readCheckpointMeta(*dir);
   at::Tensor rng, device_rng;
+  if (meta.format_version == 1 && !sharded_.empty()) {
+    throw CheckpointError(fmt::format("checkpoint '{}' was written by an older Pipeforge (format 1), whose optimizer "
+                                      "state cannot be cut into pieces; resume from it once with "
+                                      "pipeline.zero_stage: 0 to write a format-2 checkpoint, or set "
+                                      "checkpoint.resume: false",
+                                      *dir));
+  }
   if (meta.format_version == 1) {
     // Optimizer state by position: only the split that wrote it can take it.
     if (meta.num_stages != manifest_.num_stages) {
@@ -442,21 +537,37 @@ std::pair<at::Tensor, at::Tensor> RankCheckpoint::restoreByName(const std::strin
     };
     for (const auto& p : runner_.parameters()) copy(p);
     for (const auto& b : runner_.buffers()) copy(b);
+    SavedOptimizer saved(dir, state);
     for (const auto& [s, opt] : optimizers_) {
+      // The tensors this stage's optimizer steps: whole parameters, or this
+      // rank's pieces of them (Note [Sharded optimizer]).
+      auto sharded = sharded_.find(s);
+      std::map<std::string, at::Tensor> stepped;
+      if (sharded != sharded_.end()) {
+        for (const auto& [name, piece] : sharded->second->pieces()) stepped.emplace(name, piece);
+      }
       std::vector<NamedParameter> from_here;
-      std::map<std::string, std::string> saved_as;  // this split's name -> the checkpoint stage's
+      std::map<std::string, std::optional<ParameterOptimizerState>> sliced;  // this split's name -> its state
       for (const auto& p : runner_.parameters()) {
         if (p.stage != s) continue;
         const Held& h = source(p);
         if (h.stage != c) continue;
-        from_here.push_back({p.name, p.tensor});
-        saved_as[p.name] = h.name;
+        sharding::ElementRange range{0, p.tensor.numel()};
+        at::Tensor target = p.tensor;
+        if (sharded != sharded_.end()) {
+          auto it = stepped.find(p.name);
+          if (it == stepped.end()) continue;  // no piece of it on this rank
+          range = sharded->second->own(p.name);
+          target = it->second;
+        }
+        from_here.push_back({p.name, target});
+        sliced.emplace(p.name, saved.slice(h.name, range, p.tensor.numel(), target.sizes()));
       }
       setOptimizerStateByName(
           *opt, config_.optimizer.name, from_here,
           [&](const std::string& name) -> const ParameterOptimizerState* {
-            auto it = state.optimizer.by_name.find(saved_as.at(name));
-            return it == state.optimizer.by_name.end() ? nullptr : &it->second;
+            const std::optional<ParameterOptimizerState>& st = sliced.at(name);
+            return st ? &*st : nullptr;
           },
           fmt::format("checkpoint '{}' stage {}", dir, c));
     }
@@ -506,11 +617,29 @@ std::string RankCheckpoint::save(std::int64_t done, const LossScaler* scaler) {
     for (const auto& b : runner_.buffers()) {
       if (b.stage == s) state.buffers.emplace_back(b.name, b.tensor);
     }
-    std::vector<NamedParameter> named;
-    for (const auto& p : runner_.parameters()) {
-      if (p.stage == s) named.push_back({p.name, p.tensor});
+    auto sharded = sharded_.find(s);
+    if (sharded != sharded_.end()) {
+      // Note [Sharded checkpoints]: this rank's pieces only, by FQN and range.
+      const sharding::ShardedStage& pieces = *sharded->second;
+      OptimizerShard shard;
+      shard.shard = pieces.rank();
+      shard.shards = pieces.groupSize();
+      std::vector<NamedParameter> named;
+      for (const auto& [name, piece] : pieces.pieces()) named.push_back({name, piece});
+      shard.optimizer = optimizerStateByName(*opt, config_.optimizer.name, named);
+      for (const auto& p : runner_.parameters()) {
+        if (p.stage != s) continue;
+        const sharding::ElementRange r = pieces.own(p.name);
+        shard.ranges[p.name] = OptimizerShard::Range{r.begin, r.end, pieces.numel(p.name)};
+      }
+      state.optimizer_shard = std::move(shard);
+    } else {
+      std::vector<NamedParameter> named;
+      for (const auto& p : runner_.parameters()) {
+        if (p.stage == s) named.push_back({p.name, p.tensor});
+      }
+      state.optimizer = optimizerStateByName(*opt, config_.optimizer.name, named);
     }
-    state.optimizer = optimizerStateByName(*opt, config_.optimizer.name, named);
     writeStageCheckpoint(root, state);
     if (first && stopInCheckpoint(done)) ::raise(SIGSTOP);
     first = false;

@@ -25,6 +25,9 @@ class Optimizer;
 namespace pipeforge::runtime {
 class PipelineRunner;
 }
+namespace pipeforge::sharding {
+class ShardedStage;
+}
 
 namespace pipeforge::train {
 
@@ -32,6 +35,8 @@ struct CheckpointMeta;  // checkpoint/checkpoint.h
 
 // One optimizer per local stage, so each stage's checkpoint stands alone.
 using StageOptimizers = std::map<int, std::unique_ptr<torch::optim::Optimizer>>;
+// pipeline.zero_stage >= 1: each local stage's pieces (Note [Sharded optimizer]).
+using ShardedStages = std::map<int, std::unique_ptr<sharding::ShardedStage>>;
 
 // Whether a run that stops after `end` steps writes a checkpoint after
 // `done`: every checkpoint.every steps and at its end, when checkpoint.dir is set.
@@ -52,7 +57,7 @@ class RankCheckpoint {
   // `runner`, `channel` and `optimizers` are the trainer's, and outlive this.
   RankCheckpoint(const TrainConfig& config, const runtime::DistEnv& env, const stage::PipeManifest& manifest,
                  runtime::PipelineRunner& runner, RankChannel& channel, const StageOptimizers& optimizers,
-                 std::string schedule);
+                 const ShardedStages& sharded, std::string schedule);
 
   // With checkpoint.resume, restores the newest intact checkpoint under
   // checkpoint.dir (and `scaler`'s state, fp16); returns the step to start
@@ -81,6 +86,7 @@ class RankCheckpoint {
   runtime::PipelineRunner& runner_;
   RankChannel& channel_;
   const StageOptimizers& optimizers_;
+  const ShardedStages& sharded_;  // empty without ZeRO
   std::string schedule_;
   std::string resumed_from_;
 };

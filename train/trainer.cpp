@@ -23,6 +23,7 @@
 #include "data/open_dataset.h"
 #include "runtime/pipeline_runner.h"
 #include "schedules/generate.h"
+#include "sharding/sharded_stage.h"
 #include "stage/manifest.h"
 #include "train/auto_schedule_pick.h"
 #include "train/deferred_reports.h"
@@ -84,12 +85,28 @@ class RankTrainer {
     // no_decay globs were checked against the split before the ranks started.
     // One optimizer per stage, so each stage's checkpoint stands alone.
     std::map<int, std::vector<NamedParameter>> by_stage;
-    for (const auto& p : runner_->parameters()) by_stage[p.stage].push_back({tied_.canonical(p.name), p.tensor});
-    for (int s : runner_->localStages()) optimizers_[s] = makeOptimizer(config.optimizer, by_stage[s]);
+    for (const auto& p : runner_->parameters()) by_stage[p.stage].push_back({p.name, p.tensor});
+    for (int s : runner_->localStages()) {
+      std::vector<NamedParameter> stepped = by_stage[s];
+      if (config.pipeline.zero_stage >= 1) {
+        // Note [Sharded optimizer]: the optimizer steps this rank's pieces.
+        std::vector<std::pair<std::string, at::Tensor>> named;
+        for (const auto& p : stepped) named.emplace_back(p.name, p.tensor);
+        auto sharded = std::make_unique<sharding::ShardedStage>(
+            s, named, runner_->dataParallel(), runner_->dpRank(),
+            [this](const at::Tensor& in, const at::Tensor& out) { runner_->allgatherOverReplicas(in, out); });
+        stepped.clear();
+        for (const auto& [name, piece] : sharded->pieces()) stepped.push_back({name, piece});
+        sharded_[s] = std::move(sharded);
+      }
+      stepped_[s] = stepped;
+      for (auto& p : stepped) p.name = tied_.canonical(p.name);  // no_decay matches a tied group by its first name
+      optimizers_[s] = makeOptimizer(config.optimizer, stepped);
+    }
     std::string schedule = scheduleLabel(config);
     if (auto_choice_) schedule += ": " + auto_choice_->choice.origin;
     checkpoint_ = std::make_unique<RankCheckpoint>(config, plan_.env, plan_.manifest, *runner_, *channel_, optimizers_,
-                                                   std::move(schedule));
+                                                   sharded_, std::move(schedule));
   }
 
   TrainSummary run() {
@@ -234,7 +251,8 @@ class RankTrainer {
   // same step (Note [One collective per step's checks]).
   void reportModelState() {
     model_state_reported_ = true;
-    const ModelStateBytes mine = measureModelState(rank(), runner_->parameters(), optimizers_, config_.optimizer.name);
+    const ModelStateBytes mine =
+        measureModelState(rank(), runner_->parameters(), optimizers_, stepped_, config_.optimizer.name);
     channel_->publish("model_state/" + std::to_string(rank()), modelStateRecord(mine).dump());
     if (rank() != 0) return;
     for (int r = 0; r < plan_.env.world_size; ++r) {
@@ -253,7 +271,10 @@ class RankTrainer {
   void stepOptimizers(double norm) {
     const SpanTimer timer = phase(runtime::SpanKind::kOptimizer, "optimizer step");
     if (config_.optimizer.clip_grad_norm > 0.0) clipGradients(norm);
+    for (auto& [s, sharded] : sharded_) sharded->bindGradients();
     for (auto& [s, opt] : optimizers_) opt->step();
+    // Every replica's updated pieces, in the same stage order on every replica.
+    for (auto& [s, sharded] : sharded_) sharded->gatherParameters();
   }
 
   // A span of the current training step for the trace (Note [Trace slice
@@ -447,6 +468,8 @@ class RankTrainer {
   std::unique_ptr<RankChannel> channel_;  // after runner_: destroyed first (Note [Orderly exit])
   std::unique_ptr<Dataset> dataset_;
   StageOptimizers optimizers_;
+  ShardedStages sharded_;  // pipeline.zero_stage >= 1 (Note [Sharded optimizer])
+  std::map<int, std::vector<NamedParameter>> stepped_;  // per stage: what its optimizer steps, by FQN
   bool model_state_reported_ = false;
   std::unique_ptr<RankCheckpoint> checkpoint_;  // after optimizers_, which it saves and restores
   StepOutcomePolicy policy_;  // Note [Non-finite steps]; fp16's loss scale

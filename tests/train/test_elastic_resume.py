@@ -52,7 +52,7 @@ OPTIMIZERS = {
     "adamw": ("{name: adamw, lr: 3.0e-3, weight_decay: 0.1}", dict(lr=3e-3, weight_decay=0.1)),
     "sgd": ("{name: sgd, lr: 0.05, momentum: 0.9}", dict(lr=0.05, momentum=0.9)),
 }
-# name -> (model section extras, schedule, stages_per_rank, data_parallel, ranks)
+# name -> (model section extras, schedule, stages_per_rank, data_parallel, ranks[, zero_stage])
 LAYOUTS = {
     "pp2": ("num_stages: 2, policy: parameters", "1F1B", 1, 1, 2),
     "pp4": ("num_stages: 4, policy: parameters", "1F1B", 1, 1, 4),
@@ -60,6 +60,7 @@ LAYOUTS = {
     "pp2_dp2": ("num_stages: 2, policy: parameters", "1F1B", 1, 2, 4),
     "pp2_gpipe": ("num_stages: 2, policy: parameters", "GPipe", 1, 1, 2),
     "pp2_cut": ("num_stages: 2, split_points: {ln_f: BEGINNING}", "1F1B", 1, 1, 2),
+    "pp2_dp2_z1": ("num_stages: 2, policy: parameters", "1F1B", 1, 2, 4, 1),
 }
 # (A, B, what changes)
 CHANGES = [
@@ -70,6 +71,8 @@ CHANGES = [
     ("pp2_dp2", "pp2", "data parallel 2 -> 1"),
     ("pp2", "pp2_gpipe", "schedule 1F1B -> GPipe"),
     ("pp2", "pp2_cut", "another split (cut before ln_f)"),
+    ("pp2_dp2", "pp2_dp2_z1", "zero_stage 0 -> 1 (optimizer state sharded)"),
+    ("pp2_dp2_z1", "pp2", "zero_stage 1 -> 0, data parallel 2 -> 1"),
 ]
 
 
@@ -81,10 +84,10 @@ def make_data(torch, path: str) -> None:
 
 def write_config(path: str, run: str, model_path: str, data_path: str, layout: str, optimizer: str,
                  loss: str = "cross_entropy", every: int = HALF) -> None:
-    model, schedule, per_rank, dp, _ = LAYOUTS[layout]
+    model, schedule, per_rank, dp, _, *zero = LAYOUTS[layout]
     with open(path, "w") as f:
         f.write(f"""model: {{path: {model_path}, {model}}}
-pipeline: {{schedule: {schedule}, microbatches: {MICROBATCHES}, stages_per_rank: {per_rank}, data_parallel: {dp}}}
+pipeline: {{schedule: {schedule}, microbatches: {MICROBATCHES}, stages_per_rank: {per_rank}, data_parallel: {dp}, zero_stage: {zero[0] if zero else 0}}}
 loss: {loss}
 optimizer: {OPTIMIZERS[optimizer][0]}
 lr_schedule: {{decay: constant, warmup_steps: 0}}
@@ -124,6 +127,26 @@ def read_checkpoint(torch, step_dir: str):
         tensors.update(stage["buffers"])
         names.add(stage["optimizer"]["name"])
         states.update(stage["optimizer"]["state"])
+        # Note [Sharded checkpoints]: each data-parallel rank's pieces, by FQN
+        # and element range, put back together here.
+        pieced = {}
+        for k in range(stage.get("optimizer_shards", 0)):
+            shard = torch.load(os.path.join(step_dir, f"stage_{s}.optim_shard_{k}.pt"))
+            assert shard["shard"] == k and shard["shards"] == stage["optimizer_shards"], shard.keys()
+            for name, (begin, end, numel) in shard["ranges"].items():
+                whole = pieced.setdefault(name, {})
+                for slot, piece in shard["optimizer"]["state"].get(name, {}).items():
+                    if slot == "step":
+                        whole["step"] = piece
+                        continue
+                    flat = whole.setdefault(slot, torch.full((numel,), float("nan"), dtype=piece.dtype))
+                    flat[begin:end] = piece
+        for name, st in pieced.items():
+            for slot, t in st.items():
+                if slot != "step":
+                    assert not torch.isnan(t).any(), f"{name} {slot}: a piece is missing"
+                    st[slot] = t.reshape(stage["parameters"][name].shape)
+        states.update(pieced)
     aliases = {}
     for group in meta["tied"]:
         for name in group:
@@ -257,7 +280,8 @@ def check_inspect(torch, binary: str, d: str) -> list:
         open(os.path.join(step_dir, f"stage_{s}.pt"), "w").close()
     view = json.loads(common.run_pipeforge(binary, "inspect", copy, "--format", "json"))
     if (view["step"], view["num_stages"], view["world_size"], view["layout"]) != (
-            STEPS, 2, 4, {"pipeline_ranks": 2, "data_parallel": 2, "stages_per_rank": 1}):
+            STEPS, 2, 4, {"pipeline_ranks": 2, "data_parallel": 2, "stages_per_rank": 1,
+                      "zero_stage": 0}):
         problems.append(f"inspect: step/layout {view['step']} {view['num_stages']} {view['world_size']} {view['layout']}")
     for s, (params, slots) in enumerate(expected):
         got = view["stages"][s]

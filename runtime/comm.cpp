@@ -1,0 +1,22 @@
+#include "runtime/comm.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace pipeforge::runtime {
+
+void Communicator::allgather(const at::Tensor& in, const at::Tensor& out, const std::vector<int>& group) {
+  const auto me = std::find(group.begin(), group.end(), rank());
+  if (me == group.end() || out.numel() != in.numel() * static_cast<std::int64_t>(group.size())) {
+    throw std::invalid_argument("allgather: this rank is not in the group, or the output is not group x input");
+  }
+  at::NoGradGuard no_grad;
+  out.zero_();
+  out.view({-1}).narrow(0, in.numel() * (me - group.begin()), in.numel()).copy_(in.reshape({-1}));
+  allreduceSum(out, group);
+}
+
+}  // namespace pipeforge::runtime

@@ -1,0 +1,111 @@
+#include "sharding/sharded_stage.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <stdexcept>
+
+namespace pipeforge::sharding {
+
+// Note [Sharded optimizer]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// ZeRO stage 1 as Megatron's distributed optimizer does it: gradients are
+// averaged over the replicas as without sharding (every rank keeps the whole
+// gradient), but each rank's optimizer holds state for its own piece of each
+// parameter only and updates only that piece; an all-gather then gives every
+// rank the whole updated parameter. The pieces are views of the parameters,
+// so the update lands in place and the optimizer is LibTorch's (or
+// MultiTensorAdam), unchanged: its state is piece-sized, 1/d of what it
+// was. Adam, AdamW and SGD act element by element, so a piece steps exactly
+// as the same elements of the whole parameter would (to the rounding of
+// vectorised kernels at other alignments), and gradient clipping and the
+// non-finite checks, which read the whole gradients before the step, are
+// unchanged.
+
+ShardedStage::ShardedStage(int stage, const std::vector<std::pair<std::string, at::Tensor>>& parameters,
+                           int group_size, int rank, AllGather all_gather)
+    : stage_(stage), group_size_(group_size), rank_(rank), all_gather_(std::move(all_gather)) {
+  std::map<at::ScalarType, std::size_t> group_of;
+  std::map<const void*, Entry> seen;
+  std::vector<std::vector<std::int64_t>> numels;
+  for (const auto& [name, t] : parameters) {
+    auto it = seen.find(t.unsafeGetTensorImpl());
+    if (it == seen.end()) {
+      if (!t.is_contiguous()) {
+        throw std::invalid_argument("parameter '" + name + "' of stage " + std::to_string(stage) +
+                                    " is not contiguous, so it cannot be cut into pieces (pipeline.zero_stage)");
+      }
+      auto g = group_of.find(t.scalar_type());
+      if (g == group_of.end()) {
+        g = group_of.emplace(t.scalar_type(), groups_.size()).first;
+        groups_.emplace_back();
+        numels.emplace_back();
+      }
+      Group& group = groups_[g->second];
+      it = seen.emplace(t.unsafeGetTensorImpl(), Entry{g->second, group.tensors.size()}).first;
+      group.tensors.push_back(t);
+      numels[g->second].push_back(t.numel());
+    }
+    by_name_.emplace(name, it->second);
+  }
+  for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].layout = ShardLayout(numels[g], group_size, rank);
+
+  std::map<const void*, at::Tensor> piece_by_tensor;
+  for (const auto& [name, t] : parameters) {
+    const Entry& e = by_name_.at(name);
+    const ElementRange r = groups_[e.group].layout.own(e.index);
+    if (r.empty()) continue;
+    auto it = piece_by_tensor.find(t.unsafeGetTensorImpl());
+    if (it == piece_by_tensor.end()) {
+      at::Tensor piece = t.detach().view({-1}).narrow(0, r.begin, r.size());
+      it = piece_by_tensor.emplace(t.unsafeGetTensorImpl(), piece).first;
+      piece_of_.push_back(Piece{t, piece, r});
+    }
+    pieces_.emplace_back(name, it->second);
+  }
+}
+
+ElementRange ShardedStage::own(const std::string& name) const {
+  const Entry& e = by_name_.at(name);
+  return groups_[e.group].layout.own(e.index);
+}
+
+std::int64_t ShardedStage::numel(const std::string& name) const {
+  const Entry& e = by_name_.at(name);
+  return groups_[e.group].layout.numel(e.index);
+}
+
+void ShardedStage::bindGradients() {
+  for (Piece& p : piece_of_) {
+    const at::Tensor& g = p.parameter.grad();
+    p.piece.mutable_grad() = g.defined() ? g.reshape({-1}).narrow(0, p.range.begin, p.range.size()) : at::Tensor();
+  }
+}
+
+void ShardedStage::gatherParameters() {
+  at::NoGradGuard no_grad;
+  for (Group& group : groups_) {
+    const ShardLayout& layout = group.layout;
+    if (group.tensors.empty() || layout.bufferSize() == 0) continue;
+    const at::TensorOptions options = group.tensors.front().options();
+    at::Tensor mine = at::zeros({layout.bufferSize()}, options);
+    for (std::size_t i = 0; i < group.tensors.size(); ++i) {
+      const ElementRange r = layout.own(i);
+      if (r.empty()) continue;
+      mine.narrow(0, layout.offset(i), r.size()).copy_(group.tensors[i].detach().view({-1}).narrow(0, r.begin, r.size()));
+    }
+    at::Tensor all = at::empty({layout.bufferSize() * group_size_}, options);
+    all_gather_(mine, all);
+    for (int k = 0; k < group_size_; ++k) {
+      if (k == rank_) continue;
+      const at::Tensor block = all.narrow(0, layout.bufferSize() * k, layout.bufferSize());
+      for (std::size_t i = 0; i < group.tensors.size(); ++i) {
+        const ElementRange r = layout.piece(i, k);
+        if (r.empty()) continue;
+        group.tensors[i].detach().view({-1}).narrow(0, r.begin, r.size()).copy_(block.narrow(0, layout.offset(i), r.size()));
+      }
+    }
+  }
+}
+
+}  // namespace pipeforge::sharding
