@@ -23,11 +23,12 @@ namespace pipeforge::sharding {
 // unchanged.
 
 ShardedStage::ShardedStage(int stage, const std::vector<std::pair<std::string, at::Tensor>>& parameters,
-                           int group_size, int rank, AllGather all_gather)
+                           int group_size, int rank, AllGather all_gather, std::int64_t bucket_elements)
     : stage_(stage), group_size_(group_size), rank_(rank), all_gather_(std::move(all_gather)) {
-  std::map<at::ScalarType, std::size_t> group_of;
+  std::map<at::ScalarType, std::size_t> open_bucket;  // per dtype: the bucket being filled
   std::map<const void*, Entry> seen;
   std::vector<std::vector<std::int64_t>> numels;
+  std::vector<std::int64_t> filled;  // per bucket: its buffer's elements so far
   for (const auto& [name, t] : parameters) {
     auto it = seen.find(t.unsafeGetTensorImpl());
     if (it == seen.end()) {
@@ -35,16 +36,20 @@ ShardedStage::ShardedStage(int stage, const std::vector<std::pair<std::string, a
         throw std::invalid_argument("parameter '" + name + "' of stage " + std::to_string(stage) +
                                     " is not contiguous, so it cannot be cut into pieces (pipeline.zero_stage)");
       }
-      auto g = group_of.find(t.scalar_type());
-      if (g == group_of.end()) {
-        g = group_of.emplace(t.scalar_type(), groups_.size()).first;
+      const std::int64_t chunk = chunkSize(t.numel(), group_size);
+      auto g = open_bucket.find(t.scalar_type());
+      if (g == open_bucket.end() || (filled[g->second] > 0 && filled[g->second] + chunk > bucket_elements)) {
+        open_bucket[t.scalar_type()] = groups_.size();
+        g = open_bucket.find(t.scalar_type());
         groups_.emplace_back();
         numels.emplace_back();
+        filled.push_back(0);
       }
       Group& group = groups_[g->second];
       it = seen.emplace(t.unsafeGetTensorImpl(), Entry{g->second, group.tensors.size()}).first;
       group.tensors.push_back(t);
       numels[g->second].push_back(t.numel());
+      filled[g->second] += chunk;
     }
     by_name_.emplace(name, it->second);
   }

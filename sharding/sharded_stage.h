@@ -28,8 +28,14 @@ class ShardedStage {
   // names (tied within the stage) once per name; `group_size` and `rank`:
   // the data-parallel group and this rank's place in it. Throws
   // std::invalid_argument for a parameter that is not contiguous.
+  // Note [Gather buckets]: the all-gather runs per bucket of at most
+  // `bucket_elements` in each rank's buffer (16 MB of float32 by default),
+  // so that what it holds besides the parameters (this rank's buffer and the
+  // gathered group x buffer) stays small whatever the stage's size; a
+  // tensor larger than that is a bucket of its own.
+  static constexpr std::int64_t kBucketElements = std::int64_t{4} << 20;
   ShardedStage(int stage, const std::vector<std::pair<std::string, at::Tensor>>& parameters, int group_size,
-               int rank, AllGather all_gather);
+               int rank, AllGather all_gather, std::int64_t bucket_elements = kBucketElements);
 
   int stage() const { return stage_; }
   int groupSize() const { return group_size_; }
@@ -48,11 +54,11 @@ class ShardedStage {
   // of its parameter's gradient (undefined where the parameter has none).
   void bindGradients();
   // After it stepped: every rank's updated pieces into every rank's
-  // parameters (one all-gather per dtype).
+  // parameters (an all-gather per bucket of one dtype: Note [Gather buckets]).
   void gatherParameters();
 
  private:
-  struct Group {  // the stage's parameters of one dtype, in stage order
+  struct Group {  // a bucket: some of the stage's parameters of one dtype, in stage order
     std::vector<at::Tensor> tensors;
     ShardLayout layout;
   };

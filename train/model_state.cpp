@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <set>
 
 #include "runtime/pipeline_runner.h"
@@ -48,7 +49,7 @@ ModelStateBytes measureModelState(int rank, const std::vector<runtime::NamedTens
 }
 
 ModelStateBytes estimateModelState(int rank, const std::vector<runtime::NamedTensor>& parameters, OptimizerName name,
-                                   double momentum) {
+                                   double momentum, int optimizer_shards) {
   ModelStateBytes out;
   out.rank = rank;
   std::set<const void*> params, trained;
@@ -65,7 +66,8 @@ ModelStateBytes estimateModelState(int rank, const std::vector<runtime::NamedTen
     out.param_bytes += bytes;
     if (!p.tensor.requires_grad()) continue;
     out.grad_bytes += bytes;
-    out.optimizer_bytes += states * bytes;
+    const std::int64_t piece = (p.tensor.numel() + optimizer_shards - 1) / std::max(1, optimizer_shards);
+    out.optimizer_bytes += states * piece * static_cast<std::int64_t>(p.tensor.element_size());
   }
   return out;
 }

@@ -47,9 +47,10 @@ ModelStateBytes measureModelState(int rank, const std::vector<runtime::NamedTens
 // Before the first step: the bytes measureModelState will find after it,
 // from the parameters alone: each trainable one gets a gradient of its
 // size, Adam(W) two state tensors of it, SGD one with momentum and none
-// without.
+// without; with the optimizer state in `optimizer_shards` pieces
+// (pipeline.zero_stage 1: Note [Shards]), this rank's largest piece of each.
 ModelStateBytes estimateModelState(int rank, const std::vector<runtime::NamedTensor>& parameters, OptimizerName name,
-                                   double momentum);
+                                   double momentum, int optimizer_shards = 1);
 
 // {"event": "model_state", "rank": r, "parameters": n, "param_bytes": ...,
 // "grad_bytes": ..., "optimizer_bytes": ..., "bytes_per_parameter": ...}, and back.

@@ -122,5 +122,56 @@ TEST_F(CheckpointTest, MissingStagesAndBrokenPointersAreErrors) {
   EXPECT_THROW(resolveCheckpoint(root_ + "/nope"), CheckpointError);
 }
 
+// Note [Sharded checkpoints]: each data-parallel rank writes its pieces of a
+// stage's optimizer state to a file of its own; the commit requires every
+// shard, and each reads back with its ranges.
+TEST_F(CheckpointTest, OptimizerShardsAreWrittenPerRankAndAllRequired) {
+  const at::Tensor w = at::arange(5, at::kFloat);  // pieces of 2 ranks: [0, 3) and [3, 5)
+  const at::Tensor m = at::arange(5, at::kFloat).mul(10);
+  auto write = [&](int stage, int shard) {
+    StageCheckpoint st = state(stage, 7, w);
+    OptimizerShard piece;
+    piece.shard = shard;
+    piece.shards = 2;
+    piece.optimizer.name = "sgd";
+    const std::string name = st.parameters[0].first;
+    const std::int64_t begin = shard == 0 ? 0 : 3, end = shard == 0 ? 3 : 5;
+    piece.ranges[name] = OptimizerShard::Range{begin, end, 5};
+    piece.optimizer.by_name[name] =
+        ParameterOptimizerState{std::nullopt, {{"momentum_buffer", m.narrow(0, begin, end - begin)}}};
+    st.optimizer_shard = piece;
+    writeStageCheckpoint(root_, st);
+  };
+  CheckpointMeta m7 = meta(7);
+  m7.layout = CheckpointLayout{2, 2, 1, 1};
+  for (int s = 0; s < 2; ++s) write(s, 0);
+  // Shard 1 of each stage is missing: the commit refuses, naming the file.
+  try {
+    commitCheckpoint(root_, m7, 0);
+    FAIL() << "a checkpoint without shard 1 was committed";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("stage_0.optim_shard_1.pt"), std::string::npos) << e.what();
+  }
+  for (int s = 0; s < 2; ++s) write(s, 1);
+  commitCheckpoint(root_, m7, 0);
+  const std::string dir = checkpointDir(root_, 7);
+  EXPECT_EQ(readCheckpointMeta(dir).layout->zero_stage, 1);
+  const StageCheckpoint stage1 = readStageCheckpoint(dir, 1);
+  EXPECT_EQ(stage1.optimizer_shards, 2);
+  EXPECT_TRUE(stage1.optimizer.by_name.empty());
+  EXPECT_EQ(readStageIndex(dir, 1).optimizer_shards, 2);
+  EXPECT_EQ(readStageIndex(dir, 1).optimizer_state.at("layer1.weight"), std::vector<std::string>{"momentum_buffer"});
+  at::Tensor whole = at::empty({5});
+  for (int k = 0; k < 2; ++k) {
+    const OptimizerShard shard = readOptimizerShard(dir, 1, k);
+    EXPECT_EQ(shard.shards, 2);
+    const OptimizerShard::Range r = shard.ranges.at("layer1.weight");
+    EXPECT_EQ(r.numel, 5);
+    whole.narrow(0, r.begin, r.end - r.begin).copy_(shard.optimizer.by_name.at("layer1.weight").slots[0].second);
+  }
+  EXPECT_TRUE(at::equal(whole, m));
+  EXPECT_THROW(readOptimizerShard(dir, 1, 2), CheckpointError);
+}
+
 }  // namespace
 }  // namespace pipeforge::train

@@ -652,6 +652,30 @@ TEST_F(TrainConfigTest, MemoryLimit) {
   }
 }
 
+// pipeline.zero_stage (issue 42): 1 shards over two or more replicas.
+TEST_F(TrainConfigTest, ZeroStage) {
+  auto with = [&](const std::string& keys) {
+    std::string text = valid();
+    const std::string from = "schedule: 1F1B\n";
+    text.replace(text.find(from), from.size(), "schedule: 1F1B\n" + keys);
+    return parseTrainConfig(text, "t.yaml");
+  };
+  EXPECT_EQ(parseTrainConfig(valid(), "t.yaml").pipeline.zero_stage, 0);
+  EXPECT_EQ(with("  data_parallel: 2\n  zero_stage: 1\n").pipeline.zero_stage, 1);
+  auto refused = [&](const std::string& keys, const std::vector<std::string>& fragments) {
+    try {
+      with(keys);
+      ADD_FAILURE() << keys << " was accepted";
+    } catch (const ConfigError& e) {
+      for (const std::string& f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+    }
+  };
+  refused("  zero_stage: 1\n", {"pipeline.data_parallel is 1", "pipeline.zero_stage: 0"});
+  refused("  data_parallel: 2\n  zero_stage: 4\n", {"not a ZeRO stage", "zero_stage"});
+  refused("  data_parallel: 2\n  zero_stage: 2\n", {"not built yet", "pipeline.zero_stage: 1"});
+  refused("  data_parallel: 2\n  zero_stage: -1\n", {"zero_stage"});
+}
+
 // pipeline.microbatch_group_size reaches MegatronInterleaved's generator
 // (Megatron's microbatch_group_size_per_vp_stage) and nothing else.
 TEST_F(TrainConfigTest, MicrobatchGroupSize) {

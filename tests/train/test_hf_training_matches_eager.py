@@ -45,7 +45,7 @@ RTOL, ATOL = 1e-4, 1e-5
 SEQ, TARGET_SEQ = 20, 9
 DATA_ROWS = 48
 
-# label -> (schedule, pipeline ranks, stages per rank, data parallel, optimizer)
+# label -> (schedule, pipeline ranks, stages per rank, data parallel, optimizer[, zero stage, families])
 SGD = "name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 0.01"
 # eps 1e-6, not 1e-8: Adam divides by sqrt(v) + eps, so with 1e-8 a weight
 # whose gradient is ~1e-8 moves by lr on the sign of float noise (the
@@ -56,6 +56,9 @@ LAYOUTS = {
     "ZBV": ("ZBVZeroBubble", 2, 2, 1, SGD),
     "DualPipeV": ("DualPipeV", 2, 2, 1, SGD),
     "1F1B x DP2": ("1F1B", 2, 1, 2, ADAMW),
+    # ZeRO stage 1 (issue 42): the optimizer state sharded over the 2
+    # replicas, on Llama and on Qwen2 (embeddings tied across the pipeline).
+    "DP2 ZeRO-1": ("DualPipeV", 2, 2, 2, ADAMW, 1, {"llama", "qwen2"}),
 }
 
 
@@ -103,7 +106,7 @@ def make_optimizer(torch, params, spec: str):
 
 def train_eager(torch, zoo: str, name: str, meta: dict, data_path: str, layout: tuple):
     import torch.nn.functional as F
-    _, _, _, dp, opt_spec = layout
+    _, _, _, dp, opt_spec, *_ = layout
     model = hf_model(torch, zoo, name, meta)
     data = torch.load(data_path)
     inputs = list(data["inputs"]) if isinstance(data["inputs"], tuple) else [data["inputs"]]
@@ -131,13 +134,13 @@ def train_eager(torch, zoo: str, name: str, meta: dict, data_path: str, layout: 
 
 def train_pipeforge(torch, binary: str, d: str, zoo: str, name: str, meta: dict, data_path: str, label: str,
                     layout: tuple):
-    schedule, pp, per_rank, dp, opt_spec = layout
+    schedule, pp, per_rank, dp, opt_spec, *zero = layout
     run = os.path.join(d, f"{name}-{label.replace(' ', '')}")
     config = run + ".yaml"
     model_path = os.path.join(zoo, name + ".pt2")
     with open(config, "w") as f:
         f.write(f"""model: {{path: {model_path}, num_stages: {pp * per_rank}, policy: parameters}}
-pipeline: {{schedule: {schedule}, microbatches: {MICROBATCHES}, stages_per_rank: {per_rank}, data_parallel: {dp}}}
+pipeline: {{schedule: {schedule}, microbatches: {MICROBATCHES}, stages_per_rank: {per_rank}, data_parallel: {dp}, zero_stage: {zero[0] if zero else 0}}}
 loss: cross_entropy
 optimizer: {{{opt_spec}}}
 lr_schedule: {{decay: constant, warmup_steps: 0}}
@@ -253,6 +256,8 @@ def main() -> None:
             make_data(torch, meta, data_path)
             initial = hf_model(torch, zoo, name, meta).state_dict()
             for label, layout in LAYOUTS.items():
+                if len(layout) > 6 and name not in layout[6]:
+                    continue
                 start = time.time()
                 ref_losses, ref_state = train_eager(torch, zoo, name, meta, data_path, layout)
                 losses, state, trained = train_pipeforge(torch, binary, d, zoo, name, meta, data_path, label, layout)
