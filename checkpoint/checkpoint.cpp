@@ -610,16 +610,26 @@ CheckpointMeta readCheckpointMeta(const std::string& step_dir) {
   }
 }
 
-StageCheckpoint readStageCheckpoint(const std::string& step_dir, int stage) {
-  requireHere(step_dir, stageFile(stage));
-  const std::string path = (fs::path(step_dir) / stageFile(stage)).string();
-  const std::string bytes = readFile(path, "stage file");
-  c10::IValue value;
+namespace {
+
+// A pickled file of a step folder (`what`: "stage file"), read where this
+// host may read it (Note [Checkpoints on each host's own disk]).
+c10::IValue loadPickled(const std::string& step_dir, const std::string& file, const char* what, std::string& path) {
+  requireHere(step_dir, file);
+  path = (fs::path(step_dir) / file).string();
+  const std::string bytes = readFile(path, what);
   try {
-    value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+    return torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
   } catch (const c10::Error& e) {
-    throw CheckpointError(fmt::format("checkpoint stage file '{}' is corrupt: {}", path, e.what_without_backtrace()));
+    throw CheckpointError(fmt::format("checkpoint {} '{}' is corrupt: {}", what, path, e.what_without_backtrace()));
   }
+}
+
+}  // namespace
+
+StageCheckpoint readStageCheckpoint(const std::string& step_dir, int stage) {
+  std::string path;
+  const c10::IValue value = loadPickled(step_dir, stageFile(stage), "stage file", path);
   if (!value.isGenericDict()) throw CheckpointError(fmt::format("'{}' is not a checkpoint stage file", path));
   auto dict = value.toGenericDict();
   for (const char* key : {"format", "stage", "step", "data_position", "parameters", "buffers", "rng_state"}) {
@@ -647,16 +657,8 @@ StageCheckpoint readStageCheckpoint(const std::string& step_dir, int stage) {
 }
 
 OptimizerShard readOptimizerShard(const std::string& step_dir, int stage, int shard) {
-  const std::string file = optimizerShardFile(stage, shard);
-  requireHere(step_dir, file);
-  const std::string path = (fs::path(step_dir) / file).string();
-  const std::string bytes = readFile(path, "optimizer shard");
-  c10::IValue value;
-  try {
-    value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
-  } catch (const c10::Error& e) {
-    throw CheckpointError(fmt::format("checkpoint optimizer shard '{}' is corrupt: {}", path, e.what_without_backtrace()));
-  }
+  std::string path;
+  const c10::IValue value = loadPickled(step_dir, optimizerShardFile(stage, shard), "optimizer shard", path);
   auto bad = [&](const std::string& what) {
     return CheckpointError(fmt::format("'{}' is not an optimizer shard of stage {} ({})", path, stage, what));
   };
