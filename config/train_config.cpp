@@ -704,14 +704,14 @@ void checkCrossKeys(const TrainConfig& c) {
                                   o, c.global_batch_size, p.data_parallel));
   }
   if (p.zero_stage < 0 || p.zero_stage > 3) {
-    throw ConfigError(fmt::format("{}: pipeline.zero_stage {} is not a ZeRO stage; use 0 (no sharding) or 1 "
-                                  "(optimizer state sharded over the data-parallel replicas)",
+    throw ConfigError(fmt::format("{}: pipeline.zero_stage {} is not a ZeRO stage; use 0 (no sharding), 1 "
+                                  "(optimizer state sharded over the data-parallel replicas) or 2 (gradients too)",
                                   o, p.zero_stage));
   }
-  if (p.zero_stage >= 2) {
-    throw ConfigError(fmt::format("{}: pipeline.zero_stage {} (sharded gradients{}) is not built yet; use "
-                                  "pipeline.zero_stage: 1, which shards the optimizer state",
-                                  o, p.zero_stage, p.zero_stage == 3 ? " and parameters" : ""));
+  if (p.zero_stage >= 3) {
+    throw ConfigError(fmt::format("{}: pipeline.zero_stage 3 (sharded parameters) is not built yet; use "
+                                  "pipeline.zero_stage: 2, which shards the optimizer state and the gradients",
+                                  o));
   }
   if (p.zero_stage >= 1 && p.data_parallel < 2) {
     throw ConfigError(fmt::format("{}: pipeline.zero_stage {} shards over the data-parallel replicas, and "

@@ -71,7 +71,8 @@ struct PipelineConfig {
   int data_parallel = 1;  // world = pipeline ranks x data_parallel
   // ZeRO across the data-parallel replicas (ColossalAI's key): 0 keeps every
   // stage whole on every replica; 1 shards the optimizer state (Note
-  // [Sharded optimizer] in sharding/sharded_stage.cpp).
+  // [Sharded optimizer] in sharding/sharded_stage.cpp), 2 the gradients too
+  // (Note [Sharded gradients]).
   int zero_stage = 0;
   // PyTorch's scale_grads: false sums the microbatches' losses (and their
   // gradients) instead of averaging them; the step's reported loss is then

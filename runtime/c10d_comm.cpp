@@ -407,6 +407,30 @@ class C10dComm : public Communicator {
     if (widen) out.view({-1}).copy_(recv);
   }
 
+  // _reduce_scatter_base on LibTorch 2.x (Gloo: an all-reduce and a copy;
+  // NCCL: the real one); 1.13's Gloo has none, and takes the default.
+  void reduceScatterSum(const at::Tensor& in, const at::Tensor& out, const std::vector<int>& group) override {
+#if PIPEFORGE_TORCH_AT_LEAST(2, 0)
+    const std::string what =
+        fmt::format("rank {} in a reduce-scatter over ranks {}", rank(), fmt::join(group, ","));
+    c10::intrusive_ptr<PIPEFORGE_C10D_GROUP> pg = world_;
+    if (static_cast<int>(group.size()) != worldSize()) {
+      auto it = groups_.find(group);
+      if (it == groups_.end()) it = groups_.emplace(group, joinGroup(group)).first;
+      pg = it->second;
+    }
+    const bool widen = !options_.nccl && (in.scalar_type() == at::kBFloat16 || in.scalar_type() == at::kHalf);
+    at::Tensor send = widen ? in.to(at::kFloat) : in.contiguous();
+    at::Tensor recv = widen ? at::empty({out.numel()}, send.options()) : out.view({-1});
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    waitCollective(pg->_reduce_scatter_base(recv, send, opts), what, group);
+    if (widen) out.view({-1}).copy_(recv);
+#else
+    Communicator::reduceScatterSum(in, out, group);
+#endif
+  }
+
   void barrier() override {
     std::string what = fmt::format("rank {} in a barrier", rank());
     waitCollective(world_->barrier(), what);

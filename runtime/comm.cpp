@@ -19,4 +19,15 @@ void Communicator::allgather(const at::Tensor& in, const at::Tensor& out, const 
   allreduceSum(out, group);
 }
 
+void Communicator::reduceScatterSum(const at::Tensor& in, const at::Tensor& out, const std::vector<int>& group) {
+  const auto me = std::find(group.begin(), group.end(), rank());
+  if (me == group.end() || in.numel() != out.numel() * static_cast<std::int64_t>(group.size())) {
+    throw std::invalid_argument("reduceScatterSum: this rank is not in the group, or the input is not group x output");
+  }
+  at::NoGradGuard no_grad;
+  at::Tensor sum = in.reshape({-1}).clone();
+  allreduceSum(sum, group);
+  out.view({-1}).copy_(sum.narrow(0, out.numel() * (me - group.begin()), out.numel()));
+}
+
 }  // namespace pipeforge::runtime

@@ -93,6 +93,12 @@ class Communicator {
   // non-zero term); c10d runs the all-gather itself.
   virtual void allgather(const at::Tensor& in, const at::Tensor& out, const std::vector<int>& group);
 
+  // Sums `in` (group.size() x out.numel() elements, block k for member k)
+  // over the group and gives this member its block of the sum in `out`.
+  // This default sums all of `in` and keeps its block (what Gloo does on
+  // LibTorch 2.x anyway); c10d runs the reduce-scatter itself where it has one.
+  virtual void reduceScatterSum(const at::Tensor& in, const at::Tensor& out, const std::vector<int>& group);
+
   virtual void barrier() = 0;
 
   // The host `rank` runs on ("node2, 10.0.0.2"), as it published it when it

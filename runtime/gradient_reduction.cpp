@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "runtime/comm.h"
+#include "runtime/stage_sharding.h"
 #include "runtime/step_trace.h"
 
 namespace pipeforge::runtime {
@@ -28,6 +29,16 @@ void GradientReducer::beginStep() { reduced_.clear(); }
 void GradientReducer::reduceStage(int stage, StepTrace& trace) {
   if (cfg_.dp_degree <= 1 || reduced_.count(stage)) return;
   const auto t0 = StepClock::now();
+  if (sharding_ != nullptr) {
+    reduced_.insert(stage);
+    sharding_->reduceGradients(stage);
+    if (trace.profiling()) {
+      trace.record(SpanKind::kAllReduce,
+                   fmt::format("reduce-scatter grads stage {} over {} replicas", stage, cfg_.dp_degree), t0,
+                   StepClock::now());
+    }
+    return;
+  }
   std::vector<at::Tensor> grads;
   for (auto& [name, p] : parameters_of_(stage)) {
     if (p.requires_grad()) grads.push_back(definedGrad(p));
@@ -55,16 +66,19 @@ void GradientReducer::sumTied(StepTrace& trace) {
     if (!tied.crosses_stages || tied.local.empty()) continue;
     const auto t0 = StepClock::now();
     at::Tensor sum;
-    std::vector<at::Tensor> params;
+    std::vector<at::Tensor> grads;  // what each holder keeps: its gradient, or its piece of it
     for (const auto& [s, fqn] : tied.local) {
       for (auto& [name, p] : parameters_of_(s)) {
         if (name != fqn) continue;
-        sum = sum.defined() ? sum + definedGrad(p) : definedGrad(p).clone();
-        params.push_back(p);
+        at::Tensor g = sharding_ != nullptr ? sharding_->heldGradient(s, fqn) : definedGrad(p);
+        if (!g.defined()) continue;  // no piece of it on this rank, nor on the tied holders of this replica
+        sum = sum.defined() ? sum + g : g.clone();
+        grads.push_back(g);
       }
     }
+    if (!sum.defined()) continue;
     if (tied.ranks.size() > 1) comm_.allreduceSum(sum, tied.ranks);
-    for (at::Tensor& p : params) p.mutable_grad().copy_(sum);
+    for (at::Tensor& g : grads) g.copy_(sum);
     if (trace.profiling() && tied.ranks.size() > 1) {
       trace.record(SpanKind::kAllReduce, fmt::format("all-reduce tied grads {}", tied.local.front().second), t0,
                    StepClock::now());

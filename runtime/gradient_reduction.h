@@ -14,6 +14,7 @@
 namespace pipeforge::runtime {
 
 class Communicator;
+class StageSharding;
 class StepTrace;
 
 // One group of tied parameters (pipe.json "tied"), as seen from one rank.
@@ -36,6 +37,10 @@ class GradientReducer {
 
   GradientReducer(Communicator& comm, GradientReductionConfig config, ParametersOf parameters_of);
 
+  // With a sharding (ZeRO stage 2 and up), reduceStage hands each stage to
+  // it and sumTied sums the pieces it holds. Not owned; null: none.
+  void setSharding(StageSharding* sharding) { sharding_ = sharding; }
+
   // Forgets which stages this step reduced.
   void beginStep();
   // Averages stage `stage`'s gradients over the data-parallel replicas, once
@@ -51,6 +56,7 @@ class GradientReducer {
   GradientReductionConfig cfg_;
   ParametersOf parameters_of_;
   std::set<int> reduced_;  // stages reduced this step
+  StageSharding* sharding_ = nullptr;
 };
 
 }  // namespace pipeforge::runtime

@@ -14,6 +14,7 @@
 #include "runtime/c10d_comm.h"
 #include "runtime/comm.h"
 #include "runtime/comm_plan.h"
+#include "runtime/stage_sharding.h"
 #include "runtime/fake_comm.h"
 #include "runtime/loss.h"
 #include "runtime/microbatch.h"
@@ -200,6 +201,7 @@ class PipelineRunner::Impl {
     cfg.static_shapes = options_.static_shapes;
     cfg.dp_degree = options_.dp_degree;
     cfg.dp_group = mesh_->group(mesh::Axis::kDp, rank_);
+    cfg.sharding = sharding_;
 
     for (const auto& fqns : manifest_.tied) {
       for (int d = 0; d < options_.dp_degree; ++d) {
@@ -352,22 +354,46 @@ class PipelineRunner::Impl {
     }
   }
 
-  void allgatherOverReplicas(const at::Tensor& in, const at::Tensor& out) {
+  void setSharding(StageSharding* sharding) {
+    sharding_ = sharding;
+    if (executor_) executor_->setSharding(sharding);
+  }
+
+  // A collective of this rank's data-parallel group: a failure is published
+  // to every rank (or, when another rank published one, reported as theirs).
+  template <class Collective>
+  void overReplicas(const char* what, Collective&& collective) {
     const std::vector<int> group = mesh_->group(mesh::Axis::kDp, rank_);
-    if (group.size() == 1) {
-      out.view({-1}).copy_(in.reshape({-1}));
-      return;
-    }
     try {
-      comm_->allgather(in, out, group);
+      collective(group);
     } catch (const CommError& e) {
       if (e.kind() == CommError::Kind::kAborted) {
         throw RuntimeError(std::string(e.what()) + ":\n" + e.report(), ErrorCode::kPeerFailure);
       }
-      std::string report = fmt::format("rank {} failed in an all-gather over its replicas: {}", rank_, e.what());
+      std::string report = fmt::format("rank {} failed in {} over its replicas: {}", rank_, what, e.what());
       comm_->abort(report);
       throw RuntimeError(report, ErrorCode::kPeerFailure);
     }
+  }
+
+  void allgatherOverReplicas(const at::Tensor& in, const at::Tensor& out) {
+    overReplicas("an all-gather", [&](const std::vector<int>& group) {
+      if (group.size() == 1) {
+        out.view({-1}).copy_(in.reshape({-1}));
+      } else {
+        comm_->allgather(in, out, group);
+      }
+    });
+  }
+
+  void reduceScatterOverReplicas(const at::Tensor& in, const at::Tensor& out) {
+    overReplicas("a reduce-scatter", [&](const std::vector<int>& group) {
+      if (group.size() == 1) {
+        out.view({-1}).copy_(in.reshape({-1}));
+      } else {
+        comm_->reduceScatterSum(in, out, group);
+      }
+    });
   }
 
   // Note [Counts from the loss]
@@ -395,6 +421,10 @@ class PipelineRunner::Impl {
     for (double& l : out.losses) l *= factor;
     if (!train) return;
     at::NoGradGuard no_grad;
+    if (sharding_ != nullptr) {
+      for (at::Tensor& g : sharding_->heldGradients()) g.mul_(factor);
+      return;
+    }
     std::set<const void*> done;  // two names of one tensor share one .grad
     for (PipelineStage* s : stages_) {
       if (s == nullptr) continue;
@@ -421,6 +451,7 @@ class PipelineRunner::Impl {
   schedules::Program program_;
   int rank_ = 0, world_ = 1, pp_size_ = 1, pp_rank_ = 0, dp_rank_ = 0;
   std::optional<mesh::MeshLayout> mesh_;  // the run's pp × tp × dp layout (Note [Mesh order])
+  StageSharding* sharding_ = nullptr;     // ZeRO stage 2 and up; not owned
   std::string device_;
   bool computes_loss_ = false;
   std::vector<std::int64_t> lengths_;  // the last step's microbatch lengths (RunnerOptions::trim_padding)
@@ -545,6 +576,12 @@ void PipelineRunner::allgatherOverReplicas(const at::Tensor& in, const at::Tenso
 }
 
 int PipelineRunner::dataParallel() const { return impl_->mesh_->size(mesh::Axis::kDp); }
+
+void PipelineRunner::reduceScatterOverReplicas(const at::Tensor& in, const at::Tensor& out) {
+  impl_->reduceScatterOverReplicas(in, out);
+}
+
+void PipelineRunner::setStageSharding(StageSharding* sharding) { impl_->setSharding(sharding); }
 
 void PipelineRunner::setProgram(const schedules::Program& program) { impl_->setProgram(program); }
 

@@ -38,6 +38,7 @@
 namespace pipeforge::runtime {
 
 class Communicator;
+class StageSharding;
 
 struct RunnerOptions {
   // A folder written by `pipeforge split`: pipe.json and stage_<i>.pt.
@@ -204,6 +205,13 @@ class PipelineRunner {
   // replica of this rank's pipeline rank, in replica order. A collective of
   // the data-parallel group (Note [Mesh order]).
   void allgatherOverReplicas(const at::Tensor& in, const at::Tensor& out);
+  // Sums `in` (dataParallel() x out.numel() elements) over the replicas and
+  // gives this replica its block (the data-parallel reduce-scatter).
+  void reduceScatterOverReplicas(const at::Tensor& in, const at::Tensor& out);
+  // ZeRO stage 2 and up: REDUCE_GRAD hands each stage's gradients to
+  // `sharding`, the tied sums and the loss's count division act on what it
+  // holds. Not owned; it outlives the runner's steps. Null: none.
+  void setStageSharding(StageSharding* sharding);
   int dataParallel() const;  // the number of replicas
 
   int rank() const;

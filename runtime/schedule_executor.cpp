@@ -107,6 +107,7 @@ class ScheduleExecutor::Impl {
         messenger_(comm, messengerConfig(cfg_)),
         reducer_(comm, GradientReductionConfig{cfg_.dp_degree, cfg_.dp_group, cfg_.tied},
                  [this](int s) { return localStage(s).namedParameters(); }) {
+    reducer_.setSharding(cfg_.sharding);
     // A checkpointed stage recomputes its forward (and loss) inside its
     // backward: under the same autocast as the forward (Note [Mixed precision]).
     for (PipelineStage* stage : cfg_.stages) {
@@ -180,6 +181,11 @@ class ScheduleExecutor::Impl {
     out_.profile.step_s = secondsBetween(step_start, StepClock::now());
     clearStep();
     return std::move(out_);
+  }
+
+  void setSharding(StageSharding* sharding) {
+    cfg_.sharding = sharding;
+    reducer_.setSharding(sharding);
   }
 
  private:
@@ -583,6 +589,8 @@ class ScheduleExecutor::Impl {
 ScheduleExecutor::ScheduleExecutor(Communicator& comm, ExecutorConfig config)
     : impl_(std::make_unique<Impl>(comm, std::move(config))) {}
 ScheduleExecutor::~ScheduleExecutor() = default;
+
+void ScheduleExecutor::setSharding(StageSharding* sharding) { impl_->setSharding(sharding); }
 
 StepOutcome ScheduleExecutor::run(const StepRequest& request, bool profile) {
   try {

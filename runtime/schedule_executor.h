@@ -38,6 +38,7 @@ namespace pipeforge::runtime {
 class Communicator;
 class LossFunction;
 class PipelineStage;
+class StageSharding;
 struct CommPlan;
 
 struct ExecutorConfig {
@@ -58,6 +59,8 @@ struct ExecutorConfig {
   // Per tied group: the local stages holding it and the global ranks of all holders.
   using Tied = TiedGroup;
   std::vector<Tied> tied;
+  // ZeRO stage 2 and up (runtime/stage_sharding.h); null: gradients stay whole.
+  StageSharding* sharding = nullptr;
 };
 
 struct StepRequest {
@@ -86,6 +89,9 @@ class ScheduleExecutor {
   // Throws RuntimeError naming the rank, action and step (with the grid) on
   // any failure, here or on a peer.
   StepOutcome run(const StepRequest& request, bool profile);
+
+  // ExecutorConfig::sharding, set after construction (between steps).
+  void setSharding(StageSharding* sharding);
 
  private:
   class Impl;

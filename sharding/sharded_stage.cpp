@@ -23,8 +23,13 @@ namespace pipeforge::sharding {
 // unchanged.
 
 ShardedStage::ShardedStage(int stage, const std::vector<std::pair<std::string, at::Tensor>>& parameters,
-                           int group_size, int rank, AllGather all_gather, std::int64_t bucket_elements)
-    : stage_(stage), group_size_(group_size), rank_(rank), all_gather_(std::move(all_gather)) {
+                           int group_size, int rank, AllGather all_gather, ReduceScatter reduce_scatter,
+                           std::int64_t bucket_elements)
+    : stage_(stage),
+      group_size_(group_size),
+      rank_(rank),
+      all_gather_(std::move(all_gather)),
+      reduce_scatter_(std::move(reduce_scatter)) {
   std::map<at::ScalarType, std::size_t> open_bucket;  // per dtype: the bucket being filled
   std::map<const void*, Entry> seen;
   std::vector<std::vector<std::int64_t>> numels;
@@ -68,6 +73,66 @@ ShardedStage::ShardedStage(int stage, const std::vector<std::pair<std::string, a
     }
     pieces_.emplace_back(name, it->second);
   }
+  if (shardsGradients()) {
+    // Note [Sharded gradients]: each piece's gradient lives in its bucket's buffer.
+    for (const Group& group : groups_) {
+      grad_buffers_.push_back(at::zeros({group.layout.bufferSize()}, group.tensors.empty()
+                                                                          ? at::TensorOptions(at::kFloat)
+                                                                          : group.tensors.front().options()));
+    }
+    for (Piece& p : piece_of_) {
+      if (!p.parameter.requires_grad()) continue;  // frozen: no gradient, as without sharding
+      for (std::size_t g = 0; g < groups_.size(); ++g) {
+        const auto& tensors = groups_[g].tensors;
+        for (std::size_t i = 0; i < tensors.size(); ++i) {
+          if (!tensors[i].is_same(p.parameter)) continue;
+          p.piece.mutable_grad() = grad_buffers_[g].narrow(0, groups_[g].layout.offset(i), p.range.size());
+        }
+      }
+    }
+  }
+}
+
+// Note [Sharded gradients]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// ZeRO stage 2: a stage's gradients accumulate whole over the step's
+// microbatches, as without sharding; once its last backward ran (its
+// REDUCE_GRAD action, or the step's end), each bucket's gradients are laid
+// out rank block by rank block (rank j's pieces at offset(i) of block j),
+// reduce-scattered (summed) into this rank's buffer, divided by the group
+// size (the replicas' average), and the whole gradients released. The
+// pieces' gradients are views of those buffers, so the tied sums, the loss
+// count division, unscaling, norms and clipping act on pieces, and every
+// rank adds its pieces' squares to the global norm. Between steps a rank
+// keeps 1/d of the gradients.
+void ShardedStage::reduceGradients() {
+  at::NoGradGuard no_grad;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const Group& group = groups_[g];
+    const ShardLayout& layout = group.layout;
+    if (layout.bufferSize() == 0) continue;
+    at::Tensor send = at::zeros({layout.bufferSize() * group_size_}, grad_buffers_[g].options());
+    for (std::size_t i = 0; i < group.tensors.size(); ++i) {
+      const at::Tensor& grad = group.tensors[i].grad();
+      if (!grad.defined()) continue;  // no gradient this step: zeros, as an all-reduce would give
+      const at::Tensor flat = grad.reshape({-1});
+      for (int k = 0; k < group_size_; ++k) {
+        const ElementRange r = layout.piece(i, k);
+        if (r.empty()) continue;
+        send.narrow(0, layout.bufferSize() * k + layout.offset(i), r.size()).copy_(flat.narrow(0, r.begin, r.size()));
+      }
+    }
+    for (const at::Tensor& t : group.tensors) t.mutable_grad() = at::Tensor();  // the whole one is not kept
+    reduce_scatter_(send, grad_buffers_[g]);
+    grad_buffers_[g].div_(group_size_);
+  }
+}
+
+at::Tensor ShardedStage::heldGradient(const std::string& name) const {
+  const Entry& e = by_name_.at(name);
+  const ElementRange r = groups_[e.group].layout.own(e.index);
+  if (r.empty() || grad_buffers_.empty()) return at::Tensor();
+  return grad_buffers_[e.group].narrow(0, groups_[e.group].layout.offset(e.index), r.size());
 }
 
 ElementRange ShardedStage::own(const std::string& name) const {
@@ -81,6 +146,7 @@ std::int64_t ShardedStage::numel(const std::string& name) const {
 }
 
 void ShardedStage::bindGradients() {
+  if (shardsGradients()) return;  // bound once, to the reduced pieces
   for (Piece& p : piece_of_) {
     const at::Tensor& g = p.parameter.grad();
     p.piece.mutable_grad() = g.defined() ? g.reshape({-1}).narrow(0, p.range.begin, p.range.size()) : at::Tensor();

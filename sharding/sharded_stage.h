@@ -21,6 +21,9 @@ namespace pipeforge::sharding {
 // Fills `out` (group size x in.numel() elements, rank order) with every
 // group member's `in`: the data-parallel all-gather.
 using AllGather = std::function<void(const at::Tensor& in, const at::Tensor& out)>;
+// Sums `in` (group size x out.numel() elements) over the group and gives
+// this rank its block in `out`: the data-parallel reduce-scatter.
+using ReduceScatter = std::function<void(const at::Tensor& in, const at::Tensor& out)>;
 
 class ShardedStage {
  public:
@@ -34,8 +37,12 @@ class ShardedStage {
   // gathered group x buffer) stays small whatever the stage's size; a
   // tensor larger than that is a bucket of its own.
   static constexpr std::int64_t kBucketElements = std::int64_t{4} << 20;
+  // With `reduce_scatter` (ZeRO stage 2, Note [Sharded gradients]) the
+  // stage's gradients are reduced into this rank's pieces and the whole
+  // ones released; without it (stage 1) every rank keeps them whole.
   ShardedStage(int stage, const std::vector<std::pair<std::string, at::Tensor>>& parameters, int group_size,
-               int rank, AllGather all_gather, std::int64_t bucket_elements = kBucketElements);
+               int rank, AllGather all_gather, ReduceScatter reduce_scatter = nullptr,
+               std::int64_t bucket_elements = kBucketElements);
 
   int stage() const { return stage_; }
   int groupSize() const { return group_size_; }
@@ -50,9 +57,20 @@ class ShardedStage {
   ElementRange own(const std::string& name) const;
   std::int64_t numel(const std::string& name) const;
 
-  // Before the optimizer steps: each piece's gradient is the same elements
-  // of its parameter's gradient (undefined where the parameter has none).
+  bool shardsGradients() const { return static_cast<bool>(reduce_scatter_); }
+
+  // Stage 1, before the optimizer steps: each piece's gradient is the same
+  // elements of its parameter's gradient (undefined where it has none).
+  // Stage 2 binds them once, to the pieces reduceGradients fills.
   void bindGradients();
+  // Stage 2, once the stage's backward of the step is done: its gradients
+  // averaged over the group, this rank's pieces kept, the whole ones
+  // released (one reduce-scatter per bucket).
+  void reduceGradients();
+  // Stage 2: the gradient piece this rank holds for `name` (undefined when
+  // its piece is empty), and every bucket's pieces (padding included, zero).
+  at::Tensor heldGradient(const std::string& name) const;
+  std::vector<at::Tensor> gradientBuffers() const { return grad_buffers_; }
   // After it stepped: every rank's updated pieces into every rank's
   // parameters (an all-gather per bucket of one dtype: Note [Gather buckets]).
   void gatherParameters();
@@ -71,7 +89,9 @@ class ShardedStage {
   int group_size_;
   int rank_;
   AllGather all_gather_;
+  ReduceScatter reduce_scatter_;
   std::vector<Group> groups_;
+  std::vector<at::Tensor> grad_buffers_;  // stage 2: per bucket, this rank's reduced pieces
   std::map<std::string, Entry> by_name_;
   std::vector<std::pair<std::string, at::Tensor>> pieces_;
   struct Piece {

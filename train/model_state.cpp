@@ -28,15 +28,17 @@ std::int64_t storageBytes(const at::Tensor& t, std::set<const void*>& seen) {
 
 ModelStateBytes measureModelState(int rank, const std::vector<runtime::NamedTensor>& parameters,
                                   const std::map<int, std::unique_ptr<torch::optim::Optimizer>>& optimizers,
-                                  const std::map<int, std::vector<NamedParameter>>& stepped, OptimizerName name) {
+                                  const std::map<int, std::vector<NamedParameter>>& stepped, OptimizerName name,
+                                  const std::vector<at::Tensor>& held_gradients) {
   ModelStateBytes out;
   out.rank = rank;
   std::set<const void*> params, grads, states, counted;
   for (const auto& p : parameters) {
     if (counted.insert(p.tensor.unsafeGetTensorImpl()).second) out.parameters += p.tensor.numel();
     out.param_bytes += storageBytes(p.tensor, params);
-    out.grad_bytes += storageBytes(p.tensor.grad(), grads);
+    if (held_gradients.empty()) out.grad_bytes += storageBytes(p.tensor.grad(), grads);
   }
+  for (const at::Tensor& g : held_gradients) out.grad_bytes += storageBytes(g, grads);
   for (const auto& [stage, optimizer] : optimizers) {
     auto it = stepped.find(stage);
     if (it == stepped.end()) continue;

@@ -39,10 +39,12 @@ struct ModelStateBytes {
 // exist) and its stages' `optimizers` (after a step, so their state does),
 // whose state is keyed by the tensors `stepped` lists per stage: the
 // parameters, or with pipeline.zero_stage this rank's pieces of them.
-// Tied names of one tensor count once.
+// `held_gradients` (zero_stage 2: the gradient pieces the rank keeps) stand
+// for the parameters' gradients when given. Tied names of one tensor count once.
 ModelStateBytes measureModelState(int rank, const std::vector<runtime::NamedTensor>& parameters,
                                   const std::map<int, std::unique_ptr<torch::optim::Optimizer>>& optimizers,
-                                  const std::map<int, std::vector<NamedParameter>>& stepped, OptimizerName name);
+                                  const std::map<int, std::vector<NamedParameter>>& stepped, OptimizerName name,
+                                  const std::vector<at::Tensor>& held_gradients = {});
 
 // Before the first step: the bytes measureModelState will find after it,
 // from the parameters alone: each trainable one gets a gradient of its

@@ -24,6 +24,7 @@
 #include "runtime/pipeline_runner.h"
 #include "schedules/generate.h"
 #include "sharding/sharded_stage.h"
+#include "sharding/zero_sharding.h"
 #include "stage/manifest.h"
 #include "train/auto_schedule_pick.h"
 #include "train/deferred_reports.h"
@@ -92,9 +93,16 @@ class RankTrainer {
         // Note [Sharded optimizer]: the optimizer steps this rank's pieces.
         std::vector<std::pair<std::string, at::Tensor>> named;
         for (const auto& p : stepped) named.emplace_back(p.name, p.tensor);
+        sharding::ReduceScatter reduce_scatter;
+        if (config.pipeline.zero_stage >= 2) {  // Note [Sharded gradients]
+          reduce_scatter = [this](const at::Tensor& in, const at::Tensor& out) {
+            runner_->reduceScatterOverReplicas(in, out);
+          };
+        }
         auto sharded = std::make_unique<sharding::ShardedStage>(
             s, named, runner_->dataParallel(), runner_->dpRank(),
-            [this](const at::Tensor& in, const at::Tensor& out) { runner_->allgatherOverReplicas(in, out); });
+            [this](const at::Tensor& in, const at::Tensor& out) { runner_->allgatherOverReplicas(in, out); },
+            std::move(reduce_scatter));
         stepped.clear();
         for (const auto& [name, piece] : sharded->pieces()) stepped.push_back({name, piece});
         sharded_[s] = std::move(sharded);
@@ -102,6 +110,12 @@ class RankTrainer {
       stepped_[s] = stepped;
       for (auto& p : stepped) p.name = tied_.canonical(p.name);  // no_decay matches a tied group by its first name
       optimizers_[s] = makeOptimizer(config.optimizer, stepped);
+    }
+    if (config.pipeline.zero_stage >= 2) {
+      std::map<int, sharding::ShardedStage*> stages;
+      for (auto& [s, sharded] : sharded_) stages[s] = sharded.get();
+      zero_sharding_ = std::make_unique<sharding::ZeroSharding>(std::move(stages));
+      runner_->setStageSharding(zero_sharding_.get());
     }
     std::string schedule = scheduleLabel(config);
     if (auto_choice_) schedule += ": " + auto_choice_->choice.origin;
@@ -252,7 +266,8 @@ class RankTrainer {
   void reportModelState() {
     model_state_reported_ = true;
     const ModelStateBytes mine =
-        measureModelState(rank(), runner_->parameters(), optimizers_, stepped_, config_.optimizer.name);
+        measureModelState(rank(), runner_->parameters(), optimizers_, stepped_, config_.optimizer.name,
+                          zero_sharding_ ? zero_sharding_->heldGradients() : std::vector<at::Tensor>{});
     channel_->publish("model_state/" + std::to_string(rank()), modelStateRecord(mine).dump());
     if (rank() != 0) return;
     for (int r = 0; r < plan_.env.world_size; ++r) {
@@ -288,10 +303,33 @@ class RankTrainer {
   void unscaleGradients(double inverse) {
     at::NoGradGuard no_grad;
     std::set<const void*> done;  // two names of one tensor in one stage share one .grad
-    for (const auto& p : runner_->parameters()) {
-      at::Tensor g = p.tensor.grad();
-      if (g.defined() && done.insert(g.unsafeGetTensorImpl()).second) g.mul_(inverse);
+    for (const HeldGradient& h : heldGradients()) {
+      if (done.insert(h.grad.unsafeGetTensorImpl()).second) h.grad.mul_(inverse);
     }
+  }
+
+  // The gradients this rank holds after the backward, by stage and name: its
+  // parameters' own, or with zero_stage 2 its pieces of them (Note [Sharded
+  // gradients]). Tied names of one tensor give the same tensor.
+  struct HeldGradient {
+    int stage = 0;
+    std::string name;
+    at::Tensor grad;
+  };
+  std::vector<HeldGradient> heldGradients() const {
+    std::vector<HeldGradient> out;
+    if (zero_sharding_) {
+      for (const auto& [s, sharded] : sharded_) {
+        for (const auto& [name, piece] : sharded->pieces()) {
+          if (piece.grad().defined()) out.push_back({s, name, piece.grad()});
+        }
+      }
+      return out;
+    }
+    for (const auto& p : runner_->parameters()) {
+      if (p.tensor.grad().defined()) out.push_back({p.stage, p.name, p.tensor.grad()});
+    }
+    return out;
   }
 
   // Note [One collective per step's checks] in train/gradient_check.h.
@@ -299,21 +337,19 @@ class RankTrainer {
     const SpanTimer timer = phase(runtime::SpanKind::kCheck, "gradient check");
     GradientCheckFlags flags(plan_.manifest.num_stages);
     std::set<const void*> counted;
-    const auto parameters = runner_->parameters();
-    std::vector<const runtime::NamedTensor*> owners;
+    const std::vector<HeldGradient> held = heldGradients();
     std::vector<at::Tensor> grads;
-    for (const auto& p : parameters) {
-      if (!p.tensor.grad().defined()) continue;
-      owners.push_back(&p);
-      grads.push_back(p.tensor.grad());
-    }
+    for (const HeldGradient& h : held) grads.push_back(h.grad);
     const std::vector<double> norms = norms2(grads);
-    for (std::size_t k = 0; k < owners.size(); ++k) {
-      const auto& p = *owners[k];
+    // Every replica holds the same averaged gradients, so replica 0 counts
+    // them; with zero_stage 2 each holds its pieces, and every one counts its own.
+    const bool counts = runner_->dpRank() == 0 || zero_sharding_ != nullptr;
+    for (std::size_t k = 0; k < held.size(); ++k) {
+      const HeldGradient& h = held[k];
       const double norm = norms[k];
-      flags.addStageNorm2(p.stage, norm * norm);
-      const bool first_holder = tied_.firstHolder(p.name) == p.stage;
-      if (runner_->dpRank() == 0 && first_holder && counted.insert(p.tensor.unsafeGetTensorImpl()).second) {
+      flags.addStageNorm2(h.stage, norm * norm);
+      const bool first_holder = tied_.firstHolder(h.name) == h.stage;
+      if (counts && first_holder && counted.insert(h.grad.unsafeGetTensorImpl()).second) {
         flags.addGlobalNorm2(norm * norm);
       }
     }
@@ -394,9 +430,8 @@ class RankTrainer {
     const double coef = config_.optimizer.clip_grad_norm / (norm + 1e-6);
     if (coef >= 1.0) return;
     std::set<const void*> scaled;  // two names of one tensor in one stage share one .grad
-    for (const auto& p : runner_->parameters()) {
-      at::Tensor g = p.tensor.grad();
-      if (g.defined() && scaled.insert(g.unsafeGetTensorImpl()).second) g.mul_(coef);
+    for (const HeldGradient& h : heldGradients()) {
+      if (scaled.insert(h.grad.unsafeGetTensorImpl()).second) h.grad.mul_(coef);
     }
   }
 
@@ -469,6 +504,7 @@ class RankTrainer {
   std::unique_ptr<Dataset> dataset_;
   StageOptimizers optimizers_;
   ShardedStages sharded_;  // pipeline.zero_stage >= 1 (Note [Sharded optimizer])
+  std::unique_ptr<sharding::ZeroSharding> zero_sharding_;  // zero_stage >= 2: the runner's (Note [Sharded gradients])
   std::map<int, std::vector<NamedParameter>> stepped_;  // per stage: what its optimizer steps, by FQN
   bool model_state_reported_ = false;
   std::unique_ptr<RankCheckpoint> checkpoint_;  // after optimizers_, which it saves and restores

@@ -672,7 +672,8 @@ TEST_F(TrainConfigTest, ZeroStage) {
   };
   refused("  zero_stage: 1\n", {"pipeline.data_parallel is 1", "pipeline.zero_stage: 0"});
   refused("  data_parallel: 2\n  zero_stage: 4\n", {"not a ZeRO stage", "zero_stage"});
-  refused("  data_parallel: 2\n  zero_stage: 2\n", {"not built yet", "pipeline.zero_stage: 1"});
+  EXPECT_EQ(with("  data_parallel: 2\n  zero_stage: 2\n").pipeline.zero_stage, 2);
+  refused("  data_parallel: 2\n  zero_stage: 3\n", {"not built yet", "pipeline.zero_stage: 2"});
   refused("  data_parallel: 2\n  zero_stage: -1\n", {"zero_stage"});
 }
 

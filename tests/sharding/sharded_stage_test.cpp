@@ -64,7 +64,7 @@ TEST(ShardedStage, EachReplicaStepsItsPiecesAndTheGatherCompletesTheUpdate) {
         ShardedStage stage(0, params[k], kReplicas, k, [&](const at::Tensor& in, const at::Tensor& out) {
           ++gathers;
           comm->allgather(in, out, {0, 1, 2});
-        }, /*bucket_elements=*/4);
+        }, /*reduce_scatter=*/nullptr, /*bucket_elements=*/4);
         for (auto& [name, p] : params[k]) p.mutable_grad() = at::ones_like(p).mul_(p.numel());
         std::vector<at::Tensor> pieces;  // a tied piece (two names) once, as makeOptimizer keeps it
         for (const auto& [name, piece] : stage.pieces()) {
@@ -88,6 +88,62 @@ TEST(ShardedStage, EachReplicaStepsItsPiecesAndTheGatherCompletesTheUpdate) {
       const at::Tensor& p = start[i].second;
       const at::Tensor expected = p.detach() - 0.5 * p.numel();  // every element stepped once
       EXPECT_TRUE(at::equal(params[k][i].second.detach(), expected))
+          << "replica " << k << " " << start[i].first << ": " << params[k][i].second;
+    }
+  }
+}
+
+// Note [Sharded gradients]: each replica's gradients differ; after
+// reduceGradients every replica holds its pieces of their average, the whole
+// gradients are gone, and a step on the pieces plus the gather is the
+// averaged update everywhere.
+TEST(ShardedStage, GradientsAreReducedIntoPiecesAndTheWholeOnesReleased) {
+  constexpr int kReplicas = 3;
+  runtime::FakeWorld world(kReplicas, std::chrono::seconds(20));
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> params(kReplicas);
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(kReplicas);
+  for (int k = 0; k < kReplicas; ++k) {
+    params[k] = stageParameters();
+    threads.emplace_back([&, k] {
+      try {
+        std::unique_ptr<runtime::Communicator> comm = world.communicator(k);
+        const std::vector<int> group{0, 1, 2};
+        ShardedStage stage(
+            0, params[k], kReplicas, k, [&](const at::Tensor& in, const at::Tensor& out) { comm->allgather(in, out, group); },
+            [&](const at::Tensor& in, const at::Tensor& out) { comm->reduceScatterSum(in, out, group); },
+            /*bucket_elements=*/4);
+        // Replica k's gradient: (k + 1) everywhere; their average is 2.
+        for (auto& [name, p] : params[k]) p.mutable_grad() = at::full_like(p, k + 1.0);
+        stage.reduceGradients();
+        for (auto& [name, p] : params[k]) {
+          if (p.grad().defined()) throw std::runtime_error(name + " kept its whole gradient");
+        }
+        for (const auto& [name, piece] : stage.pieces()) {
+          const at::Tensor held = stage.heldGradient(name);
+          if (!held.is_same(piece.grad()) && !at::equal(held, piece.grad())) {
+            throw std::runtime_error(name + ": the held gradient is not the piece's");
+          }
+          if (!at::equal(piece.grad(), at::full_like(piece, 2.0))) throw std::runtime_error(name + ": not the average");
+        }
+        std::vector<at::Tensor> pieces;
+        for (const auto& [name, piece] : stage.pieces()) {
+          if (pieces.empty() || !pieces.back().is_same(piece)) pieces.push_back(piece);
+        }
+        torch::optim::SGD sgd(pieces, torch::optim::SGDOptions(0.5));
+        sgd.step();
+        stage.gatherParameters();
+      } catch (const std::exception& e) {
+        errors[k] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int k = 0; k < kReplicas; ++k) ASSERT_EQ(errors[k], "") << "replica " << k;
+  const auto start = stageParameters();
+  for (int k = 0; k < kReplicas; ++k) {
+    for (std::size_t i = 0; i < start.size(); ++i) {
+      EXPECT_TRUE(at::equal(params[k][i].second.detach(), start[i].second.detach() - 1.0))
           << "replica " << k << " " << start[i].first << ": " << params[k][i].second;
     }
   }
