@@ -18,8 +18,10 @@ The cases: 1F1B; Interleaved1F1B, ZBVZeroBubble (split backward) and
 DualPipeV with 2 stages per rank; gradient clipping with no-decay groups and
 fused AdamW (LibTorch 2.4+); fp16 with a loss scale high enough that the
 first step overflows and is skipped (LibTorch 2.5+); bf16 on DualPipeV; SGD
-with momentum and full activation checkpointing. Then a checkpoint of the sharded run resumes on zero 0 and
-on another stage layout equal to the straight run.
+with momentum and full activation checkpointing. Then a checkpoint of the
+zero-1 run resumes, equal to the straight run, on zero 0, on 4 stages (ZBV),
+on zero 2, and on zero 2 with 4 replicas of one stage (the pieces cut for
+d = 2 assembled into d = 4).
 
 Usage: test_zero_matches_unsharded.py PIPEFORGE_BINARY ZOO_DIR
 """
@@ -56,10 +58,10 @@ CASES = {
 
 
 def write_config(path, run, model, data, stages, per_rank, schedule, optimizer, pipeline_extra, training_extra,
-                 zero, steps=STEPS, every=3):
+                 zero, dp=2, steps=STEPS, every=3):
     with open(path, "w") as f:
         f.write(f"""model: {{path: {model}, num_stages: {stages}, policy: parameters}}
-pipeline: {{schedule: {schedule}, microbatches: {MICROBATCHES}, stages_per_rank: {per_rank}, data_parallel: 2, zero_stage: {zero}{pipeline_extra}}}
+pipeline: {{schedule: {schedule}, microbatches: {MICROBATCHES}, stages_per_rank: {per_rank}, data_parallel: {dp}, zero_stage: {zero}{pipeline_extra}}}
 loss: cross_entropy
 optimizer: {optimizer}
 lr_schedule: {{decay: constant, warmup_steps: 0}}
@@ -156,16 +158,17 @@ def main():
         a_state = exported(torch, binary, a_run, model)
         with open(os.path.join(a_run, "out", "metrics.jsonl")) as f:
             a_losses = [json.loads(line)["loss"] for line in f if '"event":"train"' in line.replace(" ", "")]
-        for tag, label, stages, per_rank, schedule, zero in (
-                ("to-z0", "zero 1 -> 0", 2, 1, "1F1B", 0),
-                ("to-zbv", "zero 1 -> 1, 4 stages (ZBV)", 4, 2, "ZBVZeroBubble", 1),
-                ("to-z2", "zero 1 -> 2", 2, 1, "1F1B", 2)):
+        for tag, label, stages, per_rank, schedule, zero, dp in (
+                ("to-z0", "zero 1 -> 0", 2, 1, "1F1B", 0, 2),
+                ("to-zbv", "zero 1 -> 1, 4 stages (ZBV)", 4, 2, "ZBVZeroBubble", 1, 2),
+                ("to-z2", "zero 1 -> 2", 2, 1, "1F1B", 2, 2),
+                ("to-dp4", "zero 1, d 2 -> zero 2, d 4", 1, 1, "1F1B", 2, 4)):
             run = os.path.join(d, "resume-" + tag)
             os.makedirs(os.path.join(run, "ckpt"))
             shutil.copytree(os.path.join(a_run, "ckpt", "step_00000003"), os.path.join(run, "ckpt", "step_00000003"))
             with open(os.path.join(run, "ckpt", "latest"), "w") as f:
                 f.write("step_00000003\n")
-            write_config(run + ".yaml", run, model, data, stages, per_rank, schedule, ADAMW, "", "", zero)
+            write_config(run + ".yaml", run, model, data, stages, per_rank, schedule, ADAMW, "", "", zero, dp)
             losses, _, _ = train(binary, run)
             problems, loss_diff, diff = common.compare_training(torch, losses, a_losses[3:], exported(torch, binary, run, model),
                                                                 a_state, 1e-5, 1e-6)
