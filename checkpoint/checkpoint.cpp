@@ -98,12 +98,24 @@ std::map<std::string, std::vector<std::string>> shardedStateIndex(const StageChe
   return out;
 }
 
+bool shardsParameters(const StageCheckpoint& state) {
+  return state.optimizer_shard && !state.optimizer_shard->shapes.empty();
+}
+
 nlohmann::json stageIndexJson(const StageCheckpoint& state) {
   nlohmann::json j;
   j["stage"] = state.stage;
   j["step"] = state.step;
   j["parameters"] = nlohmann::json::object();
   for (const auto& [name, t] : state.parameters) j["parameters"][name] = stage::tensorMeta(t);
+  if (shardsParameters(state)) {
+    const OptimizerShard& shard = *state.optimizer_shard;
+    for (const auto& [name, piece] : shard.parameters) {
+      // The whole tensor's dtype and shape, without making it.
+      j["parameters"][name] = stage::tensorMeta(at::empty(shard.shapes.at(name), piece.options().device(at::kMeta)));
+    }
+    j["parameter_shards"] = shard.shards;
+  }
   j["buffers"] = nlohmann::json::object();
   for (const auto& [name, t] : state.buffers) j["buffers"][name] = stage::tensorMeta(t);
   nlohmann::json per_name = nlohmann::json::object();
@@ -221,6 +233,16 @@ void writeOptimizerShard(const fs::path& dir, const StageCheckpoint& state) {
     ranges.insert(name, triple);
   }
   dict.insert("ranges", ranges);
+  if (!shard.shapes.empty()) {
+    dict.insert("parameters", toDict(shard.parameters));
+    c10::impl::GenericDict shapes(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& [name, shape] : shard.shapes) {
+      c10::impl::GenericList dims(c10::AnyType::get());
+      for (std::int64_t v : shape) dims.push_back(v);
+      shapes.insert(name, dims);
+    }
+    dict.insert("shapes", shapes);
+  }
   std::vector<char> bytes = pickleForTorchLoad(dict);
   writeFileAtomically((dir / optimizerShardFile(state.stage, shard.shard)).string(),
                       std::string(bytes.begin(), bytes.end()));
@@ -252,6 +274,7 @@ void writeStageCheckpoint(const std::string& root, const StageCheckpoint& state)
     none.name = state.optimizer_shard->optimizer.name;
     dict.insert("optimizer", optimizerToIValue(none));
     dict.insert("optimizer_shards", static_cast<std::int64_t>(state.optimizer_shard->shards));
+    if (shardsParameters(state)) dict.insert("parameter_shards", static_cast<std::int64_t>(state.optimizer_shard->shards));
     writeOptimizerShard(dir, state);
   } else {
     dict.insert("optimizer", optimizerToIValue(state.optimizer));
@@ -627,6 +650,43 @@ c10::IValue loadPickled(const std::string& step_dir, const std::string& file, co
 
 }  // namespace
 
+namespace {
+
+// Note [Sharded checkpoints]: a zero-3 stage's parameters, whole, from the
+// pieces its `shards` shard files hold; every element must be there.
+NamedTensors assembleParameters(const std::string& step_dir, int stage, int shards) {
+  std::map<std::string, at::Tensor> whole;
+  std::map<std::string, std::int64_t> filled;
+  for (int k = 0; k < shards; ++k) {
+    const OptimizerShard shard = readOptimizerShard(step_dir, stage, k);
+    const std::string file = (fs::path(step_dir) / optimizerShardFile(stage, k)).string();
+    if (shard.shards != shards || shard.shapes.empty()) {
+      throw CheckpointError(fmt::format("'{}' does not hold stage {}'s parameters in {} shards, as its stage file "
+                                        "says; the checkpoint mixes files of two runs",
+                                        file, stage, shards));
+    }
+    for (const auto& [name, piece] : shard.parameters) {
+      const OptimizerShard::Range& r = shard.ranges.at(name);
+      auto it = whole.find(name);
+      if (it == whole.end()) it = whole.emplace(name, at::empty(shard.shapes.at(name), piece.options())).first;
+      it->second.view({-1}).narrow(0, r.begin, r.end - r.begin).copy_(piece);
+      filled[name] += r.end - r.begin;
+    }
+  }
+  NamedTensors out;
+  for (auto& [name, t] : whole) {
+    if (filled[name] != t.numel()) {
+      throw CheckpointError(fmt::format("checkpoint '{}' holds {} of the {} elements of stage {}'s '{}' in its {} "
+                                        "parameter shards; the shard files are not one run's",
+                                        step_dir, filled[name], t.numel(), stage, name, shards));
+    }
+    out.emplace_back(name, t);
+  }
+  return out;
+}
+
+}  // namespace
+
 StageCheckpoint readStageCheckpoint(const std::string& step_dir, int stage) {
   std::string path;
   const c10::IValue value = loadPickled(step_dir, stageFile(stage), "stage file", path);
@@ -652,6 +712,13 @@ StageCheckpoint readStageCheckpoint(const std::string& step_dir, int stage) {
   }
   if (state.stage != stage) {
     throw CheckpointError(fmt::format("'{}' holds stage {}, expected {}", path, state.stage, stage));
+  }
+  if (dict.contains("parameter_shards")) {
+    state.parameter_shards = static_cast<int>(dict.at("parameter_shards").toInt());
+    if (state.parameter_shards < 1) {
+      throw CheckpointError(fmt::format("'{}': parameter_shards {} is not >= 1", path, state.parameter_shards));
+    }
+    state.parameters = assembleParameters(step_dir, stage, state.parameter_shards);
   }
   return state;
 }
@@ -686,6 +753,32 @@ OptimizerShard readOptimizerShard(const std::string& step_dir, int stage, int sh
     }
     out.ranges.emplace(kv.key().toStringRef(), OptimizerShard::Range{list[0], list[1], list[2]});
   }
+  if (dict.contains("shapes")) {
+    if (!dict.contains("parameters") || !dict.at("shapes").isGenericDict()) throw bad("shapes without parameters");
+    out.parameters = fromDict(dict.at("parameters"), path + " parameters");
+    for (const auto& kv : dict.at("shapes").toGenericDict()) {
+      std::vector<std::int64_t> dims;
+      if (kv.value().isList()) {
+        for (const c10::IValue& v : kv.value().toListRef()) {
+          if (!v.isInt() || v.toInt() < 0) throw bad(fmt::format("shape of '{}'", kv.key().toStringRef()));
+          dims.push_back(v.toInt());
+        }
+      }
+      out.shapes.emplace(kv.key().toStringRef(), dims);
+    }
+    for (const auto& [name, piece] : out.parameters) {
+      auto range = out.ranges.find(name);
+      auto shape = out.shapes.find(name);
+      if (range == out.ranges.end() || shape == out.shapes.end()) {
+        throw bad(fmt::format("no range or shape for parameter '{}'", name));
+      }
+      std::int64_t numel = 1;
+      for (std::int64_t v : shape->second) numel *= v;
+      if (numel != range->second.numel || piece.dim() != 1 || piece.numel() != range->second.end - range->second.begin) {
+        throw bad(fmt::format("parameter '{}' is not the 1-D piece its range and shape say", name));
+      }
+    }
+  }
   for (const auto& [name, p] : out.optimizer.by_name) {
     auto it = out.ranges.find(name);
     if (it == out.ranges.end()) throw bad(fmt::format("no range for '{}'", name));
@@ -710,6 +803,7 @@ StageIndex readStageIndex(const std::string& step_dir, int stage) {
     index.optimizer = j.at("optimizer").at("name").get<std::string>();
     index.optimizer_state = j.at("optimizer").at("state").get<std::map<std::string, std::vector<std::string>>>();
     index.optimizer_shards = j.at("optimizer").value("shards", 0);
+    index.parameter_shards = j.value("parameter_shards", 0);
     if (index.stage != stage) {
       throw CheckpointError(fmt::format("'{}' describes stage {}, expected {}", path, index.stage, stage));
     }

@@ -101,6 +101,13 @@ struct StageOptimizerState {
 // (numel elements whole). No rank gathers a stage to save it. A resume
 // assembles any range of any parameter's state from the pieces, so it runs
 // on another zero stage or data-parallel size, or without sharding.
+// With zero_stage 3 no rank holds a parameter whole between steps either:
+// the stage file's "parameters" is empty and it says "parameter_shards": d,
+// and each shard file adds its pieces of the parameters, at the same ranges,
+// and every parameter's whole shape:
+//    "parameters": {FQN: 1-D piece}, "shapes": {FQN: [dims]}
+// readStageCheckpoint assembles them, so what reads a checkpoint's
+// parameters (a resume, `pipeforge export`, safetensors) sees them whole.
 
 // One data-parallel rank's piece of a stage's optimizer state.
 struct OptimizerShard {
@@ -114,6 +121,10 @@ struct OptimizerShard {
   };
   std::map<std::string, Range> ranges;
   StageOptimizerState optimizer;  // 1-D pieces, by FQN
+  // zero_stage 3: the parameters' pieces too (1-D, at `ranges`; a piece may
+  // be empty), and each parameter's whole shape. Empty otherwise.
+  NamedTensors parameters;
+  std::map<std::string, std::vector<std::int64_t>> shapes;
 };
 
 // What one stage saves and restores.
@@ -130,6 +141,10 @@ struct StageCheckpoint {
   // (Note [Sharded checkpoints]). On reading, only `optimizer_shards` is set.
   std::optional<OptimizerShard> optimizer_shard;
   int optimizer_shards = 0;  // 0: the state is whole in `optimizer`
+  // On reading: how many shard files the parameters were assembled from (0:
+  // they were whole in the stage file). On writing, optimizer_shard's
+  // `parameters` say it.
+  int parameter_shards = 0;
 };
 
 // stage_<i>.json: a stage's tensors without their values. Tensors are
@@ -143,6 +158,7 @@ struct StageIndex {
   // FQN -> the optimizer state it holds ("step", "exp_avg", ...).
   std::map<std::string, std::vector<std::string>> optimizer_state;
   int optimizer_shards = 0;  // Note [Sharded checkpoints]; 0: whole in the stage file
+  int parameter_shards = 0;  // zero_stage 3: the parameters too
 };
 
 // How the run that wrote a checkpoint was laid out (format 2).

@@ -424,6 +424,8 @@ void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
            [&](const YAML::Node& v) { c.pipeline.stages_per_rank = s.smallInteger(v, "stages_per_rank", 1); }},
           {"data_parallel", [&](const YAML::Node& v) { c.pipeline.data_parallel = s.smallInteger(v, "data_parallel", 1); }},
           {"zero_stage", [&](const YAML::Node& v) { c.pipeline.zero_stage = s.smallInteger(v, "zero_stage", 0); }},
+          {"max_active_stages",
+           [&](const YAML::Node& v) { c.pipeline.max_active_stages = s.smallInteger(v, "max_active_stages", 1); }},
           {"scale_grads", [&](const YAML::Node& v) { c.pipeline.scale_grads = s.boolean(v, "scale_grads"); }},
           {"microbatch_group_size",
            [&](const YAML::Node& v) {
@@ -705,13 +707,9 @@ void checkCrossKeys(const TrainConfig& c) {
   }
   if (p.zero_stage < 0 || p.zero_stage > 3) {
     throw ConfigError(fmt::format("{}: pipeline.zero_stage {} is not a ZeRO stage; use 0 (no sharding), 1 "
-                                  "(optimizer state sharded over the data-parallel replicas) or 2 (gradients too)",
+                                  "(optimizer state sharded over the data-parallel replicas), 2 (gradients too) or 3 "
+                                  "(parameters too)",
                                   o, p.zero_stage));
-  }
-  if (p.zero_stage >= 3) {
-    throw ConfigError(fmt::format("{}: pipeline.zero_stage 3 (sharded parameters) is not built yet; use "
-                                  "pipeline.zero_stage: 2, which shards the optimizer state and the gradients",
-                                  o));
   }
   if (p.zero_stage >= 1 && p.data_parallel < 2) {
     throw ConfigError(fmt::format("{}: pipeline.zero_stage {} shards over the data-parallel replicas, and "

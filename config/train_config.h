@@ -72,8 +72,12 @@ struct PipelineConfig {
   // ZeRO across the data-parallel replicas (ColossalAI's key): 0 keeps every
   // stage whole on every replica; 1 shards the optimizer state (Note
   // [Sharded optimizer] in sharding/sharded_stage.cpp), 2 the gradients too
-  // (Note [Sharded gradients]).
+  // (Note [Sharded gradients]), 3 the parameters too, gathered by UNSHARD
+  // and released by RESHARD (Note [Sharded parameters]).
   int zero_stage = 0;
+  // zero_stage 3: at most this many stages per rank unsharded at once
+  // (PyTorch's _add_unshard_reshard, default 3).
+  int max_active_stages = 3;
   // PyTorch's scale_grads: false sums the microbatches' losses (and their
   // gradients) instead of averaging them; the step's reported loss is then
   // that sum (Note [Loss scaling] in runtime/pipeline_runner.cpp).

@@ -86,9 +86,10 @@ std::string checkpointText(const std::string& path, std::optional<int> stage) {
                        m.layout->stages_per_rank, m.layout->stages_per_rank == 1 ? "" : "s");
     if (m.layout->zero_stage > 0) {
       // Note [Sharded checkpoints]
-      out += fmt::format("  sharding: ZeRO stage {}: each stage's optimizer state in {} pieces, "
+      out += fmt::format("  sharding: ZeRO stage {}: each stage's optimizer state{} in {} pieces, "
                          "stage_<i>.optim_shard_<k>.pt for data-parallel rank k\n",
-                         m.layout->zero_stage, m.layout->data_parallel);
+                         m.layout->zero_stage, m.layout->zero_stage >= 3 ? " and parameters" : "",
+                         m.layout->data_parallel);
     }
   } else {
     out += fmt::format("  layout: {} stages, world {}\n", m.num_stages, m.world_size);
@@ -112,8 +113,10 @@ std::string checkpointText(const std::string& path, std::optional<int> stage) {
     const train::StageIndex& index = v.stages[s];
     std::int64_t n = 0;
     for (const auto& [name, desc] : index.parameters) n += elements(desc);
-    out += fmt::format("stage {}: {} parameters ({} elements), {} buffers, optimizer state for {}{}\n", s,
-                       index.parameters.size(), withCommas(n), index.buffers.size(), index.optimizer_state.size(),
+    out += fmt::format("stage {}: {} parameters ({} elements{}), {} buffers, optimizer state for {}{}\n", s,
+                       index.parameters.size(), withCommas(n),
+                       index.parameter_shards > 0 ? fmt::format(", in {} shards", index.parameter_shards) : "",
+                       index.buffers.size(), index.optimizer_state.size(),
                        index.optimizer_shards > 0 ? fmt::format(" in {} shards", index.optimizer_shards) : "");
     for (const auto& [name, desc] : index.parameters) {
       auto it = index.optimizer_state.find(name);
@@ -149,6 +152,7 @@ std::string checkpointJson(const std::string& path, std::optional<int> stage) {
       st["buffers"] = index.buffers;
       st["optimizer"] = {{"name", index.optimizer}, {"state", index.optimizer_state}};
       if (index.optimizer_shards > 0) st["optimizer"]["shards"] = index.optimizer_shards;
+      if (index.parameter_shards > 0) st["parameter_shards"] = index.parameter_shards;
     }
     j["stages"].push_back(st);
   }

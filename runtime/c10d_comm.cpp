@@ -256,6 +256,23 @@ class SendOp : public PendingOp {
   milliseconds timeout_;
 };
 
+// A posted collective: wait() runs `finish` (the bounded wait and what
+// follows it) once.
+class CollectiveOp : public PendingOp {
+ public:
+  explicit CollectiveOp(std::function<void()> finish) : finish_(std::move(finish)) {}
+  void wait() override {
+    if (done_) return;
+    finish_();
+    done_ = true;
+  }
+  bool done() override { return done_; }
+
+ private:
+  std::function<void()> finish_;
+  bool done_ = false;
+};
+
 class C10dComm : public Communicator {
  public:
   explicit C10dComm(const C10dCommOptions& options) : options_(options), shared_(std::make_shared<Shared>()) {
@@ -383,8 +400,12 @@ class C10dComm : public Communicator {
   // on 1.13 and sums in float for them (runCollective): those go through
   // float32 copies on Gloo.
   void allgather(const at::Tensor& in, const at::Tensor& out, const std::vector<int>& group) override {
-    const std::string what =
-        fmt::format("rank {} in an all-gather over ranks {}", rank(), fmt::join(group, ","));
+    iallgather(in, out, group)->wait();
+  }
+
+  std::unique_ptr<PendingOp> iallgather(const at::Tensor& in, const at::Tensor& out,
+                                        const std::vector<int>& group) override {
+    std::string what = fmt::format("rank {} in an all-gather over ranks {}", rank(), fmt::join(group, ","));
     c10::intrusive_ptr<PIPEFORGE_C10D_GROUP> pg = world_;
     if (static_cast<int>(group.size()) != worldSize()) {
       auto it = groups_.find(group);
@@ -395,16 +416,19 @@ class C10dComm : public Communicator {
     at::Tensor send = widen ? in.to(at::kFloat) : in.contiguous();
     at::Tensor recv = widen ? at::empty({out.numel()}, send.options()) : out.view({-1});
 #if PIPEFORGE_TORCH_AT_LEAST(2, 0)
-    waitCollective(pg->_allgather_base(recv, send), what, group);
+    WorkPtr work = pg->_allgather_base(recv, send);
 #else
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (std::size_t k = 0; k < group.size(); ++k) {
       outputs[0].push_back(recv.narrow(0, static_cast<std::int64_t>(k) * send.numel(), send.numel()));
     }
     std::vector<at::Tensor> inputs{send};
-    waitCollective(pg->allgather(outputs, inputs), what, group);
+    WorkPtr work = pg->allgather(outputs, inputs);
 #endif
-    if (widen) out.view({-1}).copy_(recv);
+    return std::make_unique<CollectiveOp>([this, work, what = std::move(what), group, send, recv, out, widen] {
+      waitCollective(work, what, group);
+      if (widen) out.view({-1}).copy_(recv);
+    });
   }
 
   // _reduce_scatter_base on LibTorch 2.x (Gloo: an all-reduce and a copy;

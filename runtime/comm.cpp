@@ -7,6 +7,21 @@
 #include <stdexcept>
 
 namespace pipeforge::runtime {
+namespace {
+
+class FinishedGather : public PendingOp {
+ public:
+  void wait() override {}
+  bool done() override { return true; }
+};
+
+}  // namespace
+
+std::unique_ptr<PendingOp> Communicator::iallgather(const at::Tensor& in, const at::Tensor& out,
+                                                    const std::vector<int>& group) {
+  allgather(in, out, group);
+  return std::make_unique<FinishedGather>();
+}
 
 void Communicator::allgather(const at::Tensor& in, const at::Tensor& out, const std::vector<int>& group) {
   const auto me = std::find(group.begin(), group.end(), rank());

@@ -92,6 +92,11 @@ class Communicator {
   // zeroed `out` and sums it over the group (exact: every element has one
   // non-zero term); c10d runs the all-gather itself.
   virtual void allgather(const at::Tensor& in, const at::Tensor& out, const std::vector<int>& group);
+  // The same all-gather, posted: `in` must stay alive and unchanged, and
+  // `out` untouched, until the returned op is waited. This default runs it
+  // at once (the op is done); c10d posts it and returns.
+  virtual std::unique_ptr<PendingOp> iallgather(const at::Tensor& in, const at::Tensor& out,
+                                                const std::vector<int>& group);
 
   // Sums `in` (group.size() x out.numel() elements, block k for member k)
   // over the group and gives this member its block of the sum in `out`.

@@ -42,6 +42,15 @@ void addGroup(std::vector<std::vector<int>>& groups, std::vector<int> ranks) {
   if (std::find(groups.begin(), groups.end(), ranks) == groups.end()) groups.push_back(std::move(ranks));
 }
 
+bool hasAction(const schedules::Program& program, schedules::ActionType type) {
+  for (const auto& list : program.actions) {
+    for (const auto& a : list) {
+      if (a && a->type == type) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 const char* precisionName(Precision precision) {
@@ -252,6 +261,14 @@ class PipelineRunner::Impl {
       sc.num_microbatches = options_.num_microbatches;
       program = schedules::generateSchedule(std::get<std::string>(options_.schedule), sc);
     }
+    if (options_.max_active_stages > 0 && !hasAction(program, schedules::ActionType::kUnshard)) {
+      // Note [Sharded parameters]: where PyTorch's runtime puts UNSHARD,
+      // RESHARD and REDUCE_GRAD, before the sends and receives.
+      if (!schedules::hasSendRecv(program)) program = schedules::mergeBackward(program);
+      program = schedules::addUnshardReshard(program, options_.max_active_stages);
+      if (!hasAction(program, schedules::ActionType::kReduceGrad)) program = schedules::addReduceGrad(program);
+      if (!schedules::hasSendRecv(program)) program = schedules::addSendRecv(program);
+    }
     if (!schedules::hasSendRecv(program)) program = schedules::lowerForExecution(program);
     if (program.num_ranks != pp_size_ || program.num_stages != stages ||
         static_cast<int>(program.stage_to_rank.size()) != stages) {
@@ -384,6 +401,19 @@ class PipelineRunner::Impl {
         comm_->allgather(in, out, group);
       }
     });
+  }
+
+  std::function<void()> postAllgatherOverReplicas(const at::Tensor& in, const at::Tensor& out) {
+    std::shared_ptr<PendingOp> op;
+    overReplicas("an all-gather", [&](const std::vector<int>& group) {
+      if (group.size() == 1) {
+        out.view({-1}).copy_(in.reshape({-1}));
+      } else {
+        op = comm_->iallgather(in, out, group);
+      }
+    });
+    if (!op) return [] {};
+    return [this, op] { overReplicas("an all-gather", [&](const std::vector<int>&) { op->wait(); }); };
   }
 
   void reduceScatterOverReplicas(const at::Tensor& in, const at::Tensor& out) {
@@ -576,6 +606,10 @@ void PipelineRunner::allgatherOverReplicas(const at::Tensor& in, const at::Tenso
 }
 
 int PipelineRunner::dataParallel() const { return impl_->mesh_->size(mesh::Axis::kDp); }
+
+std::function<void()> PipelineRunner::postAllgatherOverReplicas(const at::Tensor& in, const at::Tensor& out) {
+  return impl_->postAllgatherOverReplicas(in, out);
+}
 
 void PipelineRunner::reduceScatterOverReplicas(const at::Tensor& in, const at::Tensor& out) {
   impl_->reduceScatterOverReplicas(in, out);

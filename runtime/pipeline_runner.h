@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -86,6 +87,11 @@ struct RunnerOptions {
   // each replica gets its own batch, and stage gradients are averaged over
   // replicas (REDUCE_GRAD, or at the end of the step).
   int dp_degree = 1;
+  // ZeRO stage 3 (pipeline.zero_stage 3): a program without UNSHARD/RESHARD
+  // gets them from PyTorch's _add_unshard_reshard, keeping at most this many
+  // stages per rank unsharded at once (PyTorch's default 3), and REDUCE_GRAD
+  // after each stage's last backward. 0: neither is added.
+  int max_active_stages = 0;
 
   std::string device = "cpu";  // "cpu", "cuda" (cuda:<local rank>) or "cuda:N"
   Backend backend = Backend::kAuto;
@@ -208,6 +214,10 @@ class PipelineRunner {
   // Sums `in` (dataParallel() x out.numel() elements) over the replicas and
   // gives this replica its block (the data-parallel reduce-scatter).
   void reduceScatterOverReplicas(const at::Tensor& in, const at::Tensor& out);
+  // allgatherOverReplicas, posted: returns what waits for it (and reports a
+  // failure as allgatherOverReplicas does). `in` and `out` stay untouched
+  // until then.
+  std::function<void()> postAllgatherOverReplicas(const at::Tensor& in, const at::Tensor& out);
   // ZeRO stage 2 and up: REDUCE_GRAD hands each stage's gradients to
   // `sharding`, the tied sums and the loss's count division act on what it
   // holds. Not owned; it outlives the runner's steps. Null: none.

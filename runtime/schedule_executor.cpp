@@ -140,7 +140,7 @@ class ScheduleExecutor::Impl {
     std::int64_t& peak = out_.profile.activation_peak_bytes;
     // Activation memory between actions (nothing changes it there): the
     // meter and the sends start empty, gradients left from before count off.
-    std::int64_t level = -gradientBytes();
+    std::int64_t level = -gradientBytes() - (cfg_.sharding ? cfg_.sharding->unshardedBytes() : 0);
     try {
       for (; step < static_cast<int>(actions.size()); ++step) {
         if (!actions[step]) continue;
@@ -153,7 +153,8 @@ class ScheduleExecutor::Impl {
         const std::int64_t in_flight = messenger_.pendingSendBytes();
         meter.resetPeak();
         execute(*current);
-        const std::int64_t grads = gradientBytes();
+        // Gradients, and whole parameters of a sharded stage, are not activations.
+        const std::int64_t grads = gradientBytes() + (cfg_.sharding ? cfg_.sharding->unshardedBytes() : 0);
         const std::int64_t held = meter.peak() - in_flight - grads;  // the sends in flight then are all alive
         messenger_.reapFinishedSends();
         const std::int64_t after = meter.live() - messenger_.pendingSendBytes() - grads;
@@ -233,11 +234,14 @@ class ScheduleExecutor::Impl {
 
   static bool runsInEval(const Action& a) {
     return a.type == ActionType::kForward || a.type == ActionType::kRecvF || a.type == ActionType::kSendF ||
-           a.type == ActionType::kOverlapFB;
+           a.type == ActionType::kOverlapFB || a.type == ActionType::kUnshard || a.type == ActionType::kReshard;
   }
 
   void execute(const Action& a) {
     int mb = a.microbatch.value_or(-1);
+    if (cfg_.sharding != nullptr && isCompute(a.type) && a.type != ActionType::kOverlapFB) {
+      cfg_.sharding->ensureUnsharded(a.stage);  // ZeRO stage 3: waits for UNSHARD's gathers
+    }
     switch (a.type) {
       case ActionType::kForward:
         forward(a.stage, mb);
@@ -261,8 +265,11 @@ class ScheduleExecutor::Impl {
       case ActionType::kSendB:
         return;  // posted when the compute action finished
       case ActionType::kUnshard:
+        if (cfg_.sharding != nullptr) cfg_.sharding->unshard(a.stage);
+        return;
       case ActionType::kReshard:
-        return;  // parameters are never sharded over data-parallel ranks here (README, "Schedules are PyTorch's")
+        if (cfg_.sharding != nullptr) cfg_.sharding->reshard(a.stage);
+        return;
       case ActionType::kReduceGrad:
         if (req_->train) reducer_.reduceStage(a.stage, trace_);
         return;
@@ -509,6 +516,7 @@ class ScheduleExecutor::Impl {
 
   void finishStep() {
     messenger_.finishStep();
+    if (cfg_.sharding != nullptr) cfg_.sharding->reshardAll();  // a program without RESHARD
     if (!req_->train) return;
     for (int s = 0; s < static_cast<int>(cfg_.stages.size()); ++s) {
       if (cfg_.stages[s] != nullptr) reducer_.reduceStage(s, trace_);

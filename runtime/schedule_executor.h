@@ -15,8 +15,11 @@
 //    order] in pair_order.h), so they also pair on NCCL, which matches by
 //    order and not by tag: a receive asked for ahead of an op that comes
 //    before it in that order waits to be posted until that op is.
-//  * UNSHARD/RESHARD do nothing; REDUCE_GRAD averages the stage's gradients
-//    over its data-parallel replicas; OVERLAP_F_B runs its parts in order.
+//  * UNSHARD posts the gathers of a stage's parameters and its next compute
+//    action waits for them, RESHARD releases them (with a StageSharding of
+//    ZeRO stage 3; otherwise both do nothing); REDUCE_GRAD averages the
+//    stage's gradients over its data-parallel replicas; OVERLAP_F_B runs its
+//    parts in order.
 //  * Before each action the published failures are checked; any error ends
 //    the step on every rank (Note [Failure broadcast]).
 #pragma once

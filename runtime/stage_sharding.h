@@ -1,9 +1,12 @@
 // What the executor asks of a data-parallel sharding of the stages
 // (ZeRO stage 2 and up, implemented in sharding/) at the actions that name
 // it. Without one, REDUCE_GRAD all-reduces a stage's whole gradients over
-// the replicas, and every rank keeps them whole until the optimizer steps.
+// the replicas, and every rank keeps them whole until the optimizer steps;
+// UNSHARD and RESHARD do nothing unless the sharding holds the parameters
+// in pieces (ZeRO stage 3).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -26,6 +29,18 @@ class StageSharding {
   virtual at::Tensor heldGradient(int stage, const std::string& fqn) = 0;
   // Every gradient this rank holds, each tensor once.
   virtual std::vector<at::Tensor> heldGradients() = 0;
+
+  // UNSHARD: post the gathers that make `stage`'s parameters whole.
+  virtual void unshard(int stage) { (void)stage; }
+  // Before each compute action of `stage`: its parameters whole (waits for
+  // the gathers UNSHARD posted, or gathers now when none was posted).
+  virtual void ensureUnsharded(int stage) { (void)stage; }
+  // RESHARD: `stage`'s whole parameters released, this rank's pieces kept.
+  virtual void reshard(int stage) { (void)stage; }
+  // The step's end: every stage resharded (the optimizer steps the pieces).
+  virtual void reshardAll() {}
+  // Bytes of whole parameters held now (not activations: Note [Activation memory]).
+  virtual std::int64_t unshardedBytes() const { return 0; }
 };
 
 }  // namespace pipeforge::runtime

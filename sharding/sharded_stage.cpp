@@ -53,6 +53,7 @@ ShardedStage::ShardedStage(int stage, const std::vector<std::pair<std::string, a
       Group& group = groups_[g->second];
       it = seen.emplace(t.unsafeGetTensorImpl(), Entry{g->second, group.tensors.size()}).first;
       group.tensors.push_back(t);
+      group.shapes.push_back(t.sizes().vec());
       numels[g->second].push_back(t.numel());
       filled[g->second] += chunk;
     }
@@ -69,7 +70,7 @@ ShardedStage::ShardedStage(int stage, const std::vector<std::pair<std::string, a
     if (it == piece_by_tensor.end()) {
       at::Tensor piece = t.detach().view({-1}).narrow(0, r.begin, r.size());
       it = piece_by_tensor.emplace(t.unsafeGetTensorImpl(), piece).first;
-      piece_of_.push_back(Piece{t, piece, r});
+      piece_of_.push_back(Piece{t, piece, r, e});
     }
     pieces_.emplace_back(name, it->second);
   }
@@ -154,6 +155,7 @@ void ShardedStage::bindGradients() {
 }
 
 void ShardedStage::gatherParameters() {
+  if (shardsParameters()) return;  // gathered by the next UNSHARD
   at::NoGradGuard no_grad;
   for (Group& group : groups_) {
     const ShardLayout& layout = group.layout;
@@ -177,6 +179,177 @@ void ShardedStage::gatherParameters() {
       }
     }
   }
+}
+
+// Note [Sharded parameters]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// ZeRO stage 3, as FSDP runs it under PyTorch's pipeline schedules: between
+// steps a rank holds only its pieces of each parameter, in one buffer per
+// bucket (the all-gather's input as it is, no packing), and the optimizer
+// steps views of those buffers. The whole parameters keep their identity
+// (the stage's module, its autograd leaves and their .grad slots) but hold
+// no elements: set_data gives each an empty tensor. UNSHARD posts the
+// bucket's all-gather; the stage's next compute action waits for it and
+// set_data gives each parameter a fresh whole tensor filled from every
+// rank's block, so that what a forward saves for its backward is the
+// parameter itself, whole again by the backward (RESHARD only comes after a
+// stage's last compute in the window PyTorch's _add_unshard_reshard looks
+// at: Note in schedules/add_unshard_reshard.cpp). RESHARD drops the whole
+// data again. set_data keeps the version counter, so autograd does not see
+// the swap as an in-place change. Gradients are stage 2's: reduce-scattered
+// into this rank's pieces at REDUCE_GRAD, the whole ones released.
+void ShardedStage::shardParameters(PostAllGather post_all_gather) {
+  if (!shardsGradients()) {
+    throw std::invalid_argument("sharding the parameters of stage " + std::to_string(stage_) +
+                                " (pipeline.zero_stage 3) needs its gradients sharded too (a reduce-scatter)");
+  }
+  if (!post_all_gather) throw std::invalid_argument("shardParameters: no all-gather");
+  at::NoGradGuard no_grad;
+  param_buffers_.clear();
+  for (const Group& group : groups_) {
+    const at::TensorOptions options =
+        group.tensors.empty() ? at::TensorOptions(at::kFloat) : group.tensors.front().options();
+    at::Tensor buffer = at::zeros({group.layout.bufferSize()}, options);
+    for (std::size_t i = 0; i < group.tensors.size(); ++i) {
+      const ElementRange r = group.layout.own(i);
+      if (r.empty()) continue;
+      buffer.narrow(0, group.layout.offset(i), r.size())
+          .copy_(group.tensors[i].detach().reshape({-1}).narrow(0, r.begin, r.size()));
+    }
+    param_buffers_.push_back(buffer);
+  }
+  // The pieces become views of the buffers; their gradients stay bound.
+  std::map<const void*, at::Tensor> moved;
+  for (Piece& p : piece_of_) {
+    const Entry& e = p.entry;
+    at::Tensor piece = param_buffers_[e.group].narrow(0, groups_[e.group].layout.offset(e.index), p.range.size());
+    if (p.piece.grad().defined()) piece.mutable_grad() = p.piece.grad();
+    moved.emplace(p.piece.unsafeGetTensorImpl(), piece);
+    p.piece = piece;
+  }
+  for (auto& [name, piece] : pieces_) piece = moved.at(piece.unsafeGetTensorImpl());
+  post_all_gather_ = std::move(post_all_gather);
+  unsharded_ = true;
+  reshard();
+}
+
+void ShardedStage::unshard() {
+  if (!shardsParameters() || unsharded_ || !pending_.empty()) return;
+  at::NoGradGuard no_grad;
+  gathered_.assign(groups_.size(), at::Tensor());
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    if (groups_[g].layout.bufferSize() == 0) continue;
+    gathered_[g] = at::empty({groups_[g].layout.bufferSize() * group_size_}, param_buffers_[g].options());
+    pending_.push_back(post_all_gather_(param_buffers_[g], gathered_[g]));
+  }
+  if (pending_.empty()) pending_.push_back([] {});  // a stage without elements is unsharded at once
+}
+
+void ShardedStage::waitUnsharded() {
+  if (!shardsParameters() || unsharded_) return;
+  unshard();
+  for (auto& wait : pending_) wait();
+  pending_.clear();
+  at::NoGradGuard no_grad;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const Group& group = groups_[g];
+    const ShardLayout& layout = group.layout;
+    for (std::size_t i = 0; i < group.tensors.size(); ++i) {
+      at::Tensor t = group.tensors[i];
+      at::Tensor whole = at::empty({layout.numel(i)}, t.options());
+      for (int k = 0; k < group_size_; ++k) {
+        const ElementRange r = layout.piece(i, k);
+        if (r.empty()) continue;
+        whole.narrow(0, r.begin, r.size())
+            .copy_(gathered_[g].narrow(0, layout.bufferSize() * k + layout.offset(i), r.size()));
+      }
+      t.set_data(whole.view(group.shapes[i]));
+    }
+  }
+  gathered_.clear();
+  unsharded_ = true;
+}
+
+void ShardedStage::reshard() {
+  if (!shardsParameters()) return;
+  for (auto& wait : pending_) wait();  // a collective in flight is finished, not abandoned
+  pending_.clear();
+  gathered_.clear();
+  if (!unsharded_) return;
+  at::NoGradGuard no_grad;
+  for (const Group& group : groups_) {
+    for (const at::Tensor& t : group.tensors) {
+      at::Tensor released = t;
+      released.set_data(at::empty({0}, t.options()));
+    }
+  }
+  unsharded_ = false;
+}
+
+void ShardedStage::keepParameters() {
+  if (!shardsParameters()) return;
+  if (!unsharded_) throw std::logic_error("keepParameters: stage " + std::to_string(stage_) + " is not unsharded");
+  at::NoGradGuard no_grad;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const Group& group = groups_[g];
+    for (std::size_t i = 0; i < group.tensors.size(); ++i) {
+      const ElementRange r = group.layout.own(i);
+      if (r.empty()) continue;
+      param_buffers_[g]
+          .narrow(0, group.layout.offset(i), r.size())
+          .copy_(group.tensors[i].detach().reshape({-1}).narrow(0, r.begin, r.size()));
+    }
+  }
+}
+
+std::int64_t ShardedStage::unshardedBytes() const {
+  std::int64_t bytes = 0;
+  for (const at::Tensor& t : gathered_) {
+    if (t.defined()) bytes += static_cast<std::int64_t>(t.nbytes());
+  }
+  if (!unsharded_ || !shardsParameters()) return bytes;
+  for (const Group& group : groups_) {
+    for (const at::Tensor& t : group.tensors) bytes += static_cast<std::int64_t>(t.nbytes());
+  }
+  return bytes;
+}
+
+std::int64_t ShardedStage::wholeElements() const {
+  std::int64_t n = 0;
+  for (const Group& group : groups_) {
+    for (std::size_t i = 0; i < group.layout.size(); ++i) n += group.layout.numel(i);
+  }
+  return n;
+}
+
+at::Tensor ShardedStage::parameterPiece(const std::string& name) const {
+  const Entry& e = by_name_.at(name);
+  const ShardLayout& layout = groups_[e.group].layout;
+  return param_buffers_.at(e.group).narrow(0, layout.offset(e.index), layout.own(e.index).size());
+}
+
+std::vector<std::int64_t> ShardedStage::shape(const std::string& name) const {
+  const Entry& e = by_name_.at(name);
+  return groups_[e.group].shapes[e.index];
+}
+
+WholeParameters::WholeParameters(std::vector<ShardedStage*> stages) : stages_(std::move(stages)) {
+  for (ShardedStage* s : stages_) s->unshard();  // every gather posted, then waited
+  for (ShardedStage* s : stages_) s->waitUnsharded();
+}
+
+WholeParameters::~WholeParameters() {
+  for (ShardedStage* s : stages_) {
+    try {
+      s->reshard();
+    } catch (...) {
+      // A failed gather already ended the run; its error is the one reported.
+    }
+  }
+}
+
+void WholeParameters::keep() {
+  for (ShardedStage* s : stages_) s->keepParameters();
 }
 
 }  // namespace pipeforge::sharding

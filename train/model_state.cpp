@@ -29,14 +29,21 @@ std::int64_t storageBytes(const at::Tensor& t, std::set<const void*>& seen) {
 ModelStateBytes measureModelState(int rank, const std::vector<runtime::NamedTensor>& parameters,
                                   const std::map<int, std::unique_ptr<torch::optim::Optimizer>>& optimizers,
                                   const std::map<int, std::vector<NamedParameter>>& stepped, OptimizerName name,
-                                  const std::vector<at::Tensor>& held_gradients) {
+                                  const std::vector<at::Tensor>& held_gradients,
+                                  const HeldParameters* held_parameters) {
   ModelStateBytes out;
   out.rank = rank;
   std::set<const void*> params, grads, states, counted;
   for (const auto& p : parameters) {
-    if (counted.insert(p.tensor.unsafeGetTensorImpl()).second) out.parameters += p.tensor.numel();
-    out.param_bytes += storageBytes(p.tensor, params);
+    if (held_parameters == nullptr) {
+      if (counted.insert(p.tensor.unsafeGetTensorImpl()).second) out.parameters += p.tensor.numel();
+      out.param_bytes += storageBytes(p.tensor, params);
+    }
     if (held_gradients.empty()) out.grad_bytes += storageBytes(p.tensor.grad(), grads);
+  }
+  if (held_parameters != nullptr) {
+    out.parameters = held_parameters->elements;
+    for (const at::Tensor& t : held_parameters->tensors) out.param_bytes += storageBytes(t, params);
   }
   for (const at::Tensor& g : held_gradients) out.grad_bytes += storageBytes(g, grads);
   for (const auto& [stage, optimizer] : optimizers) {

@@ -41,10 +41,17 @@ struct ModelStateBytes {
 // parameters, or with pipeline.zero_stage this rank's pieces of them.
 // `held_gradients` (zero_stage 2: the gradient pieces the rank keeps) stand
 // for the parameters' gradients when given. Tied names of one tensor count once.
+// `held_parameters` (zero_stage 3) stand for the parameters the same way:
+// the rank's piece buffers, and the whole parameters' element count.
+struct HeldParameters {
+  std::vector<at::Tensor> tensors;
+  std::int64_t elements = 0;
+};
 ModelStateBytes measureModelState(int rank, const std::vector<runtime::NamedTensor>& parameters,
                                   const std::map<int, std::unique_ptr<torch::optim::Optimizer>>& optimizers,
                                   const std::map<int, std::vector<NamedParameter>>& stepped, OptimizerName name,
-                                  const std::vector<at::Tensor>& held_gradients = {});
+                                  const std::vector<at::Tensor>& held_gradients = {},
+                                  const HeldParameters* held_parameters = nullptr);
 
 // Before the first step: the bytes measureModelState will find after it,
 // from the parameters alone: each trainable one gets a gradient of its

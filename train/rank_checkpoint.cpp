@@ -53,6 +53,12 @@ void restoreStageTensors(runtime::PipelineRunner& runner, const std::string& dir
   for (const auto& b : runner.buffers()) restore(b);
 }
 
+std::vector<sharding::ShardedStage*> stagesOf(const ShardedStages& sharded) {
+  std::vector<sharding::ShardedStage*> out;
+  for (const auto& [s, stage] : sharded) out.push_back(stage.get());
+  return out;
+}
+
 }  // namespace
 
 bool checkpointDue(const CheckpointConfig& config, std::int64_t done, std::int64_t end) {
@@ -394,6 +400,8 @@ std::int64_t RankCheckpoint::resume(LossScaler* scaler) {
                                       "checkpoint.resume: false",
                                       *dir));
   }
+  // Note [Sharded parameters]: zero_stage 3 restores whole parameters, then keeps its pieces.
+  sharding::WholeParameters whole(stagesOf(sharded_));
   if (meta.format_version == 1) {
     // Optimizer state by position: only the split that wrote it can take it.
     if (meta.num_stages != manifest_.num_stages) {
@@ -413,6 +421,7 @@ std::int64_t RankCheckpoint::resume(LossScaler* scaler) {
   } else {
     std::tie(rng, device_rng) = restoreByName(*dir, meta);
   }
+  whole.keep();
   if (rng.defined()) setCpuGeneratorState(rng);
   // A CUDA run's dropout draws from its device's generator: resume it too,
   // so a resumed GPU run is the uninterrupted one. A checkpoint written on
@@ -611,13 +620,14 @@ std::string RankCheckpoint::save(std::int64_t done, const LossScaler* scaler) {
     state.data_position = done;
     state.rng_state = rng.cpu;
     state.device_rng_state = rng.device;
+    auto sharded = sharded_.find(s);
+    const bool pieces_only = sharded != sharded_.end() && sharded->second->shardsParameters();
     for (const auto& p : runner_.parameters()) {
-      if (p.stage == s) state.parameters.emplace_back(p.name, p.tensor);
+      if (p.stage == s && !pieces_only) state.parameters.emplace_back(p.name, p.tensor);
     }
     for (const auto& b : runner_.buffers()) {
       if (b.stage == s) state.buffers.emplace_back(b.name, b.tensor);
     }
-    auto sharded = sharded_.find(s);
     if (sharded != sharded_.end()) {
       // Note [Sharded checkpoints]: this rank's pieces only, by FQN and range.
       const sharding::ShardedStage& pieces = *sharded->second;
@@ -631,6 +641,10 @@ std::string RankCheckpoint::save(std::int64_t done, const LossScaler* scaler) {
         if (p.stage != s) continue;
         const sharding::ElementRange r = pieces.own(p.name);
         shard.ranges[p.name] = OptimizerShard::Range{r.begin, r.end, pieces.numel(p.name)};
+        if (pieces_only) {  // zero_stage 3: its pieces of the parameters too, never whole
+          shard.parameters.emplace_back(p.name, pieces.parameterPiece(p.name));
+          shard.shapes[p.name] = pieces.shape(p.name);
+        }
       }
       state.optimizer_shard = std::move(shard);
     } else {

@@ -103,6 +103,11 @@ class RankTrainer {
             s, named, runner_->dataParallel(), runner_->dpRank(),
             [this](const at::Tensor& in, const at::Tensor& out) { runner_->allgatherOverReplicas(in, out); },
             std::move(reduce_scatter));
+        if (config.pipeline.zero_stage >= 3) {  // Note [Sharded parameters]
+          sharded->shardParameters([this](const at::Tensor& in, const at::Tensor& out) {
+            return runner_->postAllgatherOverReplicas(in, out);
+          });
+        }
         stepped.clear();
         for (const auto& [name, piece] : sharded->pieces()) stepped.push_back({name, piece});
         sharded_[s] = std::move(sharded);
@@ -265,9 +270,16 @@ class RankTrainer {
   // same step (Note [One collective per step's checks]).
   void reportModelState() {
     model_state_reported_ = true;
+    HeldParameters held;
+    for (const auto& [s, sharded] : sharded_) {
+      if (!sharded->shardsParameters()) continue;  // zero_stage 3: its pieces, not the whole ones
+      held.elements += sharded->wholeElements();
+      for (const at::Tensor& t : sharded->parameterBuffers()) held.tensors.push_back(t);
+    }
     const ModelStateBytes mine =
         measureModelState(rank(), runner_->parameters(), optimizers_, stepped_, config_.optimizer.name,
-                          zero_sharding_ ? zero_sharding_->heldGradients() : std::vector<at::Tensor>{});
+                          zero_sharding_ ? zero_sharding_->heldGradients() : std::vector<at::Tensor>{},
+                          held.tensors.empty() ? nullptr : &held);
     channel_->publish("model_state/" + std::to_string(rank()), modelStateRecord(mine).dump());
     if (rank() != 0) return;
     for (int r = 0; r < plan_.env.world_size; ++r) {
@@ -389,7 +401,14 @@ class RankTrainer {
   // The stages (this rank's) holding a parameter that is not finite.
   std::vector<int> nonFiniteParameterStages() {
     const SpanTimer timer = phase(runtime::SpanKind::kCheck, "parameter check");
-    const auto parameters = runner_->parameters();
+    std::vector<runtime::NamedTensor> parameters = runner_->parameters();
+    if (config_.pipeline.zero_stage >= 3) {
+      // Note [Sharded parameters]: the pieces this rank holds; the flags are summed over every rank.
+      parameters.clear();
+      for (const auto& [s, pieces] : stepped_) {
+        for (const auto& p : pieces) parameters.push_back({p.name, p.tensor, s});
+      }
+    }
     std::vector<at::Tensor> tensors;
     for (const auto& p : parameters) tensors.push_back(p.tensor.detach());
     const std::vector<double> norms = norms2(tensors);

@@ -173,5 +173,54 @@ TEST_F(CheckpointTest, OptimizerShardsAreWrittenPerRankAndAllRequired) {
   EXPECT_THROW(readOptimizerShard(dir, 1, 2), CheckpointError);
 }
 
+// Note [Sharded checkpoints], zero_stage 3: the stage file holds no
+// parameter; each shard holds its pieces and the whole shapes, and
+// readStageCheckpoint gives the parameters whole; a shard of another cut
+// is refused.
+TEST_F(CheckpointTest, ParameterShardsAreAssembledWhole) {
+  const at::Tensor w = at::arange(6, at::kFloat).reshape({3, 2});  // pieces of 2 ranks: [0, 3) and [3, 6)
+  auto write = [&](int stage, int shard, int shards) {
+    StageCheckpoint st = state(stage, 5, w);
+    const std::string name = st.parameters[0].first;
+    st.parameters.clear();
+    OptimizerShard piece;
+    piece.shard = shard;
+    piece.shards = shards;
+    piece.optimizer.name = "sgd";
+    const std::int64_t chunk = (6 + shards - 1) / shards;
+    const std::int64_t begin = std::min<std::int64_t>(6, shard * chunk), end = std::min<std::int64_t>(6, begin + chunk);
+    piece.ranges[name] = OptimizerShard::Range{begin, end, 6};
+    piece.parameters = {{name, w.reshape({-1}).narrow(0, begin, end - begin)}};
+    piece.shapes[name] = {3, 2};
+    st.optimizer_shard = piece;
+    writeStageCheckpoint(root_, st);
+  };
+  CheckpointMeta m5 = meta(5);
+  m5.layout = CheckpointLayout{2, 2, 1, 3};
+  for (int s = 0; s < 2; ++s) {
+    for (int k = 0; k < 2; ++k) write(s, k, 2);
+  }
+  commitCheckpoint(root_, m5, 0);
+  const std::string dir = checkpointDir(root_, 5);
+  const StageCheckpoint stage1 = readStageCheckpoint(dir, 1);
+  EXPECT_EQ(stage1.parameter_shards, 2);
+  ASSERT_EQ(stage1.parameters.size(), 1u);
+  EXPECT_EQ(stage1.parameters[0].first, "layer1.weight");
+  EXPECT_TRUE(at::equal(stage1.parameters[0].second, w));
+  const StageIndex index = readStageIndex(dir, 1);
+  EXPECT_EQ(index.parameter_shards, 2);
+  EXPECT_EQ(index.parameters.at("layer1.weight"), "float32[3, 2]");
+  // Shard 1 of stage 0 rewritten as one of 3 shards: the pieces no longer cover the tensor.
+  write(0, 1, 3);
+  const fs::path shard1 = fs::path(partialCheckpointDir(root_, 5)) / optimizerShardFile(0, 1);
+  fs::copy_file(shard1, fs::path(dir) / optimizerShardFile(0, 1), fs::copy_options::overwrite_existing);
+  try {
+    readStageCheckpoint(dir, 0);
+    FAIL() << "a stage whose shards are of two cuts was read";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("stage_0.optim_shard_1.pt"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace pipeforge::train

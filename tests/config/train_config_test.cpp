@@ -673,7 +673,10 @@ TEST_F(TrainConfigTest, ZeroStage) {
   refused("  zero_stage: 1\n", {"pipeline.data_parallel is 1", "pipeline.zero_stage: 0"});
   refused("  data_parallel: 2\n  zero_stage: 4\n", {"not a ZeRO stage", "zero_stage"});
   EXPECT_EQ(with("  data_parallel: 2\n  zero_stage: 2\n").pipeline.zero_stage, 2);
-  refused("  data_parallel: 2\n  zero_stage: 3\n", {"not built yet", "pipeline.zero_stage: 2"});
+  EXPECT_EQ(with("  data_parallel: 2\n  zero_stage: 3\n").pipeline.zero_stage, 3);
+  EXPECT_EQ(with("  data_parallel: 2\n  zero_stage: 3\n").pipeline.max_active_stages, 3);
+  EXPECT_EQ(with("  data_parallel: 2\n  zero_stage: 3\n  max_active_stages: 1\n").pipeline.max_active_stages, 1);
+  refused("  data_parallel: 2\n  zero_stage: 3\n  max_active_stages: 0\n", {"max_active_stages"});
   refused("  data_parallel: 2\n  zero_stage: -1\n", {"zero_stage"});
 }
 

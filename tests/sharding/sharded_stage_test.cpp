@@ -6,6 +6,8 @@
 #include <torch/optim/sgd.h>
 
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -147,6 +149,103 @@ TEST(ShardedStage, GradientsAreReducedIntoPiecesAndTheWholeOnesReleased) {
           << "replica " << k << " " << start[i].first << ": " << params[k][i].second;
     }
   }
+}
+
+// Note [Sharded parameters]: with the parameters sharded, a replica holds
+// only its pieces between UNSHARD and RESHARD; the gather gives back the
+// same parameters (same autograd leaves), a backward whose forward saved
+// them before a RESHARD/UNSHARD round still sees them whole, and a step on
+// the pieces is what the next gather returns. WholeParameters::keep makes
+// what was written into the whole parameters the pieces.
+TEST(ShardedStage, ParametersAreGatheredAtUnshardAndReleasedAtReshard) {
+  constexpr int kReplicas = 3;
+  runtime::FakeWorld world(kReplicas, std::chrono::seconds(20));
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> params(kReplicas);
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(kReplicas);
+  const auto start = stageParameters();
+  for (int k = 0; k < kReplicas; ++k) {
+    params[k] = stageParameters();
+    threads.emplace_back([&, k] {
+      try {
+        std::unique_ptr<runtime::Communicator> comm = world.communicator(k);
+        const std::vector<int> group{0, 1, 2};
+        ShardedStage stage(
+            0, params[k], kReplicas, k, [&](const at::Tensor& in, const at::Tensor& out) { comm->allgather(in, out, group); },
+            [&](const at::Tensor& in, const at::Tensor& out) { comm->reduceScatterSum(in, out, group); },
+            /*bucket_elements=*/4);
+        std::vector<std::shared_ptr<runtime::PendingOp>> posted;
+        stage.shardParameters([&](const at::Tensor& in, const at::Tensor& out) {
+          std::shared_ptr<runtime::PendingOp> op = comm->iallgather(in, out, group);
+          return std::function<void()>([op] { op->wait(); });
+        });
+        for (auto& [name, p] : params[k]) {
+          if (p.numel() != 0) throw std::runtime_error(name + " is still whole after shardParameters");
+        }
+        std::int64_t held = 0;
+        for (const at::Tensor& b : stage.parameterBuffers()) held += b.numel();
+        if (held == 0 || stage.wholeElements() != 10 + 5 + 1 + 4) throw std::runtime_error("element counts");
+        stage.unshard();
+        stage.waitUnsharded();
+        for (std::size_t i = 0; i < start.size(); ++i) {
+          if (!at::equal(params[k][i].second.detach(), start[i].second.detach())) {
+            throw std::runtime_error(start[i].first + " is not gathered whole");
+          }
+        }
+        // A forward that saves the parameters, a RESHARD/UNSHARD round, then its backward.
+        at::Tensor loss = at::zeros({}, at::kDouble);
+        for (std::size_t i = 0; i < params[k].size(); ++i) {
+          if (i == 3) continue;  // tied.b is tied.a
+          const at::Tensor& p = params[k][i].second;
+          loss = loss + (p * p).sum().to(at::kDouble) * (k + 1.0);
+        }
+        stage.reshard();
+        if (params[k][0].second.numel() != 0) throw std::runtime_error("reshard kept the whole data");
+        stage.waitUnsharded();  // no UNSHARD posted: gathers now
+        loss.backward();
+        stage.reduceGradients();
+        stage.reshard();
+        std::vector<at::Tensor> pieces;
+        for (const auto& [name, piece] : stage.pieces()) {
+          if (!at::equal(piece.grad(), 4.0 * piece.detach())) throw std::runtime_error(name + ": not the average gradient");
+          if (pieces.empty() || !pieces.back().is_same(piece)) pieces.push_back(piece);
+        }
+        torch::optim::SGD sgd(pieces, torch::optim::SGDOptions(0.5));
+        sgd.step();
+        stage.gatherParameters();  // nothing: the next UNSHARD gathers
+        {
+          WholeParameters whole({&stage});
+          for (std::size_t i = 0; i < start.size(); ++i) {
+            if (!at::equal(params[k][i].second.detach(), -start[i].second.detach())) {
+              throw std::runtime_error(start[i].first + " did not take the step");
+            }
+          }
+          at::NoGradGuard no_grad;
+          params[k][1].second.fill_(3.0);
+          whole.keep();
+        }
+        if (params[k][1].second.numel() != 0) throw std::runtime_error("WholeParameters did not release");
+        stage.waitUnsharded();
+      } catch (const std::exception& e) {
+        errors[k] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int k = 0; k < kReplicas; ++k) ASSERT_EQ(errors[k], "") << "replica " << k;
+  for (int k = 0; k < kReplicas; ++k) {
+    EXPECT_TRUE(at::equal(params[k][1].second.detach(), at::full({5}, 3.0))) << params[k][1].second;
+    EXPECT_TRUE(at::equal(params[k][0].second.detach(), -start[0].second.detach()));
+    EXPECT_EQ(params[k][0].second.sizes(), start[0].second.sizes());
+  }
+}
+
+// Stage 3 needs the gradients sharded too.
+TEST(ShardedStage, ShardingParametersNeedsTheReduceScatter) {
+  const auto params = stageParameters();
+  ShardedStage stage(0, params, 3, 1, [](const at::Tensor&, const at::Tensor&) {});
+  EXPECT_THROW(stage.shardParameters([](const at::Tensor&, const at::Tensor&) { return std::function<void()>([] {}); }),
+               std::invalid_argument);
 }
 
 }  // namespace

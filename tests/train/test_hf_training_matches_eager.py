@@ -56,11 +56,13 @@ LAYOUTS = {
     "ZBV": ("ZBVZeroBubble", 2, 2, 1, SGD),
     "DualPipeV": ("DualPipeV", 2, 2, 1, SGD),
     "1F1B x DP2": ("1F1B", 2, 1, 2, ADAMW),
-    # ZeRO (issue 42): the optimizer state (stage 1), and the gradients too
-    # (stage 2), sharded over the 2 replicas, on Llama and on Qwen2
-    # (embeddings tied across the pipeline).
+    # ZeRO (issue 42): the optimizer state (stage 1), the gradients too
+    # (stage 2) and the parameters as well (stage 3, gathered at UNSHARD),
+    # sharded over the 2 replicas, on Llama and on Qwen2 (embeddings tied
+    # across the pipeline).
     "DP2 ZeRO-1": ("DualPipeV", 2, 2, 2, ADAMW, 1, {"llama", "qwen2"}),
     "DP2 ZeRO-2": ("ZBVZeroBubble", 2, 2, 2, ADAMW, 2, {"llama", "qwen2"}),
+    "DP2 ZeRO-3": ("Interleaved1F1B", 2, 2, 2, ADAMW, 3, {"llama", "qwen2"}),
 }
 
 

@@ -1,27 +1,31 @@
 #!/usr/bin/python3
-"""pipeline.zero_stage 1 and 2 train exactly as zero_stage 0 (issue 42).
+"""pipeline.zero_stage 1, 2 and 3 train exactly as zero_stage 0 (issue 42).
 
 The zoo's `gpt` (embedding and head tied across the pipeline's two ends)
 trains 6 steps at pipeline 2 x data parallel 2 on 4 Gloo ranks, once with
 every stage's optimizer state whole on every replica (zero_stage 0, which
 the other tests check against plain PyTorch), once with it sharded
-(zero_stage 1: Note [Sharded optimizer]) and once with the gradients
-sharded too (zero_stage 2: Note [Sharded gradients]). For each case:
+(zero_stage 1: Note [Sharded optimizer]), once with the gradients
+sharded too (zero_stage 2: Note [Sharded gradients]) and once with the
+parameters as well, gathered at UNSHARD and released at RESHARD (zero_stage
+3: Note [Sharded parameters]). For each case:
   - the per-step losses and the final parameters (`pipeforge export`) agree
     within rtol 1e-6 (the pieces step element by element, as the whole
-    tensors do: in practice the runs are bit for bit equal), and zero 2 with
-    clipping within AdamW's 1e-5 (RTOL_CLIP below);
+    tensors do: in practice the runs are bit for bit equal), and zero 2 and 3
+    with clipping within AdamW's 1e-5 (RTOL_CLIP below);
   - every rank's `model_state` record keeps, per parameter, 4 bytes of
-    parameters, 4 of gradients (4 / d with zero 2) and 8 / d of AdamW state
-    (4 / d for SGD's momentum), within 2% plus the padding of its pieces.
+    parameters (4 / d with zero 3), 4 of gradients (4 / d with zero 2 and
+    3) and 8 / d of AdamW state (4 / d for SGD's momentum), within 2% plus
+    the padding of its pieces.
 The cases: 1F1B; Interleaved1F1B, ZBVZeroBubble (split backward) and
 DualPipeV with 2 stages per rank; gradient clipping with no-decay groups and
 fused AdamW (LibTorch 2.4+); fp16 with a loss scale high enough that the
 first step overflows and is skipped (LibTorch 2.5+); bf16 on DualPipeV; SGD
 with momentum and full activation checkpointing. Then a checkpoint of the
 zero-1 run resumes, equal to the straight run, on zero 0, on 4 stages (ZBV),
-on zero 2, and on zero 2 with 4 replicas of one stage (the pieces cut for
-d = 2 assembled into d = 4).
+on zero 2, on zero 2 with 4 replicas of one stage (the pieces cut for d = 2
+assembled into d = 4) and on zero 3 with 4 replicas; and a checkpoint of the
+zero-3 run resumes on zero 0, and on zero 3 with 4 stages (ZBV).
 
 Usage: test_zero_matches_unsharded.py PIPEFORGE_BINARY ZOO_DIR
 """
@@ -89,12 +93,13 @@ def exported(torch, binary, run, model):
 
 
 def check_model_state(records, optimizer, zero):
-    """At d = 2: parameters 4, gradients 4 (zero 2: 4 / 2), optimizer state 8 / 2 (SGD momentum 4 / 2) bytes per parameter."""
+    """At d = 2: parameters 4 (zero 3: 4 / 2), gradients 4 (zero 2, 3: 4 / 2), optimizer state 8 / 2 (SGD momentum
+    4 / 2) bytes per parameter."""
     problems = []
     state_bytes = 4 if "sgd" in optimizer else 8
     for r in records:
         n = r["parameters"]
-        expect = {"param_bytes": 4 * n, "grad_bytes": 4 * n / (2 if zero >= 2 else 1), "optimizer_bytes": state_bytes * n / 2}
+        expect = {"param_bytes": 4 * n / (2 if zero >= 3 else 1), "grad_bytes": 4 * n / (2 if zero >= 2 else 1), "optimizer_bytes": state_bytes * n / 2}
         for key, value in expect.items():
             # Padding: a rank's piece of a tensor is at most one element longer than n / d.
             if abs(r[key] - value) > 0.02 * value + state_bytes * 64:
@@ -128,7 +133,7 @@ def main():
                 print(f"{name}: skipped (fp16 autocast on the CPU needs LibTorch 2.5)")
                 continue
             results = []
-            for zero in (0, 1, 2):
+            for zero in (0, 1, 2, 3):
                 run = os.path.join(d, f"{name.replace('+', '_').replace(' ', '_')}-z{zero}")
                 write_config(run + ".yaml", run, model, data, *case, zero)
                 losses, states, overflows = train(binary, run)
@@ -152,17 +157,41 @@ def main():
                       flush=True)
                 failures += [f"{name} zero {zero}: {p}" for p in problems]
 
-        # The sharded run's step-3 checkpoint resumes on zero 0, and on
-        # 4 stages of 2 per rank (ZBVZeroBubble), as the straight run goes on.
-        a_run = runs[("1F1B", 1)]
-        a_state = exported(torch, binary, a_run, model)
-        with open(os.path.join(a_run, "out", "metrics.jsonl")) as f:
-            a_losses = [json.loads(line)["loss"] for line in f if '"event":"train"' in line.replace(" ", "")]
-        for tag, label, stages, per_rank, schedule, zero, dp in (
-                ("to-z0", "zero 1 -> 0", 2, 1, "1F1B", 0, 2),
-                ("to-zbv", "zero 1 -> 1, 4 stages (ZBV)", 4, 2, "ZBVZeroBubble", 1, 2),
-                ("to-z2", "zero 1 -> 2", 2, 1, "1F1B", 2, 2),
-                ("to-dp4", "zero 1, d 2 -> zero 2, d 4", 1, 1, "1F1B", 2, 4)):
+        # Zero 3's checkpoint: the stage files hold no parameter, and the
+        # two shard files hold pieces that make up each one exactly.
+        z3 = os.path.join(runs[("1F1B", 3)], "ckpt", "step_00000003")
+        for s in range(2):
+            stage_file = torch.load(os.path.join(z3, f"stage_{s}.pt"), weights_only=False)
+            shards = [torch.load(os.path.join(z3, f"stage_{s}.optim_shard_{k}.pt"), weights_only=True) for k in range(2)]
+            if stage_file["parameters"] or stage_file.get("parameter_shards") != 2:
+                failures.append(f"zero 3 checkpoint stage {s}: the stage file holds {len(stage_file['parameters'])} "
+                                f"parameters, parameter_shards {stage_file.get('parameter_shards')}")
+            for name, shape in shards[0]["shapes"].items():
+                pieces = [sh["parameters"][name] for sh in shards]
+                if sum(p.numel() for p in pieces) != torch.Size(shape).numel() or max(p.numel() for p in pieces) * 2 > \
+                        torch.Size(shape).numel() + 2:
+                    failures.append(f"zero 3 checkpoint stage {s}: '{name}' {shape} is in pieces of "
+                                    f"{[p.numel() for p in pieces]}")
+        print(f"zero 3 checkpoint: stage files without parameters, pieces in 2 shard files  "
+              f"{'ok' if not failures else 'MISMATCH'}", flush=True)
+
+        # The sharded runs' step-3 checkpoints resume on other zero stages,
+        # layouts and data-parallel sizes, as the straight run goes on.
+        straight = {}
+        for zero in (1, 3):
+            a_run = runs[("1F1B", zero)]
+            with open(os.path.join(a_run, "out", "metrics.jsonl")) as f:
+                losses = [json.loads(line)["loss"] for line in f if '"event":"train"' in line.replace(" ", "")]
+            straight[zero] = (a_run, exported(torch, binary, a_run, model), losses)
+        for source, tag, label, stages, per_rank, schedule, zero, dp in (
+                (1, "to-z0", "zero 1 -> 0", 2, 1, "1F1B", 0, 2),
+                (1, "to-zbv", "zero 1 -> 1, 4 stages (ZBV)", 4, 2, "ZBVZeroBubble", 1, 2),
+                (1, "to-z2", "zero 1 -> 2", 2, 1, "1F1B", 2, 2),
+                (1, "to-dp4", "zero 1, d 2 -> zero 2, d 4", 1, 1, "1F1B", 2, 4),
+                (1, "to-z3-dp4", "zero 1, d 2 -> zero 3, d 4", 1, 1, "1F1B", 3, 4),
+                (3, "z3-to-z0", "zero 3 -> 0", 2, 1, "1F1B", 0, 2),
+                (3, "z3-to-zbv", "zero 3 -> 3, 4 stages (ZBV)", 4, 2, "ZBVZeroBubble", 3, 2)):
+            a_run, a_state, a_losses = straight[source]
             run = os.path.join(d, "resume-" + tag)
             os.makedirs(os.path.join(run, "ckpt"))
             shutil.copytree(os.path.join(a_run, "ckpt", "step_00000003"), os.path.join(run, "ckpt", "step_00000003"))
@@ -178,8 +207,8 @@ def main():
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
         sys.exit(1)
-    print("zero_stage 1 and 2 train as zero_stage 0 on every case, keep 1/d of what they shard, and resume across zero "
-          "stages")
+    print("zero_stage 1, 2 and 3 train as zero_stage 0 on every case, keep 1/d of what they shard, and resume across "
+          "zero stages")
 
 
 if __name__ == "__main__":
