@@ -237,21 +237,23 @@ void ShardedStage::unshard() {
   if (!shardsParameters() || unsharded_ || !pending_.empty()) return;
   at::NoGradGuard no_grad;
   gathered_.assign(groups_.size(), at::Tensor());
+  pending_.assign(groups_.size(), nullptr);
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (groups_[g].layout.bufferSize() == 0) continue;
     gathered_[g] = at::empty({groups_[g].layout.bufferSize() * group_size_}, param_buffers_[g].options());
-    pending_.push_back(post_all_gather_(param_buffers_[g], gathered_[g]));
+    pending_[g] = post_all_gather_(param_buffers_[g], gathered_[g]);
   }
-  if (pending_.empty()) pending_.push_back([] {});  // a stage without elements is unsharded at once
+  if (groups_.empty()) pending_.push_back(nullptr);  // a stage without parameters is unsharded at once
 }
 
 void ShardedStage::waitUnsharded() {
   if (!shardsParameters() || unsharded_) return;
   unshard();
-  for (auto& wait : pending_) wait();
-  pending_.clear();
   at::NoGradGuard no_grad;
+  // Bucket by bucket: each gathered buffer is freed once its parameters
+  // are filled, so the step holds one whole copy of the stage, not two.
   for (std::size_t g = 0; g < groups_.size(); ++g) {
+    if (pending_[g]) pending_[g]();
     const Group& group = groups_[g];
     const ShardLayout& layout = group.layout;
     for (std::size_t i = 0; i < group.tensors.size(); ++i) {
@@ -265,14 +267,18 @@ void ShardedStage::waitUnsharded() {
       }
       t.set_data(whole.view(group.shapes[i]));
     }
+    gathered_[g] = at::Tensor();
   }
+  pending_.clear();
   gathered_.clear();
   unsharded_ = true;
 }
 
 void ShardedStage::reshard() {
   if (!shardsParameters()) return;
-  for (auto& wait : pending_) wait();  // a collective in flight is finished, not abandoned
+  for (auto& wait : pending_) {
+    if (wait) wait();  // a collective in flight is finished, not abandoned
+  }
   pending_.clear();
   gathered_.clear();
   if (!unsharded_) return;
