@@ -285,6 +285,13 @@ LaunchResult launchLocal(const LaunchOptions& o) {
 
   // Logs and the private store folder of this run; removed at the end.
   const std::string run_dir = makePrivateDir("/tmp/pipeforge-launch-");
+  struct RemovedOnReturn {  // also when a rank's failure ends the run with an exception
+    std::string dir;
+    ~RemovedOnReturn() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } removed{run_dir};
   const std::string private_dir = run_dir + "/store";
   if (::mkdir(private_dir.c_str(), 0700) != 0) {
     throw LaunchError(fmt::format("cannot make a folder {}: {}", private_dir, std::strerror(errno)));
@@ -301,8 +308,6 @@ LaunchResult launchLocal(const LaunchOptions& o) {
       result.ranks[rank].output = readFile(fmt::format("{}/rank{}.log", log_dir, rank));
     }
   }
-  std::error_code ec;
-  std::filesystem::remove_all(run_dir, ec);
   return result;
 }
 

@@ -7,6 +7,7 @@
 #include <torch/script.h>
 #include <torch/serialize.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -23,6 +24,18 @@
 namespace pipeforge::testing {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// torchrun makes a torchelastic_* folder in TMPDIR for every run and leaves
+// it there: the test binary's children get a TMPDIR of its own, which
+// makeTempDir removes when the binary exits.
+const bool kOwnTmpDir = [] {
+  const std::string dir = makeTempDir("pf-tmp");
+  return ::setenv("TMPDIR", dir.c_str(), 1) == 0;
+}();
+
+}  // namespace
 
 TrainWorkspace::TrainWorkspace() : dir_(makeTempDir("pf-train-e2e")) {
   // gpt: uint16 tokens below its vocabulary of 64, with some structure to learn.
