@@ -251,14 +251,22 @@ void ShardedStage::waitUnsharded() {
   unshard();
   at::NoGradGuard no_grad;
   // Bucket by bucket: each gathered buffer is freed once its parameters
-  // are filled, so the step holds one whole copy of the stage, not two.
+  // are filled, so the step holds one whole copy of the stage, not two. A
+  // bucket's whole parameters are views of one allocation: a stage's worth
+  // of small blocks made and freed every step would fragment the heap.
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (pending_[g]) pending_[g]();
     const Group& group = groups_[g];
     const ShardLayout& layout = group.layout;
+    std::int64_t total = 0;
+    for (std::size_t i = 0; i < group.tensors.size(); ++i) total += layout.numel(i);
+    const at::Tensor flat =
+        at::empty({total}, group.tensors.empty() ? param_buffers_[g].options() : group.tensors.front().options());
+    std::int64_t offset = 0;
     for (std::size_t i = 0; i < group.tensors.size(); ++i) {
       at::Tensor t = group.tensors[i];
-      at::Tensor whole = at::empty({layout.numel(i)}, t.options());
+      at::Tensor whole = flat.narrow(0, offset, layout.numel(i));
+      offset += layout.numel(i);
       for (int k = 0; k < group_size_; ++k) {
         const ElementRange r = layout.piece(i, k);
         if (r.empty()) continue;
