@@ -70,6 +70,9 @@ class ModelSpec:
     vocab: int = 0                  # tokens: id range and classes; image: classes
     units: List[str] = field(default_factory=list)  # FQNs at which a cut may go, in order
     exported: bool = False          # Pipeforge gets a torch.export .pt2 of build(), not TorchScript
+    # How the PyTorch side makes its stages: "pipeline" (torch.distributed.pipelining.pipeline() at the
+    # cuts) or "manual" (by hand, as torchtitan does: manual_split.py) where pipeline()'s stages fail.
+    torch_split: str = "pipeline"
 
 
 def _gpt_units(layers: int) -> List[str]:
@@ -116,7 +119,8 @@ MODELS = {
                         [f"blocks.{i}" for i in range(1, 8)]),
     "llama": ModelSpec("llama", "transformers LlamaForCausalLM: 8 layers, d=256, 8/4 heads (GQA), T=64, "
                        "torch.export with dynamic batch and sequence", _llama, "", (LLAMA["max_position_embeddings"],),
-                       "tokens", LLAMA["vocab_size"], [f"model.layers.{i}" for i in range(1, 8)], exported=True),
+                       "tokens", LLAMA["vocab_size"], [f"model.layers.{i}" for i in range(1, 8)], exported=True,
+                       torch_split="manual"),
 }
 
 

@@ -6,7 +6,9 @@ What it does, all of it inside "time to first step": import torch, join the
 Gloo group on 127.0.0.1, build the eager model and load the weights of the
 model file Pipeforge splits, split it with `pipeline()` at the same FQNs
 (SplitPoint.BEGINNING, or END where a cut read back from a Pipeforge cost
-split needs it), wrap this rank's stage modules in PipelineStage (GPipe,
+split needs it) or, for a model whose `pipeline()` stages fail (the
+transformers Llama), by hand as torchtitan does (manual_split.py), wrap
+this rank's stage modules in PipelineStage (GPipe,
 1F1B: stage r; the loop schedules Interleaved1F1B and InterleavedZeroBubble:
 stages r and r+P; the V schedules ZBVZeroBubble and DualPipeV: stages r and
 2P-1-r, as Pipeforge places them), then train.
@@ -32,6 +34,7 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed.pipelining import PipelineStage, SplitPoint, pipeline, schedules  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import manual_split  # noqa: E402
 import models  # noqa: E402
 
 
@@ -66,17 +69,22 @@ def main() -> None:
     inputs, targets = data["inputs"], data["targets"]
     model = models.load_eager(spec, job["model_file"])
     example = inputs[: job["batch"] // m]
-    points = {fqn: getattr(SplitPoint, where) for fqn, where in models.split_points(job["cuts"])}
-    pipe = pipeline(model, (example,), split_spec=points)
-    if pipe.num_stages != num_stages:
-        raise SystemExit(f"pipeline() made {pipe.num_stages} stages from cuts {job['cuts']}, expected {num_stages}")
     mine = local_stages(rank, ranks, per_rank, job.get("placement", "v"))
-    # Note [Stages from pipeline()]: pipe.build_stage(s) returns a _PipelineStage,
-    # whose legacy P2P warm-up in torch 2.13 (schedules.py, _warmup_p2p) posts a
-    # Gloo send/recv between the two stages a V schedule puts on one rank, which
-    # fails ("Pair is not connected"). PipelineStage over the same stage module
-    # (the class the interop tests use) warms up by its vote protocol instead.
-    stages = [PipelineStage(pipe.get_stage_module(s), s, num_stages, torch.device("cpu")) for s in mine]
+    if spec.torch_split == "manual":
+        modules = manual_split.llama_stages(model, job["cuts"], mine)
+        pipe = None
+    else:
+        points = {fqn: getattr(SplitPoint, where) for fqn, where in models.split_points(job["cuts"])}
+        pipe = pipeline(model, (example,), split_spec=points)
+        if pipe.num_stages != num_stages:
+            raise SystemExit(f"pipeline() made {pipe.num_stages} stages from cuts {job['cuts']}, expected {num_stages}")
+        # Note [Stages from pipeline()]: pipe.build_stage(s) returns a _PipelineStage,
+        # whose legacy P2P warm-up in torch 2.13 (schedules.py, _warmup_p2p) posts a
+        # Gloo send/recv between the two stages a V schedule puts on one rank, which
+        # fails ("Pair is not connected"). PipelineStage over the same stage module
+        # (the class the interop tests use) warms up by its vote protocol instead.
+        modules = [pipe.get_stage_module(s) for s in mine]
+    stages = [PipelineStage(module, s, num_stages, torch.device("cpu")) for module, s in zip(modules, mine)]
     del pipe, model  # what other ranks' stages hold can go
     cls = getattr(schedules, "Schedule" + job["schedule"])
     schedule = cls(stages[0] if per_rank == 1 else stages, m, loss_fn=models.loss_fn)
