@@ -384,13 +384,7 @@ class C10dComm : public Communicator {
       runCollective(world_, tensor, fmt::format("rank {} in an allreduce over all ranks", rank()));
       return;
     }
-    auto it = groups_.find(group);
-    if (it == groups_.end()) {
-      // Created on first use: every member reaches this collective, in the
-      // same order as all its others, so creating here cannot deadlock.
-      it = groups_.emplace(group, joinGroup(group)).first;
-    }
-    runCollective(it->second, tensor,
+    runCollective(processGroup(group), tensor,
                   fmt::format("rank {} in an allreduce over ranks {}", rank(), fmt::join(group, ",")), group);
   }
 
@@ -406,13 +400,8 @@ class C10dComm : public Communicator {
   std::unique_ptr<PendingOp> iallgather(const at::Tensor& in, const at::Tensor& out,
                                         const std::vector<int>& group) override {
     std::string what = fmt::format("rank {} in an all-gather over ranks {}", rank(), fmt::join(group, ","));
-    c10::intrusive_ptr<PIPEFORGE_C10D_GROUP> pg = world_;
-    if (static_cast<int>(group.size()) != worldSize()) {
-      auto it = groups_.find(group);
-      if (it == groups_.end()) it = groups_.emplace(group, joinGroup(group)).first;
-      pg = it->second;
-    }
-    const bool widen = !options_.nccl && (in.scalar_type() == at::kBFloat16 || in.scalar_type() == at::kHalf);
+    const c10::intrusive_ptr<PIPEFORGE_C10D_GROUP> pg = processGroup(group);
+    const bool widen = widensOnGloo(in);
     at::Tensor send = widen ? in.to(at::kFloat) : in.contiguous();
     at::Tensor recv = widen ? at::empty({out.numel()}, send.options()) : out.view({-1});
 #if PIPEFORGE_TORCH_AT_LEAST(2, 0)
@@ -437,13 +426,8 @@ class C10dComm : public Communicator {
 #if PIPEFORGE_TORCH_AT_LEAST(2, 0)
     const std::string what =
         fmt::format("rank {} in a reduce-scatter over ranks {}", rank(), fmt::join(group, ","));
-    c10::intrusive_ptr<PIPEFORGE_C10D_GROUP> pg = world_;
-    if (static_cast<int>(group.size()) != worldSize()) {
-      auto it = groups_.find(group);
-      if (it == groups_.end()) it = groups_.emplace(group, joinGroup(group)).first;
-      pg = it->second;
-    }
-    const bool widen = !options_.nccl && (in.scalar_type() == at::kBFloat16 || in.scalar_type() == at::kHalf);
+    const c10::intrusive_ptr<PIPEFORGE_C10D_GROUP> pg = processGroup(group);
+    const bool widen = widensOnGloo(in);
     at::Tensor send = widen ? in.to(at::kFloat) : in.contiguous();
     at::Tensor recv = widen ? at::empty({out.numel()}, send.options()) : out.view({-1});
     c10d::ReduceScatterOptions opts;
@@ -581,9 +565,25 @@ class C10dComm : public Communicator {
   // Note [Reduced precision on Gloo]: Gloo's allreduce has no bfloat16 (and,
   // in older releases, no half) kernel ("Invalid scalar type"). It sums a
   // float32 copy instead, which also rounds once instead of at every hop.
+  // The process group of `group` (sorted ranks): the world's, or a subgroup
+  // created on first use. Every member reaches each collective in the same
+  // order as all its others, so creating it there cannot deadlock.
+  c10::intrusive_ptr<PIPEFORGE_C10D_GROUP> processGroup(const std::vector<int>& group) {
+    if (static_cast<int>(group.size()) == worldSize()) return world_;
+    auto it = groups_.find(group);
+    if (it == groups_.end()) it = groups_.emplace(group, joinGroup(group)).first;
+    return it->second;
+  }
+
+  // Gloo has no bf16 or fp16 collectives on 1.13 (and sums them in float):
+  // such tensors travel as float32 copies.
+  bool widensOnGloo(const at::Tensor& t) const {
+    return !options_.nccl && (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf);
+  }
+
   void runCollective(const c10::intrusive_ptr<PIPEFORGE_C10D_GROUP>& pg, const at::Tensor& tensor,
                      const std::string& what, const std::vector<int>& group = {}) {
-    const bool widen = !options_.nccl && (tensor.scalar_type() == at::kBFloat16 || tensor.scalar_type() == at::kHalf);
+    const bool widen = widensOnGloo(tensor);
     // NCCL sums GPU tensors only ("Tensors must be CUDA and dense"); a step's
     // small host-side figures (losses, norms, flags) make the trip to the
     // rank's device and back.

@@ -393,15 +393,7 @@ class PipelineRunner::Impl {
     }
   }
 
-  void allgatherOverReplicas(const at::Tensor& in, const at::Tensor& out) {
-    overReplicas("an all-gather", [&](const std::vector<int>& group) {
-      if (group.size() == 1) {
-        out.view({-1}).copy_(in.reshape({-1}));
-      } else {
-        comm_->allgather(in, out, group);
-      }
-    });
-  }
+  void allgatherOverReplicas(const at::Tensor& in, const at::Tensor& out) { postAllgatherOverReplicas(in, out)(); }
 
   std::function<void()> postAllgatherOverReplicas(const at::Tensor& in, const at::Tensor& out) {
     std::shared_ptr<PendingOp> op;

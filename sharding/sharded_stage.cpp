@@ -243,7 +243,6 @@ void ShardedStage::unshard() {
     gathered_[g] = at::empty({groups_[g].layout.bufferSize() * group_size_}, param_buffers_[g].options());
     pending_[g] = post_all_gather_(param_buffers_[g], gathered_[g]);
   }
-  if (groups_.empty()) pending_.push_back(nullptr);  // a stage without parameters is unsharded at once
 }
 
 void ShardedStage::waitUnsharded() {
