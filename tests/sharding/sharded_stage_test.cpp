@@ -26,6 +26,43 @@ std::vector<std::pair<std::string, at::Tensor>> stageParameters() {
   return {{"fc.weight", w}, {"fc.bias", b}, {"tied.a", one}, {"tied.b", one}, {"scale", wide}};
 }
 
+using Parameters = std::vector<std::pair<std::string, at::Tensor>>;
+constexpr int kReplicas = 3;
+const std::vector<int> kGroup{0, 1, 2};
+
+// Runs `body(k, comm)` for each of kReplicas replicas on a thread of its
+// own over one FakeWorld, replica k on params[k] (a fresh stageParameters()).
+// Fails the test with each replica's error.
+void onReplicas(std::vector<Parameters>& params,
+                const std::function<void(int, runtime::Communicator&)>& body) {
+  runtime::FakeWorld world(kReplicas, std::chrono::seconds(20));
+  params.assign(kReplicas, {});
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(kReplicas);
+  for (int k = 0; k < kReplicas; ++k) {
+    params[k] = stageParameters();
+    threads.emplace_back([&, k] {
+      try {
+        std::unique_ptr<runtime::Communicator> comm = world.communicator(k);
+        body(k, *comm);
+      } catch (const std::exception& e) {
+        errors[k] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int k = 0; k < kReplicas; ++k) ASSERT_EQ(errors[k], "") << "replica " << k;
+}
+
+// What the optimizer steps: each piece once (a tied piece has two names), as makeOptimizer keeps it.
+std::vector<at::Tensor> distinctPieces(const ShardedStage& stage) {
+  std::vector<at::Tensor> pieces;
+  for (const auto& [name, piece] : stage.pieces()) {
+    if (pieces.empty() || !pieces.back().is_same(piece)) pieces.push_back(piece);
+  }
+  return pieces;
+}
+
 TEST(ShardedStage, PiecesFollowTheShardRule) {
   const auto params = stageParameters();
   std::vector<std::vector<std::int64_t>> sizes;
@@ -50,40 +87,22 @@ TEST(ShardedStage, PiecesFollowTheShardRule) {
 }
 
 TEST(ShardedStage, EachReplicaStepsItsPiecesAndTheGatherCompletesTheUpdate) {
-  constexpr int kReplicas = 3;
-  runtime::FakeWorld world(kReplicas, std::chrono::seconds(20));
-  std::vector<std::vector<std::pair<std::string, at::Tensor>>> params(kReplicas);
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(kReplicas);
-  for (int k = 0; k < kReplicas; ++k) {
-    params[k] = stageParameters();
-    threads.emplace_back([&, k] {
-      try {
-        std::unique_ptr<runtime::Communicator> comm = world.communicator(k);
-        int gathers = 0;
-        // Buckets of at most 4 elements per rank: fc.weight (chunk 4) alone,
-        // then fc.bias with the tied element, then the float64 scale.
-        ShardedStage stage(0, params[k], kReplicas, k, [&](const at::Tensor& in, const at::Tensor& out) {
-          ++gathers;
-          comm->allgather(in, out, {0, 1, 2});
-        }, /*reduce_scatter=*/nullptr, /*bucket_elements=*/4);
-        for (auto& [name, p] : params[k]) p.mutable_grad() = at::ones_like(p).mul_(p.numel());
-        std::vector<at::Tensor> pieces;  // a tied piece (two names) once, as makeOptimizer keeps it
-        for (const auto& [name, piece] : stage.pieces()) {
-          if (pieces.empty() || !pieces.back().is_same(piece)) pieces.push_back(piece);
-        }
-        torch::optim::SGD sgd(pieces, torch::optim::SGDOptions(0.5));
-        stage.bindGradients();
-        sgd.step();
-        stage.gatherParameters();
-        if (gathers != 3) throw std::runtime_error("gathered " + std::to_string(gathers) + " buckets, expected 3");
-      } catch (const std::exception& e) {
-        errors[k] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int k = 0; k < kReplicas; ++k) ASSERT_EQ(errors[k], "") << "replica " << k;
+  std::vector<Parameters> params;
+  onReplicas(params, [&](int k, runtime::Communicator& comm) {
+    int gathers = 0;
+    // Buckets of at most 4 elements per rank: fc.weight (chunk 4) alone,
+    // then fc.bias with the tied element, then the float64 scale.
+    ShardedStage stage(0, params[k], kReplicas, k, [&](const at::Tensor& in, const at::Tensor& out) {
+      ++gathers;
+      comm.allgather(in, out, kGroup);
+    }, /*reduce_scatter=*/nullptr, /*bucket_elements=*/4);
+    for (auto& [name, p] : params[k]) p.mutable_grad() = at::ones_like(p).mul_(p.numel());
+    torch::optim::SGD sgd(distinctPieces(stage), torch::optim::SGDOptions(0.5));
+    stage.bindGradients();
+    sgd.step();
+    stage.gatherParameters();
+    if (gathers != 3) throw std::runtime_error("gathered " + std::to_string(gathers) + " buckets, expected 3");
+  });
   const auto start = stageParameters();
   for (int k = 0; k < kReplicas; ++k) {
     for (std::size_t i = 0; i < start.size(); ++i) {
@@ -100,48 +119,29 @@ TEST(ShardedStage, EachReplicaStepsItsPiecesAndTheGatherCompletesTheUpdate) {
 // gradients are gone, and a step on the pieces plus the gather is the
 // averaged update everywhere.
 TEST(ShardedStage, GradientsAreReducedIntoPiecesAndTheWholeOnesReleased) {
-  constexpr int kReplicas = 3;
-  runtime::FakeWorld world(kReplicas, std::chrono::seconds(20));
-  std::vector<std::vector<std::pair<std::string, at::Tensor>>> params(kReplicas);
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(kReplicas);
-  for (int k = 0; k < kReplicas; ++k) {
-    params[k] = stageParameters();
-    threads.emplace_back([&, k] {
-      try {
-        std::unique_ptr<runtime::Communicator> comm = world.communicator(k);
-        const std::vector<int> group{0, 1, 2};
-        ShardedStage stage(
-            0, params[k], kReplicas, k, [&](const at::Tensor& in, const at::Tensor& out) { comm->allgather(in, out, group); },
-            [&](const at::Tensor& in, const at::Tensor& out) { comm->reduceScatterSum(in, out, group); },
-            /*bucket_elements=*/4);
-        // Replica k's gradient: (k + 1) everywhere; their average is 2.
-        for (auto& [name, p] : params[k]) p.mutable_grad() = at::full_like(p, k + 1.0);
-        stage.reduceGradients();
-        for (auto& [name, p] : params[k]) {
-          if (p.grad().defined()) throw std::runtime_error(name + " kept its whole gradient");
-        }
-        for (const auto& [name, piece] : stage.pieces()) {
-          const at::Tensor held = stage.heldGradient(name);
-          if (!held.is_same(piece.grad()) && !at::equal(held, piece.grad())) {
-            throw std::runtime_error(name + ": the held gradient is not the piece's");
-          }
-          if (!at::equal(piece.grad(), at::full_like(piece, 2.0))) throw std::runtime_error(name + ": not the average");
-        }
-        std::vector<at::Tensor> pieces;
-        for (const auto& [name, piece] : stage.pieces()) {
-          if (pieces.empty() || !pieces.back().is_same(piece)) pieces.push_back(piece);
-        }
-        torch::optim::SGD sgd(pieces, torch::optim::SGDOptions(0.5));
-        sgd.step();
-        stage.gatherParameters();
-      } catch (const std::exception& e) {
-        errors[k] = e.what();
+  std::vector<Parameters> params;
+  onReplicas(params, [&](int k, runtime::Communicator& comm) {
+    ShardedStage stage(
+        0, params[k], kReplicas, k, [&](const at::Tensor& in, const at::Tensor& out) { comm.allgather(in, out, kGroup); },
+        [&](const at::Tensor& in, const at::Tensor& out) { comm.reduceScatterSum(in, out, kGroup); },
+        /*bucket_elements=*/4);
+    // Replica k's gradient: (k + 1) everywhere; their average is 2.
+    for (auto& [name, p] : params[k]) p.mutable_grad() = at::full_like(p, k + 1.0);
+    stage.reduceGradients();
+    for (auto& [name, p] : params[k]) {
+      if (p.grad().defined()) throw std::runtime_error(name + " kept its whole gradient");
+    }
+    for (const auto& [name, piece] : stage.pieces()) {
+      const at::Tensor held = stage.heldGradient(name);
+      if (!held.is_same(piece.grad()) && !at::equal(held, piece.grad())) {
+        throw std::runtime_error(name + ": the held gradient is not the piece's");
       }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int k = 0; k < kReplicas; ++k) ASSERT_EQ(errors[k], "") << "replica " << k;
+      if (!at::equal(piece.grad(), at::full_like(piece, 2.0))) throw std::runtime_error(name + ": not the average");
+    }
+    torch::optim::SGD sgd(distinctPieces(stage), torch::optim::SGDOptions(0.5));
+    sgd.step();
+    stage.gatherParameters();
+  });
   const auto start = stageParameters();
   for (int k = 0; k < kReplicas; ++k) {
     for (std::size_t i = 0; i < start.size(); ++i) {
@@ -158,81 +158,63 @@ TEST(ShardedStage, GradientsAreReducedIntoPiecesAndTheWholeOnesReleased) {
 // the pieces is what the next gather returns. WholeParameters::keep makes
 // what was written into the whole parameters the pieces.
 TEST(ShardedStage, ParametersAreGatheredAtUnshardAndReleasedAtReshard) {
-  constexpr int kReplicas = 3;
-  runtime::FakeWorld world(kReplicas, std::chrono::seconds(20));
-  std::vector<std::vector<std::pair<std::string, at::Tensor>>> params(kReplicas);
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(kReplicas);
+  std::vector<Parameters> params;
   const auto start = stageParameters();
-  for (int k = 0; k < kReplicas; ++k) {
-    params[k] = stageParameters();
-    threads.emplace_back([&, k] {
-      try {
-        std::unique_ptr<runtime::Communicator> comm = world.communicator(k);
-        const std::vector<int> group{0, 1, 2};
-        ShardedStage stage(
-            0, params[k], kReplicas, k, [&](const at::Tensor& in, const at::Tensor& out) { comm->allgather(in, out, group); },
-            [&](const at::Tensor& in, const at::Tensor& out) { comm->reduceScatterSum(in, out, group); },
-            /*bucket_elements=*/4);
-        std::vector<std::shared_ptr<runtime::PendingOp>> posted;
-        stage.shardParameters([&](const at::Tensor& in, const at::Tensor& out) {
-          std::shared_ptr<runtime::PendingOp> op = comm->iallgather(in, out, group);
-          return std::function<void()>([op] { op->wait(); });
-        });
-        for (auto& [name, p] : params[k]) {
-          if (p.numel() != 0) throw std::runtime_error(name + " is still whole after shardParameters");
-        }
-        std::int64_t held = 0;
-        for (const at::Tensor& b : stage.parameterBuffers()) held += b.numel();
-        if (held == 0 || stage.wholeElements() != 10 + 5 + 1 + 4) throw std::runtime_error("element counts");
-        stage.unshard();
-        stage.waitUnsharded();
-        for (std::size_t i = 0; i < start.size(); ++i) {
-          if (!at::equal(params[k][i].second.detach(), start[i].second.detach())) {
-            throw std::runtime_error(start[i].first + " is not gathered whole");
-          }
-        }
-        // A forward that saves the parameters, a RESHARD/UNSHARD round, then its backward.
-        at::Tensor loss = at::zeros({}, at::kDouble);
-        for (std::size_t i = 0; i < params[k].size(); ++i) {
-          if (i == 3) continue;  // tied.b is tied.a
-          const at::Tensor& p = params[k][i].second;
-          loss = loss + (p * p).sum().to(at::kDouble) * (k + 1.0);
-        }
-        stage.reshard();
-        if (params[k][0].second.numel() != 0) throw std::runtime_error("reshard kept the whole data");
-        stage.waitUnsharded();  // no UNSHARD posted: gathers now
-        loss.backward();
-        stage.reduceGradients();
-        stage.reshard();
-        std::vector<at::Tensor> pieces;
-        for (const auto& [name, piece] : stage.pieces()) {
-          if (!at::equal(piece.grad(), 4.0 * piece.detach())) throw std::runtime_error(name + ": not the average gradient");
-          if (pieces.empty() || !pieces.back().is_same(piece)) pieces.push_back(piece);
-        }
-        torch::optim::SGD sgd(pieces, torch::optim::SGDOptions(0.5));
-        sgd.step();
-        stage.gatherParameters();  // nothing: the next UNSHARD gathers
-        {
-          WholeParameters whole({&stage});
-          for (std::size_t i = 0; i < start.size(); ++i) {
-            if (!at::equal(params[k][i].second.detach(), -start[i].second.detach())) {
-              throw std::runtime_error(start[i].first + " did not take the step");
-            }
-          }
-          at::NoGradGuard no_grad;
-          params[k][1].second.fill_(3.0);
-          whole.keep();
-        }
-        if (params[k][1].second.numel() != 0) throw std::runtime_error("WholeParameters did not release");
-        stage.waitUnsharded();
-      } catch (const std::exception& e) {
-        errors[k] = e.what();
-      }
+  onReplicas(params, [&](int k, runtime::Communicator& comm) {
+    ShardedStage stage(
+        0, params[k], kReplicas, k, [&](const at::Tensor& in, const at::Tensor& out) { comm.allgather(in, out, kGroup); },
+        [&](const at::Tensor& in, const at::Tensor& out) { comm.reduceScatterSum(in, out, kGroup); },
+        /*bucket_elements=*/4);
+    stage.shardParameters([&](const at::Tensor& in, const at::Tensor& out) {
+      std::shared_ptr<runtime::PendingOp> op = comm.iallgather(in, out, kGroup);
+      return std::function<void()>([op] { op->wait(); });
     });
-  }
-  for (auto& t : threads) t.join();
-  for (int k = 0; k < kReplicas; ++k) ASSERT_EQ(errors[k], "") << "replica " << k;
+    for (auto& [name, p] : params[k]) {
+      if (p.numel() != 0) throw std::runtime_error(name + " is still whole after shardParameters");
+    }
+    std::int64_t held = 0;
+    for (const at::Tensor& b : stage.parameterBuffers()) held += b.numel();
+    if (held == 0 || stage.wholeElements() != 10 + 5 + 1 + 4) throw std::runtime_error("element counts");
+    stage.unshard();
+    stage.waitUnsharded();
+    for (std::size_t i = 0; i < start.size(); ++i) {
+      if (!at::equal(params[k][i].second.detach(), start[i].second.detach())) {
+        throw std::runtime_error(start[i].first + " is not gathered whole");
+      }
+    }
+    // A forward that saves the parameters, a RESHARD/UNSHARD round, then its backward.
+    at::Tensor loss = at::zeros({}, at::kDouble);
+    for (std::size_t i = 0; i < params[k].size(); ++i) {
+      if (i == 3) continue;  // tied.b is tied.a
+      const at::Tensor& p = params[k][i].second;
+      loss = loss + (p * p).sum().to(at::kDouble) * (k + 1.0);
+    }
+    stage.reshard();
+    if (params[k][0].second.numel() != 0) throw std::runtime_error("reshard kept the whole data");
+    stage.waitUnsharded();  // no UNSHARD posted: gathers now
+    loss.backward();
+    stage.reduceGradients();
+    stage.reshard();
+    for (const auto& [name, piece] : stage.pieces()) {
+      if (!at::equal(piece.grad(), 4.0 * piece.detach())) throw std::runtime_error(name + ": not the average gradient");
+    }
+    torch::optim::SGD sgd(distinctPieces(stage), torch::optim::SGDOptions(0.5));
+    sgd.step();
+    stage.gatherParameters();  // nothing: the next UNSHARD gathers
+    {
+      WholeParameters whole({&stage});
+      for (std::size_t i = 0; i < start.size(); ++i) {
+        if (!at::equal(params[k][i].second.detach(), -start[i].second.detach())) {
+          throw std::runtime_error(start[i].first + " did not take the step");
+        }
+      }
+      at::NoGradGuard no_grad;
+      params[k][1].second.fill_(3.0);
+      whole.keep();
+    }
+    if (params[k][1].second.numel() != 0) throw std::runtime_error("WholeParameters did not release");
+    stage.waitUnsharded();
+  });
   for (int k = 0; k < kReplicas; ++k) {
     EXPECT_TRUE(at::equal(params[k][1].second.detach(), at::full({5}, 3.0))) << params[k][1].second;
     EXPECT_TRUE(at::equal(params[k][0].second.detach(), -start[0].second.detach()));
