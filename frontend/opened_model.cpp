@@ -1,6 +1,7 @@
 #include "frontend/opened_model.h"
 
 #include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/passes/constant_propagation.h>
 #include <torch/script.h>
 
 #include <unordered_map>
@@ -101,12 +102,14 @@ OpenedModel::OpenedModel(const torch::jit::Module& module, const OpenOptions& op
     if (!callee) return std::nullopt;
     if (n->kind() == c10::prim::CallFunction) {
       // Free functions are kept whole unless they hide a marker (python's pipe_split()).
-      if (facts.reachesMarker(callee)) return impl_->owner.count(n) ? impl_->owner[n] : std::string();
+      if (options.open_all || facts.reachesMarker(callee)) {
+        return impl_->owner.count(n) ? impl_->owner[n] : std::string();
+      }
       return std::nullopt;
     }
     auto fqn = attributePath(n->input(0));
     if (!fqn) return std::nullopt;
-    if (fqn->empty()) return fqn;  // the root's own helper methods (resnet's _forward_impl)
+    if (fqn->empty() || options.open_all) return fqn;  // the root's own helper methods (resnet's _forward_impl)
     for (const auto& split : options.split_fqns) {
       if (split != *fqn && isWithin(split, *fqn)) return fqn;  // a proper ancestor
     }
@@ -150,6 +153,26 @@ OpenedModel::OpenedModel(const torch::jit::Module& module, const OpenOptions& op
       for (Node* m : inner) {
         impl_->owner[m] = owner;
         impl_->call_depth[m] = inner_depth;
+      }
+    }
+  }
+  if (options.open_all) {
+    // Scripted helpers branch on constant flags (F.relu's `inplace`): fold
+    // them, so only the ops that run remain. A node the pass made has no
+    // owner yet: it takes the one of the node before it.
+    std::vector<Node*> before;
+    collectNodes(impl_->graph->block(), before);
+    const std::unordered_set<Node*> existing(before.begin(), before.end());
+    torch::jit::ConstantPropagationImmutableTypes(impl_->graph);
+    std::vector<Node*> nodes;
+    collectNodes(impl_->graph->block(), nodes);
+    std::string last = impl_->root_owner;
+    for (Node* n : nodes) {
+      auto it = impl_->owner.find(n);
+      if (!existing.count(n)) {
+        impl_->owner[n] = last;
+      } else {
+        last = it == impl_->owner.end() ? impl_->root_owner : it->second;
       }
     }
   }

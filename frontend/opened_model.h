@@ -25,6 +25,10 @@ struct OpenOptions {
   // this many levels of calls deep (1: the calls forward makes itself).
   // Used by automatic policies to find enough cut points.
   int open_depth = 0;
+  // Open every module call, leaf modules (a Linear) included, and every
+  // function call (F.relu in a scripted model), so the graph holds only ops:
+  // what tensor-parallel planning reads.
+  bool open_all = false;
 };
 
 class OpenedModel {

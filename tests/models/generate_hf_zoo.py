@@ -18,7 +18,8 @@ For each family NAME (FAMILIES below) it writes:
                   "config": config.to_dict(), "inputs": [names], "kind":
                   "tokens" | "seq2seq" | "image", "vocab", "image": [C, H, W],
                   "labels", "blocks": [FQN of every repeated block, in order],
-                  "attn_implementation", "gradient_checkpointing"}
+                  "attn_implementation", "gradient_checkpointing", "tp_plan":
+                  transformers' own base_model_tp_plan for the family, {} if none}
 Dropout is 0 everywhere, so the train-mode export is deterministic.
 
 And, for the refusals:
@@ -160,6 +161,7 @@ def save_family(name: str, out: str) -> None:
         "vocab": VOCAB, "image": [3, 16, 16], "labels": 5, "blocks": blocks_of(model),
         "attn_implementation": model.config._attn_implementation,
         "gradient_checkpointing": name in GRADIENT_CHECKPOINTING,
+        "tp_plan": dict(getattr(model.config, "base_model_tp_plan", None) or {}),
     }
     _replace(os.path.join(out, name + ".json"), lambda p: open(p, "w").write(json.dumps(meta, indent=1)))
 

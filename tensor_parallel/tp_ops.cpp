@@ -1,0 +1,105 @@
+#include "tensor_parallel/tp_ops.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "common/error.h"
+
+namespace pipeforge::tensor_parallel {
+namespace {
+
+// Note [Tensor-parallel collectives]: a layer split by columns then rows
+// (Megatron's pattern) runs on every rank of the group with the same
+// replicated input x. Each rank computes its columns, and its part of the
+// row-split product; `reduce` (g) sums the parts, so every rank leaves the
+// layer with the whole output. Backward mirrors it: g passes the gradient
+// through, each rank's columns give only their share of dL/dx, and `copy`
+// (f) sums the shares where x entered. Every replicated value that meets a
+// split one gets an f, not only a column linear's input: a norm weight
+// applied per head, say, has a gradient each rank computes from its heads
+// only. Only a value that requires grad pays: without one the op records no
+// backward.
+struct Groups {
+  std::mutex mutex;
+  std::unordered_map<int, AllReduce> all_reduce;
+  int next = 1;
+};
+
+Groups& groups() {
+  static Groups g;
+  return g;
+}
+
+AllReduce lookup(int64_t group) {
+  Groups& g = groups();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  auto it = g.all_reduce.find(static_cast<int>(group));
+  if (it == g.all_reduce.end()) {
+    throw Error(ErrorCode::kInternal,
+                "tensor-parallel group " + std::to_string(group) +
+                    " is not registered: a rewritten stage ran outside the run that rewrote it");
+  }
+  return it->second;
+}
+
+at::Tensor summed(const at::Tensor& x, int64_t group) {
+  at::Tensor out = x.contiguous().clone();
+  lookup(group)(out);
+  return out;
+}
+
+struct CopyToGroup : public torch::autograd::Function<CopyToGroup> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return x.view_as(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {summed(grads[0], ctx->saved_data["group"].toInt()), at::Tensor()};
+  }
+};
+
+struct ReduceOverGroup : public torch::autograd::Function<ReduceOverGroup> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x, int64_t group) {
+    return summed(x, group);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0], at::Tensor()};
+  }
+};
+
+at::Tensor copyOp(const at::Tensor& x, int64_t group) { return CopyToGroup::apply(x, group); }
+at::Tensor reduceOp(const at::Tensor& x, int64_t group) { return ReduceOverGroup::apply(x, group); }
+
+// A catch-all kernel is CompositeImplicitAutograd: it runs above autograd,
+// so the custom Functions record their own backward nodes. CONSERVATIVE
+// alias analysis: the ops talk to other processes, so the JIT must neither
+// reorder them nor drop one whose output looks unused.
+TORCH_LIBRARY(pipeforge_tp, m) {
+  m.def(torch::schema("copy(Tensor x, int group) -> Tensor", c10::AliasAnalysisKind::CONSERVATIVE), &copyOp);
+  m.def(torch::schema("reduce(Tensor x, int group) -> Tensor", c10::AliasAnalysisKind::CONSERVATIVE), &reduceOp);
+}
+
+}  // namespace
+
+void ensureOpsRegistered() {}
+
+GroupRegistration::GroupRegistration(AllReduce all_reduce) {
+  Groups& g = groups();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  group_ = g.next++;
+  g.all_reduce.emplace(group_, std::move(all_reduce));
+}
+
+GroupRegistration::~GroupRegistration() {
+  Groups& g = groups();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  g.all_reduce.erase(group_);
+}
+
+}  // namespace pipeforge::tensor_parallel

@@ -1,0 +1,50 @@
+// The collectives of a tensor-parallel stage as TorchScript ops with their
+// own autograd (Megatron's f and g, Note [Tensor-parallel collectives]):
+//
+//   pipeforge_tp::copy(Tensor x, int group) -> Tensor
+//       forward: x as it is; backward: the gradient summed over the group.
+//       Put where a replicated value enters the split part of a layer.
+//   pipeforge_tp::reduce(Tensor x, int group) -> Tensor
+//       forward: x summed over the group; backward: the gradient as it is.
+//       Put after a row-split linear, whose output each rank holds a part of.
+//
+// `group` is a number from registerGroup: the rewritten stage graph holds it
+// as a constant, and the op looks up the all-reduce at run time. One process
+// may hold several groups (the tests run every rank of a group in threads).
+#pragma once
+
+#include <functional>
+#include <memory>
+
+namespace at {
+class Tensor;
+}
+
+namespace pipeforge::tensor_parallel {
+
+inline constexpr const char* kCopyOp = "pipeforge_tp::copy";
+inline constexpr const char* kReduceOp = "pipeforge_tp::reduce";
+
+// Sums `tensor` in place over the tensor-parallel group (the caller's
+// communicator), blocking until every rank of the group has joined.
+using AllReduce = std::function<void(const at::Tensor& tensor)>;
+
+// Makes the ops known to TorchScript (a no-op after the first call; linking
+// this library registers them, the call keeps the linker from dropping it).
+void ensureOpsRegistered();
+
+// Holds `all_reduce` under a group number until destroyed.
+class GroupRegistration {
+ public:
+  explicit GroupRegistration(AllReduce all_reduce);
+  ~GroupRegistration();
+  GroupRegistration(const GroupRegistration&) = delete;
+  GroupRegistration& operator=(const GroupRegistration&) = delete;
+
+  int group() const { return group_; }
+
+ private:
+  int group_;
+};
+
+}  // namespace pipeforge::tensor_parallel

@@ -1,0 +1,917 @@
+#include "tensor_parallel/tp_plan.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/script.h>
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "frontend/graph_reads.h"
+#include "frontend/module_paths.h"
+#include "frontend/opened_model.h"
+#include "tensor_parallel/tp_ops.h"
+
+namespace pipeforge::tensor_parallel {
+
+const char* styleName(LinearSplit split) {
+  switch (split) {
+    case LinearSplit::kColumn:
+      return "colwise";
+    case LinearSplit::kRow:
+      return "rowwise";
+    case LinearSplit::kWhole:
+      return "replicated";
+  }
+  return "?";
+}
+
+std::map<std::string, std::string> TpPlan::styles() const {
+  std::map<std::string, std::string> out;
+  for (const auto& l : linears) {
+    if (l.split != LinearSplit::kWhole) out[l.module] = styleName(l.split);
+  }
+  return out;
+}
+
+std::string TpPlan::describe() const {
+  std::ostringstream os;
+  for (const auto& l : linears) {
+    os << fmt::format("{:<10} {}", styleName(l.split), l.module);
+    if (!l.why.empty()) os << "  (" << l.why << ")";
+    os << "\n";
+  }
+  os << fmt::format("tensor parallel {}: {} split parameters, {} all-reduces forward (g), {} backward (f), {} sizes "
+                    "divided",
+                    degree, parameters.size(), reduces, copies, resized);
+  return os.str();
+}
+
+namespace {
+
+using torch::jit::Graph;
+using torch::jit::Node;
+using torch::jit::Value;
+
+// Note [Planning from the graph]: one pass over the stage's ops, in order,
+// gives each tensor a state: replicated (every rank holds it whole), split
+// along one dimension in `degree` contiguous blocks, or broken (split, but
+// an op could not keep it exact). A linear whose input is replicated starts
+// a split (column) and founds a group; ops that act per head or per feature
+// carry the split through, moving its dimension (a view from [b, s, h·d] to
+// [b, s, h, d] splits h); a linear whose input is split along its features
+// ends it (row) and closes the group. Where split values meet, their groups
+// merge (q, k and v at attention; gate and up at SiLU·mul).
+//
+// A group that meets something it cannot pass (a norm over the split
+// dimension, a head count the degree does not divide, the stage's output)
+// is either an exact-split failure, when it also reached a row linear: the
+// model's layer is the col/row pattern and we cannot keep it exact, so the
+// plan is refused naming the op; or a linear that merely is not part of one
+// (lm_head's logits leave the stage; MoE's router feeds a softmax over its
+// outputs), whose columns then run whole. The pass is repeated until no
+// group fails.
+enum class Kind { kRep, kShard, kBroken };
+
+struct State {
+  Kind kind = Kind::kRep;
+  int dim = -1;
+  int origin = -1;  // the group (union-find over column linears)
+};
+
+std::string baseName(const std::string& path) {
+  auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string sourceOf(const Node* n) { return baseName(frontend::sourceLocation(n)); }
+
+// aten::size, and aten::sym_size (torch.export's; absent from 1.13).
+bool isSizeRead(c10::Symbol kind) {
+  static const c10::Symbol sym_size = c10::Symbol::fromQualString("aten::sym_size");
+  return kind == c10::aten::size || kind == sym_size;
+}
+
+bool isTensor(const Value* v) { return v->type()->kind() == c10::TypeKind::TensorType; }
+
+std::optional<int64_t> constantInt(const Value* v) {
+  auto iv = torch::jit::toIValue(v);
+  if (iv && iv->isInt()) return iv->toInt();
+  return std::nullopt;
+}
+
+std::optional<std::vector<int64_t>> constantInts(const Value* v) {
+  if (auto iv = torch::jit::toIValue(v)) {
+    if (iv->isIntList()) return iv->toIntVector();
+    if (iv->isInt()) return std::vector<int64_t>{iv->toInt()};
+    return std::nullopt;
+  }
+  if (v->node()->kind() == c10::prim::ListConstruct) {
+    std::vector<int64_t> out;
+    for (const Value* e : v->node()->inputs()) {
+      auto c = constantInt(e);
+      if (!c) return std::nullopt;
+      out.push_back(*c);
+    }
+    return out;
+  }
+  return std::nullopt;
+}
+
+int64_t product(const std::vector<int64_t>& s, std::size_t from, std::size_t to) {
+  int64_t p = 1;
+  for (std::size_t i = from; i < to; ++i) p *= s[i];
+  return p;
+}
+
+struct Problem {
+  int origin;
+  std::string message;
+};
+
+// The literal at `element` of a size list, divided by the degree.
+struct Resize {
+  Node* node;
+  std::size_t list_input;
+  std::size_t element;
+  int64_t value;
+};
+
+// A replicated value entering a split op gets an f (tp_ops.h).
+struct Wrap {
+  Node* consumer;
+  std::size_t input;
+};
+
+class Planner {
+ public:
+  Planner(const frontend::OpenedModel& opened, std::unordered_map<const Value*, std::vector<int64_t>> shapes,
+          int degree)
+      : opened_(opened), graph_(opened.graph()), shapes_(std::move(shapes)), degree_(degree) {
+    countParameterReads(graph_.block());
+  }
+
+  // Runs passes until no group fails; throws TpPlanError for a failing group
+  // that reached a row linear.
+  void run() {
+    for (int pass = 0;; ++pass) {
+      PIPEFORGE_CHECK(pass < 1000, "tensor-parallel planning did not settle");
+      propagate();
+      if (problems_.empty()) return;
+      std::set<int> demoted;
+      for (const Problem& p : problems_) {
+        int root = find(p.origin);
+        if (closed_.count(root)) throw TpPlanError(p.message);
+        if (!demoted.insert(root).second) continue;
+        for (std::size_t c = 0; c < columns_.size(); ++c) {
+          if (find(static_cast<int>(c)) == root) whole_[columns_[c]] = whyWhole(p.message);
+        }
+      }
+    }
+  }
+
+  TpPlan plan() const {
+    TpPlan plan;
+    plan.degree = degree_;
+    for (Node* n : linears_) {
+      PlannedLinear l;
+      l.module = opened_.ownerOf(n);
+      l.source = sourceOf(n);
+      if (std::find(columns_.begin(), columns_.end(), n) != columns_.end()) {
+        l.split = LinearSplit::kColumn;
+      } else if (std::find(rows_.begin(), rows_.end(), n) != rows_.end()) {
+        l.split = LinearSplit::kRow;
+      } else {
+        auto it = whole_.find(n);
+        l.why = it == whole_.end() ? "its input is not split and it starts no split" : it->second;
+      }
+      plan.linears.push_back(std::move(l));
+    }
+    for (const auto& [fqn, dim, size] : splitParameters()) plan.parameters.push_back({fqn, dim, size});
+    plan.copies = static_cast<int>(wrappedValues().size());
+    plan.reduces = static_cast<int>(rows_.size());
+    plan.resized = static_cast<int>(resizes_.size());
+    return plan;
+  }
+
+  struct ParameterCut {
+    std::string fqn;
+    int dim;
+    long long size;
+  };
+  // Column linears: weight dim 0 and bias; row linears: weight dim 1.
+  std::vector<ParameterCut> splitParameters() const {
+    std::vector<ParameterCut> out;
+    for (Node* n : linears_) {
+      bool column = std::find(columns_.begin(), columns_.end(), n) != columns_.end();
+      bool row = std::find(rows_.begin(), rows_.end(), n) != rows_.end();
+      if (!column && !row) continue;
+      const auto& w = shapeOf(n->input(1));
+      out.push_back({*frontend::attributePath(n->input(1)), column ? 0 : 1, column ? w[0] : w[1]});
+      if (column && n->inputs().size() > 2) {
+        if (auto b = frontend::attributePath(n->input(2))) out.push_back({*b, 0, w[0]});
+      }
+    }
+    return out;
+  }
+
+  // Rewrites the opened graph for rank `rank` over `group`.
+  void rewrite(int rank, int group) {
+    (void)rank;
+    Graph& g = graph_;
+    auto group_value = [&](Node* before) {
+      torch::jit::WithInsertPoint guard(before);
+      return g.insertConstant(static_cast<int64_t>(group));
+    };
+    // Sizes first: they edit list inputs of nodes the other steps keep.
+    for (const Resize& r : resizes_) {
+      Node* list = r.node->input(r.list_input)->node();
+      torch::jit::WithInsertPoint guard(r.node);
+      std::vector<Value*> elements(list->inputs().begin(), list->inputs().end());
+      elements[r.element] = g.insertConstant(r.value / degree_);
+      Node* fresh = g.insertNode(g.createList(c10::IntType::get(), elements));
+      r.node->replaceInput(r.list_input, fresh->output());
+    }
+    // One f per replicated value, right after it is made.
+    std::unordered_map<Value*, Value*> copied;
+    for (const Wrap& w : wraps_) {
+      Value* v = w.consumer->input(w.input);
+      auto it = copied.find(v);
+      if (it == copied.end()) {
+        Node* anchor = v->node()->kind() == c10::prim::Param ? g.block()->nodes().front() : v->node()->next();
+        Value* grp = group_value(anchor);
+        torch::jit::WithInsertPoint guard(anchor);
+        Node* f = g.insertNode(g.create(c10::Symbol::fromQualString(kCopyOp), {v, grp}));
+        f->output()->setType(v->type());
+        it = copied.emplace(v, f->output()).first;
+      }
+      w.consumer->replaceInput(w.input, it->second);
+    }
+    // g after each row linear; its bias after the sum.
+    for (Node* n : rows_) {
+      Value* bias = n->inputs().size() > 2 ? n->input(2) : nullptr;
+      bool has_bias = bias && bias->type()->kind() != c10::TypeKind::NoneType;
+      Value* out = n->output();
+      if (has_bias) {
+        torch::jit::WithInsertPoint before(n);
+        n->replaceInput(2, g.insertConstant(c10::IValue()));
+      }
+      torch::jit::WithInsertPoint guard(n->next());
+      Value* grp = g.insertConstant(static_cast<int64_t>(group));
+      Node* reduce = g.insertNode(g.create(c10::Symbol::fromQualString(kReduceOp), {out, grp}));
+      reduce->output()->setType(out->type());
+      Value* result = reduce->output();
+      if (has_bias) {
+        Value* one = g.insertConstant(static_cast<int64_t>(1));
+        Node* add = g.insertNode(g.create(c10::aten::add, {result, bias, one}));
+        add->output()->setType(out->type());
+        result = add->output();
+      }
+      out->replaceAllUsesAfterNodeWith(reduce, result);
+    }
+  }
+
+ private:
+  // ---- state ---------------------------------------------------------------
+  int find(int x) {
+    while (parent_[x] != x) x = parent_[x] = parent_[parent_[x]];
+    return x;
+  }
+  int join(int a, int b) {
+    if (a < 0) return b < 0 ? b : find(b);
+    if (b < 0) return find(a);
+    a = find(a);
+    b = find(b);
+    if (a != b) {
+      parent_[b] = a;
+      if (closed_.count(b)) closed_.insert(a);
+    }
+    return a;
+  }
+
+  State state(const Value* v) const {
+    auto it = state_.find(v);
+    return it == state_.end() ? State{} : it->second;
+  }
+
+  const std::vector<int64_t>& shapeOf(const Value* v) const {
+    static const std::vector<int64_t> none;
+    auto it = shapes_.find(v);
+    return it == shapes_.end() ? none : it->second;
+  }
+
+  int rankOf(const Value* v) const { return static_cast<int>(shapeOf(v).size()); }
+
+  std::string where(const Node* n) const {
+    std::string owner = opened_.ownerOf(n);
+    std::string src = sourceOf(n);
+    return fmt::format("{}{}", owner.empty() ? "the stage's own code" : owner, src.empty() ? "" : " (" + src + ")");
+  }
+
+  static std::string whyWhole(const std::string& message) {
+    // The reason a column group failed, as a reason to keep its linears whole.
+    auto colon = message.find(": ");
+    return colon == std::string::npos ? message : message.substr(colon + 2);
+  }
+
+  void problem(const Node* n, int origin, const std::string& why, const std::string& fix) {
+    problems_.push_back(
+        {origin, fmt::format("tensor_parallel {} cannot split {} exactly: {} {}; {}", degree_, where(n),
+                             n->kind().toQualString(), why, fix)});
+  }
+
+  void setAll(Node* n, State s) {
+    for (Value* o : n->outputs()) state_[o] = s;
+  }
+
+  void countParameterReads(torch::jit::Block* block) {
+    for (Node* n : block->nodes()) {
+      for (Value* v : n->inputs()) {
+        if (v->node()->kind() == c10::prim::GetAttr && isTensor(v)) {
+          if (auto fqn = frontend::attributePath(v)) ++reads_[*fqn];
+        }
+      }
+      for (torch::jit::Block* b : n->blocks()) countParameterReads(b);
+    }
+  }
+
+  std::vector<Value*> wrappedValues() const {
+    std::vector<Value*> out;
+    for (const Wrap& w : wraps_) {
+      Value* v = w.consumer->input(w.input);
+      if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+    }
+    return out;
+  }
+
+  // ---- the pass ------------------------------------------------------------
+  void propagate() {
+    state_.clear();
+    elements_.clear();
+    columns_.clear();
+    rows_.clear();
+    linears_.clear();
+    wraps_.clear();
+    resizes_.clear();
+    problems_.clear();
+    closed_.clear();
+    parent_.clear();
+    for (Node* n : graph_.block()->nodes()) visit(n);
+    visitReturn(graph_.block()->return_node());
+  }
+
+  // Shard and broken inputs of `n`, lists and tuples looked into.
+  std::vector<std::pair<std::size_t, State>> splitInputs(const Node* n) const {
+    std::vector<std::pair<std::size_t, State>> out;
+    for (std::size_t i = 0; i < n->inputs().size(); ++i) {
+      const Value* v = n->input(i);
+      State s = state(v);
+      if (s.kind != Kind::kRep) out.emplace_back(i, s);
+      auto el = elements_.find(v);
+      if (el != elements_.end()) {
+        for (const State& e : el->second) {
+          if (e.kind != Kind::kRep) out.emplace_back(i, e);
+        }
+      }
+    }
+    return out;
+  }
+
+  bool blocksUseSplit(const Node* n) const {
+    for (const torch::jit::Block* b : n->blocks()) {
+      for (const Node* m : b->nodes()) {
+        for (const Value* v : m->inputs()) {
+          if (state(v).kind != Kind::kRep) return true;
+        }
+        if (blocksUseSplit(m)) return true;
+      }
+    }
+    return false;
+  }
+
+  void visitReturn(const Node* ret) {
+    for (const auto& [i, s] : splitInputs(ret)) {
+      if (s.kind == Kind::kShard) {
+        problems_.push_back({s.origin, fmt::format("tensor_parallel {} cannot split {} exactly: its output {} leaves "
+                                                   "the stage split along dimension {}; a stage's outputs are whole",
+                                                   degree_, "the stage", i, s.dim)});
+      }
+    }
+  }
+
+  void visit(Node* n) {
+    const auto kind = n->kind();
+    if (kind == c10::prim::Constant || kind == c10::prim::GetAttr) return;
+    if (kind == c10::aten::linear) return visitLinear(n);
+
+    const std::string op = kind.toQualString();
+    auto split = splitInputs(n);
+    if (!n->blocks().empty() && blocksUseSplit(n)) {
+      split.emplace_back(0, State{Kind::kShard, -1, firstOrigin(n)});
+    }
+    if (split.empty()) return;  // replicated in, replicated out
+    int origin = -1;
+    bool broken = false;
+    for (const auto& [i, s] : split) {
+      origin = join(origin, s.origin);
+      broken = broken || s.kind == Kind::kBroken;
+    }
+    if (broken) return setAll(n, State{Kind::kBroken, -1, origin});
+
+    auto fail = [&](const std::string& why, const std::string& fix) {
+      problem(n, origin, why, fix);
+      setAll(n, State{Kind::kBroken, -1, origin});
+      for (Value* o : n->outputs()) elements_.erase(o);
+    };
+    if (!n->blocks().empty()) return fail("uses a split value inside a control-flow region", kFixPlan);
+
+    // Containers carry their elements' states.
+    if (kind == c10::prim::ListConstruct || kind == c10::prim::TupleConstruct) {
+      std::vector<State> els;
+      for (Value* v : n->inputs()) els.push_back(state(v));
+      elements_[n->output()] = std::move(els);
+      return;
+    }
+    if (kind == c10::prim::TupleUnpack || kind == c10::prim::ListUnpack) {
+      auto el = elements_.find(n->input(0));
+      if (el == elements_.end() || el->second.size() != n->outputs().size()) return fail("unpacks a split value", kFixPlan);
+      for (std::size_t i = 0; i < n->outputs().size(); ++i) state_[n->output(i)] = el->second[i];
+      return;
+    }
+    if (kind == c10::prim::TupleIndex) {
+      auto el = elements_.find(n->input(0));
+      auto i = constantInt(n->input(1));
+      if (el == elements_.end() || !i || *i < 0 || *i >= static_cast<int64_t>(el->second.size())) {
+        return fail("indexes a split tuple", kFixPlan);
+      }
+      state_[n->output()] = el->second[*i];
+      return;
+    }
+
+    if (kind == c10::Symbol::fromQualString("aten::_assert_tensor_metadata")) {
+      // torch.export's dtype check; a size given would be the whole one.
+      if (n->inputs().size() > 1 && n->input(1)->type()->kind() != c10::TypeKind::NoneType) {
+        return fail("checks the whole size of a split value", kFixPlan);
+      }
+      return;
+    }
+    if (op == "aten::split" || op == "aten::split_with_sizes" || op == "aten::chunk" || op == "aten::unsafe_split" ||
+        op == "aten::unsafe_chunk" || op == "aten::tensor_split") {
+      const State s = state(n->input(0));
+      auto d = n->inputs().size() > 2 ? constantInt(n->input(2)) : std::nullopt;
+      if (s.kind == Kind::kShard && (!d || normalize(*d, rankOf(n->input(0))) == s.dim)) {
+        return fail("cuts the split dimension into parts (a fused projection)", kFixFused);
+      }
+      return fail("cuts a split value into parts", kFixPlan);
+    }
+    if (n->outputs().size() != 1 || (!isTensor(n->output()) && !isSizeRead(kind) &&
+                                     kind != c10::aten::size)) {
+      return fail("cannot take a split value", kFixPlan);
+    }
+    if (isSizeRead(kind)) {
+      const State s = state(n->input(0));
+      auto d = n->inputs().size() > 1 ? constantInt(n->input(1)) : std::nullopt;
+      if (!d || normalize(*d, rankOf(n->input(0))) == s.dim) {
+        return fail(fmt::format("reads the size of the split dimension {}", s.dim), kFixPlan);
+      }
+      return;  // the other sizes are the same on every rank
+    }
+    Value* out = n->output();
+    const int out_rank = rankOf(out);
+    auto shard = [&](int dim) { state_[out] = State{Kind::kShard, dim, origin}; };
+
+    if (isElementwise(op)) {
+      // Broadcast: dims align from the right.
+      int od = -1;
+      for (const auto& [i, s] : split) {
+        int d = s.dim + out_rank - rankOf(n->input(i));
+        if (od >= 0 && d != od) return fail("combines values split along different dimensions", kFixPlan);
+        od = d;
+      }
+      if (!wrapReplicated(n, od, out_rank, fail)) return;
+      return shard(od);
+    }
+
+    const State s = split.front().second;
+    const int in_rank = rankOf(n->input(0));
+    if (split.size() == 1 && split.front().first == 0) {
+      if (op == "aten::transpose") {
+        auto a = constantInt(n->input(1)), b = constantInt(n->input(2));
+        if (!a || !b) return fail("transposes dimensions computed at run time", kFixPlan);
+        int da = normalize(*a, in_rank), db = normalize(*b, in_rank);
+        return shard(s.dim == da ? db : s.dim == db ? da : s.dim);
+      }
+      if (op == "aten::t") return shard(in_rank < 2 ? s.dim : 1 - s.dim);
+      if (op == "aten::permute") {
+        auto dims = constantInts(n->input(1));
+        if (!dims) return fail("permutes dimensions computed at run time", kFixPlan);
+        for (std::size_t k = 0; k < dims->size(); ++k) {
+          if (normalize((*dims)[k], in_rank) == s.dim) return shard(static_cast<int>(k));
+        }
+        return fail("permutes away the split dimension", kFixPlan);
+      }
+      if (op == "aten::expand") {
+        int od = s.dim + out_rank - in_rank;
+        if (!resizeList(n, 1, od, fail)) return;
+        return shard(od);
+      }
+      if (op == "aten::view" || op == "aten::reshape" || op == "aten::_unsafe_view" || op == "aten::unsqueeze" ||
+          op == "aten::squeeze" || op == "aten::flatten" || op == "aten::unflatten" || op == "aten::view_as" ||
+          op == "aten::reshape_as") {
+        int od = reshapedDim(n->input(0), s.dim, out);
+        if (od < 0) {
+          return fail(fmt::format("makes dimensions {} from the split dimension of size {}, and {} does not divide "
+                                  "them",
+                                  shapeString(out), shapeOf(n->input(0))[s.dim], degree_),
+                      kFixDivide);
+        }
+        if ((op == "aten::view" || op == "aten::reshape" || op == "aten::_unsafe_view") && !resizeList(n, 1, od, fail)) {
+          return;
+        }
+        return shard(od);
+      }
+      if (op == "aten::slice" || op == "aten::narrow" || op == "aten::select" || op == "aten::index_select") {
+        auto d = constantInt(n->input(1));
+        if (!d) return fail("slices a dimension computed at run time", kFixPlan);
+        int dd = normalize(*d, in_rank);
+        if (dd == s.dim) return fail("slices the split dimension (a fused projection cut into its parts)", kFixFused);
+        return shard(op == "aten::select" && dd < s.dim ? s.dim - 1 : s.dim);
+      }
+      if (isReduction(op)) return visitReduction(n, s, fail, shard);
+    }
+    if (op == "aten::cat" || op == "aten::stack") {
+      auto el = elements_.find(n->input(0));
+      auto d = constantInt(n->input(1));
+      if (el == elements_.end() || !d) return fail("joins values it cannot see", kFixPlan);
+      int dim = -1;
+      for (const State& e : el->second) {
+        if (e.kind != Kind::kShard || (dim >= 0 && e.dim != dim)) {
+          return fail("joins split and whole values", kFixPlan);
+        }
+        dim = e.dim;
+      }
+      int cd = normalize(*d, op == "aten::cat" ? out_rank : out_rank);
+      if (op == "aten::cat") {
+        if (cd == dim) return fail("joins along the split dimension", kFixPlan);
+        return shard(dim);
+      }
+      return shard(cd <= dim ? dim + 1 : dim);
+    }
+    if (op == "aten::scaled_dot_product_attention") {
+      // q, k, v split along the same batch-like dim (heads); the mask whole,
+      // broadcast over it.
+      int dim = -1;
+      for (std::size_t i = 0; i < 3; ++i) {
+        State q = state(n->input(i));
+        if (q.kind != Kind::kShard || (dim >= 0 && q.dim != dim) || q.dim >= rankOf(n->input(i)) - 2) {
+          return fail("needs query, key and value split by heads alike", kFixPlan);
+        }
+        dim = q.dim;
+      }
+      if (!wrapReplicated(n, dim, out_rank, fail)) return;
+      return shard(dim);
+    }
+    if (op == "aten::matmul" || op == "aten::bmm") {
+      // A batched product keeps a split batch dim (eager attention's heads).
+      int od = -1;
+      for (const auto& [i, st] : split) {
+        int r = rankOf(n->input(i));
+        if (st.dim >= r - 2) return fail("multiplies along the split dimension", kFixPlan);
+        int d = st.dim + out_rank - r;
+        if (od >= 0 && d != od) return fail("combines values split along different dimensions", kFixPlan);
+        od = d;
+      }
+      if (!wrapReplicated(n, od, out_rank, fail)) return;
+      return shard(od);
+    }
+    if (op == "aten::embedding") return fail("looks up split indices", kFixPlan);
+    return fail("cannot take a split value", kFixPlan);
+  }
+
+  template <typename Fail, typename Shard>
+  void visitReduction(Node* n, const State& s, Fail& fail, Shard& shard) {
+    const std::string op = n->kind().toQualString();
+    const int in_rank = rankOf(n->input(0));
+    std::vector<int> reduced;
+    if (op == "aten::layer_norm" || op == "aten::rms_norm") {
+      auto shape = constantInts(n->input(1));
+      if (!shape) return fail("normalizes over sizes computed at run time", kFixPlan);
+      for (int k = in_rank - static_cast<int>(shape->size()); k < in_rank; ++k) reduced.push_back(k);
+    } else if (n->inputs().size() < 2 || n->input(1)->type()->kind() == c10::TypeKind::NoneType) {
+      for (int k = 0; k < in_rank; ++k) reduced.push_back(k);
+    } else {
+      auto dims = constantInts(n->input(1));
+      if (!dims) return fail("reduces over dimensions computed at run time", kFixPlan);
+      for (int64_t d : *dims) reduced.push_back(normalize(d, in_rank));
+    }
+    if (std::find(reduced.begin(), reduced.end(), s.dim) != reduced.end()) {
+      return fail(fmt::format("reduces over the split dimension {} (of size {}), which each rank holds only a part "
+                              "of",
+                              s.dim, shapeOf(n->input(0))[s.dim]),
+                  kFixReduce);
+    }
+    if (!wrapReplicated(n, s.dim, rankOf(n->output()), fail)) return;
+    int od = s.dim;
+    if (rankOf(n->output()) < in_rank) {
+      for (int r : reduced) od -= r < s.dim ? 1 : 0;
+    }
+    shard(od);
+  }
+
+  void visitLinear(Node* n) {
+    linears_.push_back(n);
+    Value* x = n->input(0);
+    Value* w = n->input(1);
+    const State s = state(x);
+    auto wfqn = w->node()->kind() == c10::prim::GetAttr ? frontend::attributePath(w) : std::nullopt;
+    const auto& wshape = shapeOf(w);
+    const bool plain = wfqn && wshape.size() == 2;
+    auto bias_fqn = n->inputs().size() > 2 && isTensor(n->input(2)) ? frontend::attributePath(n->input(2))
+                                                                     : std::nullopt;
+    const bool shared = plain && (reads_[*wfqn] > 1 || (bias_fqn && reads_[*bias_fqn] > 1));
+    if (s.kind == Kind::kBroken) {
+      int root = join(s.origin, -1);
+      closed_.insert(root);
+      return setAll(n, State{Kind::kBroken, -1, root});
+    }
+    if (s.kind == Kind::kRep) {
+      auto forced = whole_.find(n);
+      if (forced != whole_.end() || !plain) return;
+      if (wshape[0] % degree_ != 0) {
+        whole_[n] = fmt::format("its {} output features do not divide among {} ranks", wshape[0], degree_);
+        return;
+      }
+      if (shared) {
+        whole_[n] = "its weight is also read elsewhere (tied)";
+        return;
+      }
+      int origin = static_cast<int>(columns_.size());
+      columns_.push_back(n);
+      parent_.push_back(origin);
+      wraps_.push_back({n, 0});
+      state_[n->output()] = State{Kind::kShard, rankOf(n->output()) - 1, origin};
+      return;
+    }
+    // A split input: the row linear that ends the group.
+    int root = join(s.origin, -1);
+    auto fail = [&](const std::string& why, const std::string& fix) {
+      closed_.insert(root);
+      problem(n, root, why, fix);
+      setAll(n, State{Kind::kBroken, -1, root});
+    };
+    if (!plain) return fail("multiplies a split value by a weight that is not a module's parameter", kFixPlan);
+    if (s.dim != rankOf(x) - 1) {
+      return fail(fmt::format("takes a value split along dimension {}, not along its input features", s.dim), kFixPlan);
+    }
+    if (shared) return fail("needs its weight split, but the weight is also read elsewhere (tied)", kFixPlan);
+    rows_.push_back(n);
+    closed_.insert(root);
+  }
+
+  // f on every replicated tensor input of `n` that meets a split one; false
+  // (after fail) when one is whole along the split dimension.
+  template <typename Fail>
+  bool wrapReplicated(Node* n, int od, int out_rank, Fail& fail) {
+    for (std::size_t i = 0; i < n->inputs().size(); ++i) {
+      Value* v = n->input(i);
+      if (!isTensor(v) || state(v).kind != Kind::kRep) continue;
+      const auto& shape = shapeOf(v);
+      int k = od - (out_rank - static_cast<int>(shape.size()));
+      if (k >= 0 && k < static_cast<int>(shape.size()) && shape[k] != 1) {
+        fail(fmt::format("meets a whole value of shape {} along the split dimension", shapeString(v)), kFixPlan);
+        return false;
+      }
+      wraps_.push_back({n, i});
+    }
+    return true;
+  }
+
+  // Records the literal at `element` of the size list input `list_input`
+  // for division; false (after fail) when it is computed at run time.
+  template <typename Fail>
+  bool resizeList(Node* n, std::size_t list_input, int element, Fail& fail) {
+    Value* list = n->input(list_input);
+    if (list->node()->kind() != c10::prim::ListConstruct) {
+      if (auto c = constantInts(list)) {
+        if ((*c)[element] == -1) return true;
+      }
+      fail("takes its sizes from a list computed at run time", kFixPlan);
+      return false;
+    }
+    Value* e = list->node()->input(element);
+    auto c = constantInt(e);
+    if (!c) {
+      fail(fmt::format("takes the size of the split dimension {} from a value computed at run time", element),
+           kFixPlan);
+      return false;
+    }
+    if (*c == -1) return true;
+    if (*c % degree_ != 0) {
+      fail(fmt::format("writes {} for the split dimension, which {} does not divide", *c, degree_), kFixDivide);
+      return false;
+    }
+    resizes_.push_back({n, list_input, static_cast<std::size_t>(element), *c});
+    return true;
+  }
+
+  // The output dim that holds `in`'s split dim `d` after a reshape, or -1
+  // (Note [Splits through reshapes]).
+  int reshapedDim(const Value* in, int d, const Value* out) const {
+    const auto& is = shapeOf(in);
+    const auto& os = shapeOf(out);
+    if (d < 0 || d >= static_cast<int>(is.size()) || is[d] % degree_ != 0) return -1;
+    const int64_t before = product(is, 0, d);
+    for (std::size_t e = 0; e < os.size(); ++e) {
+      int64_t p = product(os, 0, e);
+      if (p > before) break;
+      if (p == before && os[e] % degree_ == 0) return static_cast<int>(e);
+    }
+    return -1;
+  }
+
+  int firstOrigin(const Node* n) const {
+    for (const torch::jit::Block* b : n->blocks()) {
+      for (const Node* m : b->nodes()) {
+        for (const Value* v : m->inputs()) {
+          if (state(v).kind != Kind::kRep) return state(v).origin;
+        }
+      }
+    }
+    return -1;
+  }
+
+  std::string shapeString(const Value* v) const {
+    const auto& s = shapeOf(v);
+    std::string out = "[";
+    for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+    return out + "]";
+  }
+
+  static int normalize(int64_t d, int rank) { return static_cast<int>(d < 0 ? d + rank : d); }
+
+  static bool isElementwise(const std::string& op) {
+    static const std::unordered_set<std::string> ops = {
+        "aten::add",     "aten::sub",        "aten::mul",       "aten::div",        "aten::neg",     "aten::silu",
+        "aten::gelu",    "aten::relu",       "aten::tanh",      "aten::sigmoid",    "aten::exp",     "aten::log",
+        "aten::pow",     "aten::rsqrt",      "aten::sqrt",      "aten::sin",        "aten::cos",     "aten::abs",
+        "aten::to",      "aten::type_as",    "aten::contiguous", "aten::clone",     "aten::where",   "aten::masked_fill",
+        "aten::_to_copy", "aten::float",     "aten::square",    "aten::erf",        "aten::reciprocal", "aten::clamp",
+        "aten::maximum", "aten::minimum",    "aten::dropout",   "aten::detach",     "aten::alias",   "aten::softplus",
+        "aten::gelu_",   "aten::silu_",      "aten::relu_",     "aten::mul_",       "aten::add_",    "aten::div_",
+        "aten::sub_",    "aten::rsub",       "aten::lift_fresh_copy"};
+    return ops.count(op) > 0;
+  }
+
+  static bool isReduction(const std::string& op) {
+    static const std::unordered_set<std::string> ops = {
+        "aten::mean", "aten::sum", "aten::amax", "aten::amin", "aten::softmax", "aten::log_softmax", "aten::_softmax",
+        "aten::var",  "aten::std", "aten::logsumexp", "aten::layer_norm", "aten::rms_norm"};
+    return ops.count(op) > 0;
+  }
+
+  static constexpr const char* kFixPlan =
+      "keep this layer whole with an explicit tensor_parallel_plan, or set pipeline.tensor_parallel to 1";
+  static constexpr const char* kFixDivide =
+      "set pipeline.tensor_parallel to a divisor of the model's head counts (num_attention_heads and "
+      "num_key_value_heads)";
+  static constexpr const char* kFixReduce =
+      "the model normalizes across all heads (as OLMo2's q_norm and k_norm do); keep its attention whole with an "
+      "explicit tensor_parallel_plan, or set pipeline.tensor_parallel to 1";
+  static constexpr const char* kFixFused =
+      "the projection computes several parts at once (a fused qkv or gate_up); keep it whole with an explicit "
+      "tensor_parallel_plan, or set pipeline.tensor_parallel to 1";
+
+  const frontend::OpenedModel& opened_;
+  Graph& graph_;
+  std::unordered_map<const Value*, std::vector<int64_t>> shapes_;
+  int degree_;
+  std::unordered_map<std::string, int> reads_;
+
+  std::unordered_map<const Node*, std::string> whole_;  // across passes
+  std::unordered_map<const Value*, State> state_;
+  std::unordered_map<const Value*, std::vector<State>> elements_;
+  std::vector<Node*> linears_, columns_, rows_;
+  std::vector<int> parent_;
+  std::set<int> closed_;
+  std::vector<Problem> problems_;
+  std::vector<Wrap> wraps_;
+  std::vector<Resize> resizes_;
+};
+
+// Every tensor value of the opened graph's top level with its shape, from one
+// forward without grad on a copy that returns them all.
+std::unordered_map<const Value*, std::vector<int64_t>> recordShapes(const frontend::OpenedModel& opened,
+                                                                      const torch::jit::Module& module,
+                                                                      const std::vector<at::Tensor>& inputs) {
+  Graph& g = opened.graph();
+  std::shared_ptr<Graph> copy = g.copy();
+  std::vector<const Value*> originals;
+  std::vector<Value*> copies;
+  for (std::size_t i = 0; i < g.inputs().size(); ++i) {
+    if (isTensor(g.inputs()[i])) {
+      originals.push_back(g.inputs()[i]);
+      copies.push_back(copy->inputs()[i]);
+    }
+  }
+  auto a = g.block()->nodes().begin();
+  auto b = copy->block()->nodes().begin();
+  for (; a != g.block()->nodes().end(); ++a, ++b) {
+    for (std::size_t i = 0; i < a->outputs().size(); ++i) {
+      if (isTensor(a->outputs()[i])) {
+        originals.push_back(a->outputs()[i]);
+        copies.push_back(b->outputs()[i]);
+      }
+    }
+  }
+  while (!copy->outputs().empty()) copy->eraseOutput(0);
+  Value* all = copy->insertNode(copy->createTuple(copies))->output();
+  copy->registerOutput(all);
+
+  torch::jit::GraphFunction fn("pipeforge_tp_shapes", copy, nullptr);
+  std::vector<c10::IValue> stack{module._ivalue()};
+  for (const auto& t : inputs) stack.emplace_back(t);
+  {
+    torch::NoGradGuard no_grad;
+    torch::jit::GraphOptimizerEnabledGuard plain(false);
+    fn.run(stack);
+  }
+  std::unordered_map<const Value*, std::vector<int64_t>> shapes;
+  const auto& values = stack.back().toTupleRef().elements();
+  for (std::size_t i = 0; i < originals.size(); ++i) {
+    if (values[i].isTensor() && values[i].toTensor().defined()) shapes[originals[i]] = values[i].toTensor().sizes().vec();
+  }
+  return shapes;
+}
+
+frontend::OpenOptions openEverything() {
+  frontend::OpenOptions options;
+  options.open_all = true;
+  return options;
+}
+
+void checkDegree(int degree) {
+  if (degree < 1) throw TpPlanError(fmt::format("tensor_parallel must be at least 1, got {}", degree));
+}
+
+}  // namespace
+
+TpPlan planTensorParallel(const torch::jit::Module& stage, const std::vector<at::Tensor>& example_inputs, int degree) {
+  checkDegree(degree);
+  if (degree == 1) return TpPlan{};
+  frontend::OpenedModel opened(stage, openEverything());
+  Planner planner(opened, recordShapes(opened, stage, example_inputs), degree);
+  planner.run();
+  return planner.plan();
+}
+
+torch::jit::Module shardForTensorParallel(const torch::jit::Module& stage, const std::vector<at::Tensor>& example_inputs,
+                                          int degree, int rank, int group, TpPlan* plan_out) {
+  checkDegree(degree);
+  PIPEFORGE_CHECK(rank >= 0 && rank < degree, "tensor-parallel rank out of range");
+  if (degree == 1) {
+    if (plan_out) *plan_out = TpPlan{};
+    return stage;
+  }
+  ensureOpsRegistered();
+  // clone(): a new class type, so replacing forward leaves `stage` alone.
+  torch::jit::Module sharded = stage.clone();
+  frontend::OpenedModel opened(sharded, openEverything());
+  Planner planner(opened, recordShapes(opened, sharded, example_inputs), degree);
+  planner.run();
+  if (plan_out) *plan_out = planner.plan();
+
+  // Module::clone() copies each parameter through Tensor::clone(): a
+  // non-leaf, and tied parameters no longer one tensor. Hold the stage's own
+  // tensors again (the split ones are replaced by their slices below).
+  for (const auto& p : stage.named_parameters(/*recurse=*/true)) {
+    auto [owner, name] = frontend::splitPath(p.name);
+    frontend::submoduleAt(sharded, owner).register_parameter(name, p.value, /*is_buffer=*/false);
+  }
+  for (const auto& cut : planner.splitParameters()) {
+    auto [owner, name] = frontend::splitPath(cut.fqn);
+    torch::jit::Module holder = frontend::submoduleAt(sharded, owner);
+    at::Tensor whole = holder.attr(name).toTensor();
+    const int64_t block = cut.size / degree;
+    at::Tensor slice = whole.detach().narrow(cut.dim, rank * block, block).clone();
+    slice.set_requires_grad(whole.requires_grad());
+    holder.register_parameter(name, slice, /*is_buffer=*/false);
+  }
+  planner.rewrite(rank, group);
+
+  auto graph = opened.graph().copy();
+  auto type = sharded.type();
+  auto cu = sharded._ivalue()->compilation_unit();
+  c10::QualifiedName name(*type->name(), "forward");
+  type->unsafeRemoveMethod("forward");
+  torch::jit::Function* fn = cu->create_function(name, graph, /*shouldMangle=*/true);
+  type->addMethod(fn);
+  return sharded;
+}
+
+}  // namespace pipeforge::tensor_parallel

@@ -1,0 +1,85 @@
+// Tensor parallel inside one stage, planned from its graph (issue 44).
+//
+// planTensorParallel reads a stage's forward (every module call opened) and
+// finds the pattern Megatron writes by hand (Note [Planning from the graph]):
+// a linear split by output features (column), ops that act per head or per
+// feature, then a linear split by input features (row) whose partial outputs
+// are summed. It needs no plan per model: transformers' Llama, Qwen2,
+// Mistral and Gemma come out as their own `base_model_tp_plan` says.
+// shardForTensorParallel applies a plan for one rank: its slices of the
+// split weights, the collectives of tp_ops.h, and the literal sizes
+// (a head count written into a reshape) divided by the degree.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+
+namespace at {
+class Tensor;
+}
+namespace torch::jit {
+struct Module;
+}
+
+namespace pipeforge::tensor_parallel {
+
+// What cannot be split exactly: names the module, the source line, why, and
+// what to change. Raised before any rank trains.
+class TpPlanError : public Error {
+ public:
+  explicit TpPlanError(const std::string& message) : Error(ErrorCode::kUserInput, message) {}
+};
+
+enum class LinearSplit {
+  kColumn,  // output features split: weight rows (and bias) cut in `degree` blocks
+  kRow,     // input features split: weight columns cut; outputs summed, then the bias
+  kWhole,   // every rank runs it whole (`why` says why)
+};
+
+// "colwise", "rowwise", "replicated": torchtitan's and transformers' words.
+const char* styleName(LinearSplit split);
+
+struct PlannedLinear {
+  std::string module;  // FQN, "model.layers.0.self_attn.q_proj"
+  LinearSplit split = LinearSplit::kWhole;
+  std::string source;  // "modeling_llama.py:254"
+  std::string why;     // for kWhole
+};
+
+struct SplitParameter {
+  std::string fqn;
+  int dim = 0;           // cut along this dim in `degree` equal blocks
+  long long size = 0;    // the whole size of that dim
+};
+
+struct TpPlan {
+  int degree = 1;
+  std::vector<PlannedLinear> linears;       // in graph order
+  std::vector<SplitParameter> parameters;   // the split ones; every other parameter is whole on each rank
+  int copies = 0;   // f ops: replicated values entering a split region
+  int reduces = 0;  // g ops: one per row linear
+  int resized = 0;  // literal sizes divided by the degree
+
+  // {module FQN: "colwise" | "rowwise"}, the split linears only.
+  std::map<std::string, std::string> styles() const;
+  // One line per linear, then the counts.
+  std::string describe() const;
+};
+
+// Plans `stage` for `degree` ranks. `example_inputs` are the forward's
+// inputs at the shapes it runs (one dry forward without grad records every
+// value's shape). Throws TpPlanError for what cannot be split exactly, and
+// when degree > 1 and nothing can be split at all.
+TpPlan planTensorParallel(const torch::jit::Module& stage, const std::vector<at::Tensor>& example_inputs, int degree);
+
+// A copy of `stage` as rank `rank` of `degree` runs it: its parameter
+// slices, and a forward with the collectives over `group`
+// (GroupRegistration::group()). `stage` is not changed. `plan_out`, when
+// given, receives the plan.
+torch::jit::Module shardForTensorParallel(const torch::jit::Module& stage, const std::vector<at::Tensor>& example_inputs,
+                                          int degree, int rank, int group, TpPlan* plan_out = nullptr);
+
+}  // namespace pipeforge::tensor_parallel

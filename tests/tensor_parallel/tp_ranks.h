@@ -1,0 +1,122 @@
+// Every rank of a tensor-parallel group in a thread (FakeWorld collectives),
+// each with its own copy of a model rewritten by shardForTensorParallel:
+// forward, a fixed weighted sum of the first output as the loss, backward.
+// compareWithWhole checks what the ranks computed against the whole model.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <torch/script.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/fake_comm.h"
+#include "tensor_parallel/tp_ops.h"
+#include "tensor_parallel/tp_plan.h"
+
+namespace pipeforge::tensor_parallel::testing {
+
+struct RankResult {
+  at::Tensor output;
+  std::map<std::string, at::Tensor> grads;
+  TpPlan plan;
+};
+
+inline at::Tensor firstOutput(const c10::IValue& out) {
+  if (out.isTensor()) return out.toTensor();
+  return out.toTupleRef().elements().at(0).toTensor();
+}
+
+// `load` gives a fresh copy of the model each call (Module::deepcopy would
+// clone the parameters into non-leaves).
+inline std::vector<RankResult> runRanks(const std::function<torch::jit::Module()>& load,
+                                        const std::vector<at::Tensor>& inputs, const at::Tensor& weights, int t) {
+  runtime::FakeWorld world(t, std::chrono::seconds(60));
+  std::vector<RankResult> results(t);
+  std::vector<std::string> errors(t);
+  std::vector<int> group(t);
+  for (int r = 0; r < t; ++r) group[r] = r;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < t; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        std::unique_ptr<runtime::Communicator> comm = world.communicator(r);
+        GroupRegistration registration([&](const at::Tensor& x) { comm->allreduceSum(x, group); });
+        torch::jit::Module mine = shardForTensorParallel(load(), inputs, t, r, registration.group(), &results[r].plan);
+        std::vector<c10::IValue> args(inputs.begin(), inputs.end());
+        at::Tensor out = firstOutput(mine.forward(args));
+        (out * weights).sum().backward();
+        results[r].output = out.detach();
+        for (const auto& p : mine.named_parameters(/*recurse=*/true)) {
+          if (p.value.grad().defined()) results[r].grads[p.name] = p.value.grad().clone();
+        }
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int r = 0; r < t; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  return results;
+}
+
+// The whole model's output and gradients against the ranks': outputs equal
+// on every rank, split gradients equal once their slices are joined, whole
+// ones equal on every rank. Returns how many parameters were split.
+inline int compareWithWhole(const std::function<torch::jit::Module()>& load, const std::vector<at::Tensor>& inputs,
+                            int t) {
+  torch::jit::Module reference = load();
+  std::vector<c10::IValue> args(inputs.begin(), inputs.end());
+  at::Tensor out = firstOutput(reference.forward(args));
+  at::manual_seed(11);
+  const at::Tensor weights = at::randn(out.sizes());
+  (out * weights).sum().backward();
+
+  auto ranks = runRanks(load, inputs, weights, t);
+  if (!ranks[0].output.defined()) {
+    ADD_FAILURE() << "rank 0 computed nothing";
+    return 0;
+  }
+  std::map<std::string, int> split_dim;
+  for (const auto& p : ranks[0].plan.parameters) split_dim[p.fqn] = p.dim;
+  for (int r = 0; r < t; ++r) {
+    EXPECT_TRUE(at::allclose(ranks[r].output, out.detach(), 1e-4, 1e-5))
+        << "rank " << r << " output differs by " << (ranks[r].output - out).abs().max().item<double>();
+  }
+  int checked = 0;
+  for (const auto& p : reference.named_parameters(/*recurse=*/true)) {
+    if (!p.value.grad().defined()) continue;
+    at::Tensor expected = p.value.grad();
+    std::vector<at::Tensor> parts;
+    for (int r = 0; r < t; ++r) {
+      auto it = ranks[r].grads.find(p.name);
+      if (it == ranks[r].grads.end()) {
+        ADD_FAILURE() << "rank " << r << " has no gradient for " << p.name;
+        return 0;
+      }
+      parts.push_back(it->second);
+    }
+    at::Tensor got;
+    auto it = split_dim.find(p.name);
+    if (it != split_dim.end()) {
+      got = at::cat(parts, it->second);
+    } else {
+      got = parts[0];
+      for (int r = 1; r < t; ++r) EXPECT_TRUE(at::equal(parts[r], got)) << p.name << ": whole gradients differ";
+    }
+    if (got.sizes() != expected.sizes()) {
+      ADD_FAILURE() << p.name << ": gradient of shape " << got.sizes() << ", expected " << expected.sizes();
+      continue;
+    }
+    EXPECT_TRUE(at::allclose(got, expected, 1e-4, 1e-5))
+        << p.name << " gradient differs by " << (got - expected).abs().max().item<double>();
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+  return static_cast<int>(split_dim.size());
+}
+
+}  // namespace pipeforge::tensor_parallel::testing
