@@ -44,7 +44,14 @@ void loadRunnerWeights(runtime::PipelineRunner& runner, const std::string& step_
                                         "give the model the run was trained from",
                                         kind, target.name, target.stage, step_dir, meta.source));
     }
-    const at::Tensor& value = it->second.tensor;
+    at::Tensor value = it->second.tensor;
+    if (const std::optional<int> dim = runner.tensorParallelDim(target.stage, target.name)) {
+      // Tensor parallel: this rank's block of the whole tensor (Note [Tensor-parallel checkpoints]).
+      const int64_t block = target.tensor.size(*dim);
+      if (value.dim() > *dim && value.size(*dim) == block * runner.tensorParallel()) {
+        value = value.narrow(*dim, runner.tpRank() * block, block);
+      }
+    }
     if (!target.tensor.sizes().equals(value.sizes()) || target.tensor.scalar_type() != value.scalar_type()) {
       throw CheckpointError(fmt::format("{} '{}': the model has {} {} but checkpoint '{}' {} {}; give the model the "
                                         "run was trained from ('{}')",

@@ -424,6 +424,10 @@ void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
            [&](const YAML::Node& v) { c.pipeline.stages_per_rank = s.smallInteger(v, "stages_per_rank", 1); }},
           {"data_parallel", [&](const YAML::Node& v) { c.pipeline.data_parallel = s.smallInteger(v, "data_parallel", 1); }},
           {"zero_stage", [&](const YAML::Node& v) { c.pipeline.zero_stage = s.smallInteger(v, "zero_stage", 0); }},
+          {"tensor_parallel",
+           [&](const YAML::Node& v) { c.pipeline.tensor_parallel = s.smallInteger(v, "tensor_parallel", 1); }},
+          {"tensor_parallel_plan",
+           [&](const YAML::Node& v) { c.pipeline.tensor_parallel_plan = s.string(v, "tensor_parallel_plan"); }},
           {"max_active_stages",
            [&](const YAML::Node& v) { c.pipeline.max_active_stages = s.smallInteger(v, "max_active_stages", 1); }},
           {"scale_grads", [&](const YAML::Node& v) { c.pipeline.scale_grads = s.boolean(v, "scale_grads"); }},
@@ -717,6 +721,25 @@ void checkCrossKeys(const TrainConfig& c) {
                                   "pipeline.zero_stage: 0",
                                   o, p.zero_stage, p.data_parallel));
   }
+  if (p.tensor_parallel_plan != "auto") {
+    throw ConfigError(fmt::format("{}: pipeline.tensor_parallel_plan '{}' is not a plan Pipeforge has; use auto (the "
+                                  "column/row splits found in each stage's graph)",
+                                  o, p.tensor_parallel_plan));
+  }
+  if (p.tensor_parallel > 1) {
+    // What tensor parallel does not compose with yet, refused before any rank starts.
+    auto refuse = [&](const std::string& what, const std::string& fix) {
+      throw ConfigError(fmt::format("{}: pipeline.tensor_parallel {} does not run with {} yet; {}", o,
+                                    p.tensor_parallel, what, fix));
+    };
+    if (p.zero_stage >= 1) refuse(fmt::format("pipeline.zero_stage {}", p.zero_stage), "set pipeline.zero_stage: 0");
+    if (p.activation_checkpointing != ActivationCheckpointing::kNone) {
+      refuse("activation checkpointing", "remove pipeline.activation_checkpointing");
+    }
+    if (!p.csv_program && p.schedule == schedules::kAutoScheduleName) {
+      refuse("pipeline.schedule: auto", "name a schedule (1F1B, Interleaved1F1B, ZBVZeroBubble, ...)");
+    }
+  }
   const std::int64_t per_replica = c.global_batch_size / p.data_parallel;
   if (per_replica % p.microbatches != 0) {
     throw ConfigError(fmt::format("{}: training.global_batch_size {} gives {} rows per replica, which "
@@ -846,12 +869,18 @@ TrainConfig loadTrainConfig(const std::string& path, const std::vector<ConfigOve
 
 std::optional<schedules::Program> checkLayout(const TrainConfig& c, int world_size, int num_stages) {
   const auto& p = c.pipeline;
-  if (world_size < 1 || world_size % p.data_parallel != 0) {
+  if (world_size < 1 || world_size % (p.data_parallel * p.tensor_parallel) != 0) {
+    if (p.tensor_parallel > 1) {
+      throw ConfigError(fmt::format("{}: {} cannot hold pipeline.tensor_parallel {} x pipeline.data_parallel {}; the "
+                                    "world size must be a multiple of {}",
+                                    c.origin, counted(world_size, "rank"), p.tensor_parallel, p.data_parallel,
+                                    p.tensor_parallel * p.data_parallel));
+    }
     throw ConfigError(fmt::format("{}: {} cannot hold pipeline.data_parallel {} replicas; the world size must be "
                                   "a multiple of it",
                                   c.origin, counted(world_size, "rank"), p.data_parallel));
   }
-  const int pp = mesh::MeshLayout::fromWorld(world_size, /*tp=*/1, p.data_parallel).size(mesh::Axis::kPp);
+  const int pp = mesh::MeshLayout::fromWorld(world_size, p.tensor_parallel, p.data_parallel).size(mesh::Axis::kPp);
   if (p.memory_limit && (p.csv_program || p.schedule != schedules::kAutoScheduleName)) {
     throw ConfigError(fmt::format("{}: pipeline.memory_limit is a limit for pipeline.schedule: auto, which measures "
                                   "the stages' memory and keeps the schedule's simulated peak under it; {} is fixed. "
@@ -899,20 +928,24 @@ std::optional<schedules::Program> checkLayout(const TrainConfig& c, int world_si
     }
     std::vector<std::string> fixes{resplit};
     if (num_stages % p.stages_per_rank == 0) {
-      const std::int64_t ranks = static_cast<std::int64_t>(num_stages / p.stages_per_rank) * p.data_parallel;
+      const std::int64_t ranks =
+          static_cast<std::int64_t>(num_stages / p.stages_per_rank) * p.data_parallel * p.tensor_parallel;
       fixes.push_back(fmt::format("run {} (--nproc {})", counted(ranks, "rank"), ranks));
-      const int stage_ranks = num_stages / p.stages_per_rank;
+      const int stage_ranks = num_stages / p.stages_per_rank * p.tensor_parallel;
       if (world_size % stage_ranks == 0 && world_size / stage_ranks != p.data_parallel) {
         fixes.push_back(fmt::format("train {} replicas of the {} (pipeline.data_parallel: {})",
                                     world_size / stage_ranks, counted(num_stages, "stage"), world_size / stage_ranks));
       }
     }
-    throw ConfigError(fmt::format("{}: {} {} {} ({} / pipeline.data_parallel {}, x pipeline.stages_per_rank {}) "
+    const std::string divisor =
+        p.tensor_parallel > 1 ? fmt::format("(pipeline.tensor_parallel {} x pipeline.data_parallel {})",
+                                            p.tensor_parallel, p.data_parallel)
+                              : fmt::format("pipeline.data_parallel {}", p.data_parallel);
+    throw ConfigError(fmt::format("{}: {} {} {} ({} / {}, x pipeline.stages_per_rank {}) "
                                   "and need {}, but the split has {}; {}",
                                   c.origin, counted(world_size, "rank"), world_size == 1 ? "makes" : "make",
-                                  counted(pp, "pipeline rank"),
-                                  world_size, p.data_parallel, p.stages_per_rank, counted(stages_needed, "stage"),
-                                  num_stages, joinChoices(fixes)));
+                                  counted(pp, "pipeline rank"), world_size, divisor, p.stages_per_rank,
+                                  counted(stages_needed, "stage"), num_stages, joinChoices(fixes)));
   }
   // A CSV was checked above; `auto` finds a schedule for any layout.
   if (p.csv_program) return p.csv_program;

@@ -68,7 +68,13 @@ struct PipelineConfig {
   std::optional<schedules::Program> csv_program;
   int microbatches = 1;
   int stages_per_rank = 1;
-  int data_parallel = 1;  // world = pipeline ranks x data_parallel
+  int data_parallel = 1;  // world = pipeline ranks x tensor_parallel x data_parallel
+  // Tensor parallel inside each stage (Megatron's column/row split, planned
+  // from the stage's graph: tensor_parallel/tp_plan.h): every stage runs on
+  // this many neighbouring ranks, each holding its slice of the split layers.
+  int tensor_parallel = 1;
+  // How the layers are split: "auto" (found in the graph) is the one plan.
+  std::string tensor_parallel_plan = "auto";
   // ZeRO across the data-parallel replicas (ColossalAI's key): 0 keeps every
   // stage whole on every replica; 1 shards the optimizer state (Note
   // [Sharded optimizer] in sharding/sharded_stage.cpp), 2 the gradients too

@@ -53,7 +53,7 @@ std::vector<Pt2UserInput> pt2UserInputs(const Pt2Archive& archive) {
   std::vector<Pt2UserInput> out;
   for (const Pt2InputSpec& in : archive.signature().inputs) {
     if (in.kind != Pt2InputKind::kUserInput) continue;
-    Pt2UserInput user{in.value, {}, ""};
+    Pt2UserInput user{in.value, {}, {}, ""};
     auto meta = tensor_values.find(in.value);
     if (meta != tensor_values.end() && meta->is_object() && meta->contains("dtype")) {
       user.dtype = dtypeNameOfCode(meta->at("dtype"));
@@ -61,6 +61,12 @@ std::vector<Pt2UserInput> pt2UserInputs(const Pt2Archive& archive) {
     if (meta != tensor_values.end() && meta->is_object() && meta->contains("sizes") && meta->at("sizes").is_array()) {
       for (const json& size : meta->at("sizes")) {
         Pt2DimRange dim{0, -1};
+        std::int64_t example = -1;
+        if (size.is_object() && size.contains("as_expr") && size.at("as_expr").is_object() &&
+            size.at("as_expr").contains("hint") && size.at("as_expr").at("hint").is_object() &&
+            size.at("as_expr").at("hint").contains("as_int")) {
+          example = integerOr(size.at("as_expr").at("hint").at("as_int"), -1);
+        }
         if (size.is_object() && size.contains("as_int")) {
           std::int64_t n = integerOr(size.at("as_int"), -1);
           if (n < 0) {
@@ -69,6 +75,7 @@ std::vector<Pt2UserInput> pt2UserInputs(const Pt2Archive& archive) {
                                        archive.path(), in.value, size.at("as_int").dump()));
           }
           dim = {n, n};
+          example = n;
         } else if (size.is_object() && size.contains("as_expr") && size.at("as_expr").is_object()) {
           // A dynamic dimension: its range, when the expression is one symbol.
           const json& expr = size.at("as_expr");
@@ -83,6 +90,7 @@ std::vector<Pt2UserInput> pt2UserInputs(const Pt2Archive& archive) {
           }
         }
         user.dims.push_back(dim);
+        user.example.push_back(example);
       }
     }
     out.push_back(std::move(user));

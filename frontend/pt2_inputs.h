@@ -23,6 +23,8 @@ struct Pt2DimRange {
 struct Pt2UserInput {
   std::string name;
   std::vector<Pt2DimRange> dims;
+  // The sizes torch.export saw (a dynamic dim's hint); -1 where it wrote none.
+  std::vector<std::int64_t> example;
   // Its dtype as common/dtype_names.h names it ("float32"); "" for one it
   // does not name (uint8, ...) or an input without tensor metadata.
   std::string dtype;

@@ -24,6 +24,9 @@
 #include "schedules/lower.h"
 #include "schedules/program.h"
 #include "stage/manifest.h"
+#include "tensor_parallel/stage_examples.h"
+#include "tensor_parallel/tp_ops.h"
+#include "tensor_parallel/tp_plan.h"
 
 namespace pipeforge::runtime {
 namespace {
@@ -109,14 +112,23 @@ class PipelineRunner::Impl {
       local_rank = env.local_rank;
     }
     try {
-      mesh_ = mesh::MeshLayout::fromWorld(world, /*tp=*/1, options_.dp_degree);  // Note [Mesh order]
+      mesh_ = mesh::MeshLayout::fromWorld(world, options_.tp_degree, options_.dp_degree);  // Note [Mesh order]
     } catch (const mesh::MeshError& e) {
       throw RuntimeError(e.what(), e.code());
     }
     pp_size_ = mesh_->size(mesh::Axis::kPp);
     pp_rank_ = mesh_->coordsOf(rank).pp;
     dp_rank_ = mesh_->coordsOf(rank).dp;
+    tp_rank_ = mesh_->coordsOf(rank).tp;
+    tp_size_ = mesh_->size(mesh::Axis::kTp);
     rank_ = rank;
+    if (tp_size_ > 1) {
+      // The stages' f and g (tensor_parallel/tp_ops.h) sum over this rank's
+      // tensor-parallel group; comm_ exists before any stage runs.
+      tp_group_ = std::make_unique<tensor_parallel::GroupRegistration>([this](const at::Tensor& x) {
+        comm_->allreduceSum(x, mesh_->group(mesh::Axis::kTp, rank_));
+      });
+    }
     world_ = world;
     device_ = resolveDevice(options_.device, local_rank);
     checkPrecision();
@@ -182,7 +194,7 @@ class PipelineRunner::Impl {
     for (int s = 0; s < manifest_.num_stages; ++s) {
       if (program_.stage_to_rank[s] != pp_rank_) continue;
       owned_.push_back(std::make_unique<PipelineStage>(
-          PipelineStage::fromSplit(options_.split_dir, manifest_, plan_, s, device_)));
+          PipelineStage::fromSplit(options_.split_dir, manifest_, plan_, s, device_, tensorParallelSlice(s))));
       const Checkpointing mode = options_.activation_checkpointing;
       owned_.back()->setActivationCheckpointing(mode == Checkpointing::kFull || mode == Checkpointing::kEveryN,
                                                 mode == Checkpointing::kEveryN ? options_.checkpoint_every_n : 0,
@@ -192,6 +204,28 @@ class PipelineRunner::Impl {
     }
     computes_loss_ = program_.stage_to_rank[manifest_.num_stages - 1] == pp_rank_;
     if (computes_loss_) loss_ = std::make_unique<LossFunction>(options_.loss, options_.loss_module, device_);
+  }
+
+  // Tensor parallel: stage `s` as this rank of its group runs it, planned
+  // from its graph (tensor_parallel/tp_plan.h); which parameters it split,
+  // and along which dim, is kept for the checkpoint and the gradient norm.
+  PipelineStage::Prepare tensorParallelSlice(int s) {
+    if (tp_size_ == 1) return nullptr;
+    return [this, s](const torch::jit::Module& module) {
+      tensor_parallel::TpPlan plan;
+      torch::jit::Module mine;
+      try {
+        mine = tensor_parallel::shardForTensorParallel(
+            module, tensor_parallel::stageExampleInputs(options_.split_dir, manifest_, s, device_), tp_size_, tp_rank_,
+            tp_group_->group(), &plan);
+      } catch (const tensor_parallel::TpPlanError& e) {
+        throw RuntimeError(fmt::format("stage {}: {}", s, e.what()), e.code());
+      }
+      auto& dims = tp_split_dims_[s];
+      dims.clear();
+      for (const auto& p : plan.parameters) dims[p.fqn] = p.dim;
+      return mine;
+    };
   }
 
   // The executor's view of program_ and the stages; `groups` receives every
@@ -221,6 +255,9 @@ class PipelineRunner::Impl {
     }
     if (options_.dp_degree > 1) {
       for (const auto& g : mesh_->groups(mesh::Axis::kDp)) addGroup(groups, g);
+    }
+    if (tp_size_ > 1) {
+      for (const auto& g : mesh_->groups(mesh::Axis::kTp)) addGroup(groups, g);
     }
     return cfg;
   }
@@ -294,7 +331,7 @@ class PipelineRunner::Impl {
       });
       if (it == fqns.end()) continue;
       ++holders;
-      tied.ranks.push_back(mesh_->rankOf(mesh::MeshCoords{program_.stage_to_rank[s], 0, replica}));
+      tied.ranks.push_back(mesh_->rankOf(mesh::MeshCoords{program_.stage_to_rank[s], tp_rank_, replica}));
       if (program_.stage_to_rank[s] == pp_rank_) tied.local.emplace_back(s, *it);
     }
     std::sort(tied.ranks.begin(), tied.ranks.end());
@@ -395,6 +432,21 @@ class PipelineRunner::Impl {
 
   void allgatherOverReplicas(const at::Tensor& in, const at::Tensor& out) { postAllgatherOverReplicas(in, out)(); }
 
+  void allgatherOverTensorParallel(const at::Tensor& in, const at::Tensor& out) {
+    const std::vector<int> group = mesh_->group(mesh::Axis::kTp, rank_);
+    try {
+      comm_->allgather(in, out, group);
+    } catch (const CommError& e) {
+      if (e.kind() == CommError::Kind::kAborted) {
+        throw RuntimeError(std::string(e.what()) + ":\n" + e.report(), ErrorCode::kPeerFailure);
+      }
+      std::string report = fmt::format("rank {} failed in an all-gather over its tensor-parallel group: {}", rank_,
+                                       e.what());
+      comm_->abort(report);
+      throw RuntimeError(report, ErrorCode::kPeerFailure);
+    }
+  }
+
   std::function<void()> postAllgatherOverReplicas(const at::Tensor& in, const at::Tensor& out) {
     std::shared_ptr<PendingOp> op;
     overReplicas("an all-gather", [&](const std::vector<int>& group) {
@@ -471,7 +523,9 @@ class PipelineRunner::Impl {
   stage::PipeManifest manifest_;
   CommPlan plan_;
   schedules::Program program_;
-  int rank_ = 0, world_ = 1, pp_size_ = 1, pp_rank_ = 0, dp_rank_ = 0;
+  int rank_ = 0, world_ = 1, pp_size_ = 1, pp_rank_ = 0, dp_rank_ = 0, tp_size_ = 1, tp_rank_ = 0;
+  std::unique_ptr<tensor_parallel::GroupRegistration> tp_group_;
+  std::map<int, std::map<std::string, int>> tp_split_dims_;  // stage -> parameter -> the dim it is split along
   std::optional<mesh::MeshLayout> mesh_;  // the run's pp × tp × dp layout (Note [Mesh order])
   StageSharding* sharding_ = nullptr;     // ZeRO stage 2 and up; not owned
   std::string device_;
@@ -617,6 +671,18 @@ int PipelineRunner::rank() const { return impl_->rank_; }
 int PipelineRunner::worldSize() const { return impl_->world_; }
 int PipelineRunner::pipelineRank() const { return impl_->pp_rank_; }
 int PipelineRunner::dpRank() const { return impl_->dp_rank_; }
+int PipelineRunner::tensorParallel() const { return impl_->tp_size_; }
+int PipelineRunner::tpRank() const { return impl_->tp_rank_; }
+std::optional<int> PipelineRunner::tensorParallelDim(int stage, const std::string& name) const {
+  auto s = impl_->tp_split_dims_.find(stage);
+  if (s == impl_->tp_split_dims_.end()) return std::nullopt;
+  auto it = s->second.find(name);
+  if (it == s->second.end()) return std::nullopt;
+  return it->second;
+}
+void PipelineRunner::allgatherOverTensorParallel(const at::Tensor& in, const at::Tensor& out) {
+  impl_->allgatherOverTensorParallel(in, out);
+}
 std::vector<int> PipelineRunner::localStages() const {
   std::vector<int> out;
   for (PipelineStage* s : impl_->stages_) {

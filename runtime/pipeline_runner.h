@@ -87,6 +87,11 @@ struct RunnerOptions {
   // each replica gets its own batch, and stage gradients are averaged over
   // replicas (REDUCE_GRAD, or at the end of the step).
   int dp_degree = 1;
+  // Tensor parallel: each stage split across this many neighbouring ranks
+  // (Note [Mesh order]; world = pipeline ranks x tp_degree x dp_degree), as
+  // tensor_parallel/tp_plan.h plans it from the stage's graph. The stages'
+  // outputs are whole, so what crosses a pipeline cut is unchanged.
+  int tp_degree = 1;
   // ZeRO stage 3 (pipeline.zero_stage 3): a program without UNSHARD/RESHARD
   // gets them from PyTorch's _add_unshard_reshard, keeping at most this many
   // stages per rank unsharded at once (PyTorch's default 3), and REDUCE_GRAD
@@ -228,6 +233,15 @@ class PipelineRunner {
   int worldSize() const;
   int pipelineRank() const;  // rank inside this replica's pipeline
   int dpRank() const;        // which data-parallel replica
+  int tensorParallel() const;  // the tensor-parallel degree (RunnerOptions::tp_degree)
+  int tpRank() const;          // this rank's place in its tensor-parallel group
+  // The dim along which tensor parallel split stage `stage`'s parameter
+  // `name` (this rank holds one of tensorParallel() equal blocks); nullopt
+  // for a parameter every rank of the group holds whole.
+  std::optional<int> tensorParallelDim(int stage, const std::string& name) const;
+  // Fills `out` (tensorParallel() x in.numel() elements) with `in` from every
+  // rank of this rank's tensor-parallel group, in its order. A collective.
+  void allgatherOverTensorParallel(const at::Tensor& in, const at::Tensor& out);
   std::vector<int> localStages() const;
   bool computesLoss() const;  // holds the last stage
   const std::string& device() const;  // where this rank's stages run: "cpu" or "cuda:N"

@@ -536,7 +536,8 @@ PipelineStage::PipelineStage(PipelineStage&&) noexcept = default;
 PipelineStage& PipelineStage::operator=(PipelineStage&&) noexcept = default;
 
 PipelineStage PipelineStage::fromSplit(const std::string& split_dir, const stage::PipeManifest& manifest,
-                                       const CommPlan& plan, int index, const std::string& device) {
+                                       const CommPlan& plan, int index, const std::string& device,
+                                       const Prepare& prepare) {
   const stage::StageInfo& info = manifest.stages.at(index);
   std::string path = split_dir + "/" + info.file;
   try {
@@ -563,6 +564,7 @@ PipelineStage PipelineStage::fromSplit(const std::string& split_dir, const stage
   }
   // Note [Ops that follow the mode]: dropout and batch norm in the mode of the step.
   frontend::followModuleMode(module);
+  if (prepare) module = prepare(module);
   std::set<std::string> have;
   for (const auto& p : module.named_parameters(true)) have.insert(p.name);
   for (const std::string& fqn : info.parameters) {

@@ -49,8 +49,13 @@ class PipelineStage {
   // Stage `index` of the split in `split_dir` (its pipe.json already read
   // into `manifest`), moved to `device`. Throws RuntimeError when the file is
   // missing or its parameters differ from pipe.json's list.
+  // `prepare`, when given, receives the loaded module (on `device`, in the
+  // mode of the step) and returns the one the stage runs: tensor parallel
+  // gives this rank's slice of it.
+  using Prepare = std::function<torch::jit::Module(const torch::jit::Module&)>;
   static PipelineStage fromSplit(const std::string& split_dir, const stage::PipeManifest& manifest,
-                                 const CommPlan& plan, int index, const std::string& device);
+                                 const CommPlan& plan, int index, const std::string& device,
+                                 const Prepare& prepare = nullptr);
 
   // A module built by hand. Throws RuntimeError when the signature does not fit it.
   PipelineStage(const torch::jit::Module& module, StageSignature signature);

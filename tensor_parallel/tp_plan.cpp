@@ -1,6 +1,7 @@
 #include "tensor_parallel/tp_plan.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
@@ -144,9 +145,14 @@ struct Resize {
 };
 
 // A replicated value entering a split op gets an f (tp_ops.h).
+// With `narrow_dim` >= 0 the value is whole along the dim its consumer's
+// split runs on: the consumer takes this rank's block of it (after the f,
+// whose sum over the group puts the blocks' gradients back together).
 struct Wrap {
   Node* consumer;
   std::size_t input;
+  int narrow_dim = -1;
+  int64_t narrow_size = 0;  // the whole size of that dim
 };
 
 class Planner {
@@ -163,7 +169,7 @@ class Planner {
     for (int pass = 0;; ++pass) {
       PIPEFORGE_CHECK(pass < 1000, "tensor-parallel planning did not settle");
       propagate();
-      if (problems_.empty()) return;
+      if (problems_.empty()) return refuseNothingSplit();
       std::set<int> demoted;
       for (const Problem& p : problems_) {
         int root = find(p.origin);
@@ -174,6 +180,40 @@ class Planner {
         }
       }
     }
+  }
+
+  // A stage with projections of which none splits would run whole on every
+  // rank of the group: tensor parallel asked for and silently not done.
+  void refuseNothingSplit() const {
+    if (!columns_.empty()) return;
+    std::vector<std::string> why;
+    for (Node* n : linears_) {
+      auto it = whole_.find(n);
+      why.push_back(fmt::format("{} stays whole: {}", opened_.ownerOf(n),
+                                it == whole_.end() ? "its weight is not a module's 2-d parameter" : it->second));
+    }
+    for (Node* n : graph_.block()->nodes()) {
+      const std::string op = n->kind().toQualString();
+      if (op != "aten::addmm" && op != "aten::mm" && op != "aten::matmul" && op != "aten::bmm") continue;
+      for (Value* v : n->inputs()) {
+        const std::string producer = v->node()->kind().toQualString();
+        if (producer == "aten::t" || producer == "aten::numpy_T" || producer == "aten::transpose" ||
+            producer == "aten::permute") {
+          v = v->node()->input(0);
+        }
+        if (v->node()->kind() == c10::prim::GetAttr && isTensor(v) && rankOf(v) == 2) {
+          why.push_back(fmt::format("{}: {} by a parameter is not a linear the planner splits (transformers' Conv1D "
+                                    "in GPT-2, FalconLinear)",
+                                    where(n), op));
+          break;
+        }
+      }
+    }
+    if (why.empty()) return;  // no projection at all (an embedding stage): nothing to split
+    if (why.size() > 3) why.resize(3);
+    throw TpPlanError(fmt::format("tensor_parallel {} finds nothing to split in this stage, so every rank would run it "
+                                  "whole: {}; set pipeline.tensor_parallel to 1 for this model",
+                                  degree_, fmt::join(why, "; ")));
   }
 
   TpPlan plan() const {
@@ -223,7 +263,6 @@ class Planner {
 
   // Rewrites the opened graph for rank `rank` over `group`.
   void rewrite(int rank, int group) {
-    (void)rank;
     Graph& g = graph_;
     auto group_value = [&](Node* before) {
       torch::jit::WithInsertPoint guard(before);
@@ -251,7 +290,18 @@ class Planner {
         f->output()->setType(v->type());
         it = copied.emplace(v, f->output()).first;
       }
-      w.consumer->replaceInput(w.input, it->second);
+      Value* wrapped = it->second;
+      if (w.narrow_dim >= 0) {
+        torch::jit::WithInsertPoint guard(w.consumer);
+        const int64_t block = w.narrow_size / degree_;
+        Node* narrow = g.insertNode(g.create(c10::aten::narrow,
+                                             {wrapped, g.insertConstant(static_cast<int64_t>(w.narrow_dim)),
+                                              g.insertConstant(static_cast<int64_t>(rank) * block),
+                                              g.insertConstant(block)}));
+        narrow->output()->setType(wrapped->type());
+        wrapped = narrow->output();
+      }
+      w.consumer->replaceInput(w.input, wrapped);
     }
     // g after each row linear; its bias after the sum.
     for (Node* n : rows_) {
@@ -354,6 +404,7 @@ class Planner {
   void propagate() {
     state_.clear();
     elements_.clear();
+    parts_.clear();
     columns_.clear();
     rows_.clear();
     linears_.clear();
@@ -379,6 +430,8 @@ class Planner {
           if (e.kind != Kind::kRep) out.emplace_back(i, e);
         }
       }
+      auto part = parts_.find(v);
+      if (part != parts_.end()) out.emplace_back(i, part->second);
     }
     return out;
   }
@@ -438,6 +491,13 @@ class Planner {
       elements_[n->output()] = std::move(els);
       return;
     }
+    if (kind == c10::prim::ListUnpack || kind == c10::Symbol::fromQualString("aten::__getitem__")) {
+      auto same = parts_.find(n->input(0));
+      if (same != parts_.end()) {
+        for (Value* o : n->outputs()) state_[o] = same->second;
+        return;
+      }
+    }
     if (kind == c10::prim::TupleUnpack || kind == c10::prim::ListUnpack) {
       auto el = elements_.find(n->input(0));
       if (el == elements_.end() || el->second.size() != n->outputs().size()) return fail("unpacks a split value", kFixPlan);
@@ -467,6 +527,11 @@ class Planner {
       auto d = n->inputs().size() > 2 ? constantInt(n->input(2)) : std::nullopt;
       if (s.kind == Kind::kShard && (!d || normalize(*d, rankOf(n->input(0))) == s.dim)) {
         return fail("cuts the split dimension into parts (a fused projection)", kFixFused);
+      }
+      if (s.kind == Kind::kShard && n->outputs().size() == 1 && op != "aten::tensor_split") {
+        // Parts along another dim (GPT-NeoX's per-head [q | k | v]): each one split as the whole was.
+        parts_[n->output()] = State{Kind::kShard, s.dim, origin};
+        return;
       }
       return fail("cuts a split value into parts", kFixPlan);
     }
@@ -684,8 +749,16 @@ class Planner {
       const auto& shape = shapeOf(v);
       int k = od - (out_rank - static_cast<int>(shape.size()));
       if (k >= 0 && k < static_cast<int>(shape.size()) && shape[k] != 1) {
-        fail(fmt::format("meets a whole value of shape {} along the split dimension", shapeString(v)), kFixPlan);
-        return false;
+        // Whole where its partner is split (a stage cut between gate and up
+        // of an MLP): each rank takes its block.
+        if (shape[k] % degree_ != 0) {
+          fail(fmt::format("meets a whole value of shape {} whose dimension {} {} does not divide", shapeString(v), k,
+                           degree_),
+               kFixPlan);
+          return false;
+        }
+        wraps_.push_back({n, i, k, shape[k]});
+        continue;
       }
       wraps_.push_back({n, i});
     }
@@ -781,8 +854,9 @@ class Planner {
       "set pipeline.tensor_parallel to a divisor of the model's head counts (num_attention_heads and "
       "num_key_value_heads)";
   static constexpr const char* kFixReduce =
-      "the model normalizes across all heads (as OLMo2's q_norm and k_norm do); keep its attention whole with an "
-      "explicit tensor_parallel_plan, or set pipeline.tensor_parallel to 1";
+      "the model reduces across the split features (OLMo2's q_norm and k_norm normalize over all heads; an MoE "
+      "router's softmax runs over all its experts); keep that layer whole with an explicit tensor_parallel_plan, "
+      "or set pipeline.tensor_parallel to 1";
   static constexpr const char* kFixFused =
       "the projection computes several parts at once (a fused qkv or gate_up); keep it whole with an explicit "
       "tensor_parallel_plan, or set pipeline.tensor_parallel to 1";
@@ -796,6 +870,7 @@ class Planner {
   std::unordered_map<const Node*, std::string> whole_;  // across passes
   std::unordered_map<const Value*, State> state_;
   std::unordered_map<const Value*, std::vector<State>> elements_;
+  std::unordered_map<const Value*, State> parts_;  // a list of parts all split alike (chunk, split)
   std::vector<Node*> linears_, columns_, rows_;
   std::vector<int> parent_;
   std::set<int> closed_;

@@ -103,6 +103,8 @@ void runRank(const EvalRequest& r, std::int64_t batches) {
     const Batch global = data->batch(DataSplit::kHeldOut, k, config.global_batch_size);
     const Batch batch = config.pipeline.data_parallel > 1 ? sliceBatch(global, first, first + rows, plan.data) : global;
     runtime::EvalResult result = runner.evalStep(batch.inputs, batch.targets, lossScalingFor(config, global));
+    // The ranks of a tensor-parallel group compute the same; the first says it.
+    if (runner.tpRank() != 0) continue;
     if (result.loss.has_loss) losses[k].fill_(result.loss.loss);
     if (!result.outputs.empty()) {
       c10::List<at::Tensor> these;
@@ -160,11 +162,15 @@ std::string checkpointToEvaluate(const EvalRequest& r, const TrainConfig& config
 std::optional<int> stagesForRanks(const EvalRequest& r, const TrainConfig& config) {
   if (r.launch.nproc <= 0) return std::nullopt;
   const auto& p = config.pipeline;
-  if (r.launch.nproc % p.data_parallel != 0) {
-    throw ConfigError(fmt::format("--nproc {} cannot hold pipeline.data_parallel {} replicas; give a multiple of {}",
-                                  r.launch.nproc, p.data_parallel, p.data_parallel));
+  const int replicas = p.data_parallel * p.tensor_parallel;
+  if (r.launch.nproc % replicas != 0) {
+    throw ConfigError(fmt::format("--nproc {} cannot hold pipeline.data_parallel {}{}; give a multiple of {}",
+                                  r.launch.nproc, p.data_parallel,
+                                  p.tensor_parallel > 1 ? fmt::format(" x pipeline.tensor_parallel {}", p.tensor_parallel)
+                                                        : std::string(" replicas"),
+                                  replicas));
   }
-  return r.launch.nproc / p.data_parallel * p.stages_per_rank;
+  return r.launch.nproc / replicas * p.stages_per_rank;
 }
 
 // `config` with its model split into `stages` stages by parameter count.

@@ -83,9 +83,10 @@ CheckpointMeta checkpointMetaFor(const TrainConfig& config, const stage::PipeMan
   layout.stages_per_rank = std::max(1, config.pipeline.stages_per_rank);
   layout.data_parallel = std::max(1, config.pipeline.data_parallel);
   layout.zero_stage = config.pipeline.zero_stage;
+  const int tp = std::max(1, config.pipeline.tensor_parallel);
   layout.pipeline_ranks =
-      world_size % layout.data_parallel == 0
-          ? mesh::MeshLayout::fromWorld(world_size, /*tp=*/1, layout.data_parallel).size(mesh::Axis::kPp)
+      world_size % (layout.data_parallel * tp) == 0
+          ? mesh::MeshLayout::fromWorld(world_size, tp, layout.data_parallel).size(mesh::Axis::kPp)
           : 1;  // a run the launcher refused; never written
   meta.layout = layout;
   return meta;
@@ -512,7 +513,12 @@ std::pair<at::Tensor, at::Tensor> RankCheckpoint::restoreByName(const std::strin
   std::set<int> needed;
   auto check = [&](const runtime::NamedTensor& t) {
     const Held& h = source(t);
-    const std::string ours_meta = stage::tensorMeta(t.tensor);
+    std::string ours_meta = stage::tensorMeta(t.tensor);
+    if (const std::optional<int> dim = runner_.tensorParallelDim(t.stage, t.name)) {
+      std::vector<int64_t> whole = t.tensor.sizes().vec();
+      whole[*dim] *= runner_.tensorParallel();
+      ours_meta = stage::tensorMeta(at::empty(whole, t.tensor.options().device(at::kCPU)));
+    }
     if (ours_meta != h.meta) {
       throw CheckpointError(fmt::format("'{}' is {} in this split's model but {} in checkpoint '{}' (its stage {}): "
                                         "it was written for another model; resume from a checkpoint of this model, or "
@@ -542,7 +548,8 @@ std::pair<at::Tensor, at::Tensor> RankCheckpoint::restoreByName(const std::strin
                                           dir, c, h.name));
       }
       at::Tensor target = t.tensor;
-      target.copy_(*it->second);
+      const std::optional<int> dim = runner_.tensorParallelDim(t.stage, t.name);
+      target.copy_(dim ? tensorParallelBlock(*it->second, *dim) : *it->second);
     };
     for (const auto& p : runner_.parameters()) copy(p);
     for (const auto& b : runner_.buffers()) copy(b);
@@ -570,6 +577,19 @@ std::pair<at::Tensor, at::Tensor> RankCheckpoint::restoreByName(const std::strin
           target = it->second;
         }
         from_here.push_back({p.name, target});
+        if (const std::optional<int> dim = runner_.tensorParallelDim(p.stage, p.name)) {
+          // Its whole state, then this rank's block (Note [Tensor-parallel checkpoints]).
+          std::vector<int64_t> whole = p.tensor.sizes().vec();
+          whole[*dim] *= runner_.tensorParallel();
+          std::optional<ParameterOptimizerState> st =
+              saved.slice(h.name, {0, p.tensor.numel() * runner_.tensorParallel()},
+                          p.tensor.numel() * runner_.tensorParallel(), whole);
+          if (st) {
+            for (auto& [slot, v] : st->slots) v = tensorParallelBlock(v, *dim).contiguous();
+          }
+          sliced.emplace(p.name, std::move(st));
+          continue;
+        }
         sliced.emplace(p.name, saved.slice(h.name, range, p.tensor.numel(), target.sizes()));
       }
       setOptimizerStateByName(
@@ -601,6 +621,34 @@ bool stopInCheckpoint(std::int64_t step) {
 }
 }  // namespace
 
+// Note [Tensor-parallel checkpoints]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A checkpoint holds whole tensors by FQN whatever the tensor-parallel
+// degree: at a save the ranks of a group gather each split parameter (and its
+// optimizer slots, shaped as it is) and the first writes it; at a resume each
+// rank takes its block of the whole tensor along the dim its plan splits. So
+// `pipeforge export` reads it as any other, and a run resumes on another
+// tensor_parallel (or none).
+at::Tensor RankCheckpoint::wholeAcrossTensorParallel(int stage, const std::string& name, const at::Tensor& mine) {
+  const std::optional<int> dim = runner_.tensorParallelDim(stage, name);
+  if (!dim) return mine;
+  const int t = runner_.tensorParallel();
+  at::Tensor local = mine.detach().contiguous();
+  at::Tensor all = at::empty({t * local.numel()}, local.options());
+  runner_.allgatherOverTensorParallel(local.reshape({-1}), all);
+  std::vector<int64_t> blocks{t};
+  for (int64_t d : local.sizes()) blocks.push_back(d);
+  return at::cat(all.view(blocks).unbind(0), *dim);
+}
+
+// This rank's block of `whole`, the checkpoint's tensor of a parameter that
+// tensor parallel splits along `dim` (Note [Tensor-parallel checkpoints]).
+at::Tensor RankCheckpoint::tensorParallelBlock(const at::Tensor& whole, int dim) const {
+  const int t = runner_.tensorParallel();
+  const int64_t block = whole.size(dim) / t;
+  return whole.narrow(dim, runner_.tpRank() * block, block);
+}
+
 std::string RankCheckpoint::save(std::int64_t done, const LossScaler* scaler) {
   const std::string& root = config_.checkpoint.dir;
   const int rank = runner_.rank();
@@ -623,7 +671,7 @@ std::string RankCheckpoint::save(std::int64_t done, const LossScaler* scaler) {
     auto sharded = sharded_.find(s);
     const bool pieces_only = sharded != sharded_.end() && sharded->second->shardsParameters();
     for (const auto& p : runner_.parameters()) {
-      if (p.stage == s && !pieces_only) state.parameters.emplace_back(p.name, p.tensor);
+      if (p.stage == s && !pieces_only) state.parameters.emplace_back(p.name, wholeAcrossTensorParallel(s, p.name, p.tensor));
     }
     for (const auto& b : runner_.buffers()) {
       if (b.stage == s) state.buffers.emplace_back(b.name, b.tensor);
@@ -653,8 +701,13 @@ std::string RankCheckpoint::save(std::int64_t done, const LossScaler* scaler) {
         if (p.stage == s) named.push_back({p.name, p.tensor});
       }
       state.optimizer = optimizerStateByName(*opt, config_.optimizer.name, named);
+      for (auto& [name, st] : state.optimizer.by_name) {
+        for (auto& [slot, t] : st.slots) t = wholeAcrossTensorParallel(s, name, t);
+      }
     }
-    writeStageCheckpoint(root, state);
+    // Note [Tensor-parallel checkpoints]: the group's first rank writes the
+    // whole tensors the group gathered.
+    if (runner_.tpRank() == 0) writeStageCheckpoint(root, state);
     if (first && stopInCheckpoint(done)) ::raise(SIGSTOP);
     first = false;
   }

@@ -79,6 +79,12 @@ class RankCheckpoint {
   std::int64_t agreeOnStep(std::int64_t mine, const std::string& why_not);
   // Note [Checkpoint commit]: the lowest rank on `rank`'s host.
   int hostLeader(int rank) const;
+  // Note [Tensor-parallel checkpoints]: `mine`, this rank's block of stage
+  // `stage`'s `name` (a parameter or one of its optimizer slots), whole
+  // again (a collective of the tensor-parallel group); `mine` itself when
+  // the parameter is not split.
+  at::Tensor wholeAcrossTensorParallel(int stage, const std::string& name, const at::Tensor& mine);
+  at::Tensor tensorParallelBlock(const at::Tensor& whole, int dim) const;
 
   const TrainConfig& config_;
   const runtime::DistEnv& env_;

@@ -14,7 +14,7 @@ RunPlan planRun(const TrainConfig& config, const runtime::DistEnv& env, const st
   plan.split_dir = split_dir;
   plan.manifest = stage::readManifest(split_dir);
   std::optional<schedules::Program> program = checkLayout(config, env.world_size, plan.manifest.num_stages);
-  plan.mesh = mesh::MeshLayout::fromWorld(env.world_size, /*tp=*/1, config.pipeline.data_parallel);
+  plan.mesh = mesh::MeshLayout::fromWorld(env.world_size, config.pipeline.tensor_parallel, config.pipeline.data_parallel);
   plan.pipeline_ranks = plan.mesh.size(mesh::Axis::kPp);
   plan.data = dataLayoutFor(config, plan.manifest.inputs);
   // Note [Auto schedule] in train/auto_schedule_pick.h: start on the profiling

@@ -30,10 +30,12 @@ RunReport::RunReport(const TrainConfig& config, const TrainerOptions& options, c
 
 void RunReport::printBanner(const RunStart& start) {
   const auto& p = config_.pipeline;
-  out_ << fmt::format("pipeforge train: {} ranks = {} pipeline x {} data-parallel, {} stages, schedule {}{}, {} "
+  out_ << fmt::format("pipeforge train: {} ranks = {} pipeline x {}{} data-parallel, {} stages, schedule {}{}, {} "
                       "microbatches, {} steps of {} rows\n",
                       start.world_size,
-                      mesh::MeshLayout::fromWorld(start.world_size, /*tp=*/1, p.data_parallel).size(mesh::Axis::kPp),
+                      mesh::MeshLayout::fromWorld(start.world_size, p.tensor_parallel, p.data_parallel)
+                          .size(mesh::Axis::kPp),
+                      p.tensor_parallel > 1 ? fmt::format("{} tensor-parallel x ", p.tensor_parallel) : "",
                       p.data_parallel, start.num_stages,
                       scheduleLabel(config_), p.csv_program ? " (CSV)" : "", p.microbatches, config_.steps,
                       config_.global_batch_size);

@@ -82,6 +82,7 @@ runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const RunPlan
       break;
   }
   ro.dp_degree = config.pipeline.data_parallel;
+  ro.tp_degree = config.pipeline.tensor_parallel;
   if (config.pipeline.zero_stage >= 3) ro.max_active_stages = config.pipeline.max_active_stages;
   ro.scale_grads = config.pipeline.scale_grads;
   ro.device = config.device;

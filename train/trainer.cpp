@@ -131,8 +131,11 @@ class RankTrainer {
   TrainSummary run() {
     const auto started = Clock::now();
     TrainSummary summary;
-    // Each rank draws its own dropout masks; a resume restores them.
-    at::manual_seed(config_.seed + 0x9E3779B9ull * static_cast<std::uint64_t>(rank() + 1));
+    // Each rank draws its own dropout masks; a resume restores them. The ranks
+    // of a tensor-parallel group draw the same ones: their replicated values
+    // must stay equal (tp is innermost, Note [Mesh order]).
+    const int seed_rank = rank() - runner_->tpRank();
+    at::manual_seed(config_.seed + 0x9E3779B9ull * static_cast<std::uint64_t>(seed_rank + 1));
     std::int64_t step = checkpoint_->resume(policy_.scaler());
     summary.first_step = step;
     end_ = std::min(config_.steps, options_.stop_after.value_or(config_.steps));
@@ -355,13 +358,16 @@ class RankTrainer {
     const std::vector<double> norms = norms2(grads);
     // Every replica holds the same averaged gradients, so replica 0 counts
     // them; with zero_stage 2 each holds its pieces, and every one counts its own.
+    // Tensor parallel: each rank counts its slices of the split parameters;
+    // the whole ones, the same on every rank of the group, count once.
     const bool counts = runner_->dpRank() == 0 || zero_sharding_ != nullptr;
     for (std::size_t k = 0; k < held.size(); ++k) {
       const HeldGradient& h = held[k];
       const double norm = norms[k];
       flags.addStageNorm2(h.stage, norm * norm);
       const bool first_holder = tied_.firstHolder(h.name) == h.stage;
-      if (counts && first_holder && counted.insert(h.grad.unsafeGetTensorImpl()).second) {
+      const bool tp_counts = runner_->tpRank() == 0 || runner_->tensorParallelDim(h.stage, h.name).has_value();
+      if (counts && tp_counts && first_holder && counted.insert(h.grad.unsafeGetTensorImpl()).second) {
         flags.addGlobalNorm2(norm * norm);
       }
     }
@@ -465,7 +471,8 @@ class RankTrainer {
 
   // Publishes this replica's loss, when this rank computed it.
   void publishLoss(const std::string& key, const runtime::StepResult& result) {
-    if (result.has_loss) {
+    // Every rank of a tensor-parallel group computes the same loss; one says it.
+    if (result.has_loss && runner_->tpRank() == 0) {
       channel_->publish(fmt::format("{}/{}", key, runner_->dpRank()), fmt::format("{:.17g}", result.loss));
     }
   }

@@ -63,6 +63,15 @@ inline std::vector<RankResult> runRanks(const std::function<torch::jit::Module()
   return results;
 }
 
+// Equal up to float rounding at the tensor's scale: the row-split sums add
+// in another order, and the loss (a weighted sum of every logit) makes the
+// gradients large, so an element near zero carries the rounding of its
+// neighbours' magnitude.
+inline bool closeAtScale(const at::Tensor& got, const at::Tensor& expected) {
+  const double scale = expected.abs().max().item<double>();
+  return (got - expected).abs().max().item<double>() <= 1e-5 * (1.0 + scale);
+}
+
 // The whole model's output and gradients against the ranks': outputs equal
 // on every rank, split gradients equal once their slices are joined, whole
 // ones equal on every rank. Returns how many parameters were split.
@@ -83,7 +92,7 @@ inline int compareWithWhole(const std::function<torch::jit::Module()>& load, con
   std::map<std::string, int> split_dim;
   for (const auto& p : ranks[0].plan.parameters) split_dim[p.fqn] = p.dim;
   for (int r = 0; r < t; ++r) {
-    EXPECT_TRUE(at::allclose(ranks[r].output, out.detach(), 1e-4, 1e-5))
+    EXPECT_TRUE(closeAtScale(ranks[r].output, out.detach()))
         << "rank " << r << " output differs by " << (ranks[r].output - out).abs().max().item<double>();
   }
   int checked = 0;
@@ -111,8 +120,9 @@ inline int compareWithWhole(const std::function<torch::jit::Module()>& load, con
       ADD_FAILURE() << p.name << ": gradient of shape " << got.sizes() << ", expected " << expected.sizes();
       continue;
     }
-    EXPECT_TRUE(at::allclose(got, expected, 1e-4, 1e-5))
-        << p.name << " gradient differs by " << (got - expected).abs().max().item<double>();
+    EXPECT_TRUE(closeAtScale(got, expected))
+        << p.name << " gradient differs by " << (got - expected).abs().max().item<double>() << " (largest "
+        << expected.abs().max().item<double>() << ")";
     ++checked;
   }
   EXPECT_GT(checked, 0);

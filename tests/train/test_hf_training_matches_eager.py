@@ -45,7 +45,8 @@ RTOL, ATOL = 1e-4, 1e-5
 SEQ, TARGET_SEQ = 20, 9
 DATA_ROWS = 48
 
-# label -> (schedule, pipeline ranks, stages per rank, data parallel, optimizer[, zero stage, families])
+# label -> (schedule, pipeline ranks, stages per rank, data parallel, optimizer[, zero stage, families,
+#           tensor parallel])
 SGD = "name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 0.01"
 # eps 1e-6, not 1e-8: Adam divides by sqrt(v) + eps, so with 1e-8 a weight
 # whose gradient is ~1e-8 moves by lr on the sign of float noise (the
@@ -67,6 +68,12 @@ LAYOUTS = {
     "ZeRO-3 1F1B": ("1F1B", 2, 1, 2, ADAMW, 3, {"llama"}),
     "ZeRO-3 ZBV": ("ZBVZeroBubble", 2, 2, 2, ADAMW, 3, {"llama"}),
     "ZeRO-3 DualPipeV": ("DualPipeV", 2, 2, 2, ADAMW, 3, {"llama"}),
+    # Tensor parallel (issue 44), planned from each stage's graph, 4 ranks:
+    # pp2 x tp2 on 1F1B and on ZBVZeroBubble (its I/W split keeps f's
+    # all-reduce in I), and tp2 x dp2 on one pipeline rank.
+    "PP2 x TP2 1F1B": ("1F1B", 2, 1, 1, ADAMW, 0, {"llama", "qwen2", "mistral", "gemma"}, 2),
+    "PP2 x TP2 ZBV": ("ZBVZeroBubble", 2, 2, 1, SGD, 0, {"llama", "qwen2"}, 2),
+    "TP2 x DP2": ("1F1B", 1, 1, 2, ADAMW, 0, {"llama"}, 2),
 }
 
 
@@ -143,12 +150,13 @@ def train_eager(torch, zoo: str, name: str, meta: dict, data_path: str, layout: 
 def train_pipeforge(torch, binary: str, d: str, zoo: str, name: str, meta: dict, data_path: str, label: str,
                     layout: tuple):
     schedule, pp, per_rank, dp, opt_spec, *zero = layout
+    tp = layout[7] if len(layout) > 7 else 1
     run = os.path.join(d, f"{name}-{label.replace(' ', '')}")
     config = run + ".yaml"
     model_path = os.path.join(zoo, name + ".pt2")
     with open(config, "w") as f:
         f.write(f"""model: {{path: {model_path}, num_stages: {pp * per_rank}, policy: parameters}}
-pipeline: {{schedule: {schedule}, microbatches: {MICROBATCHES}, stages_per_rank: {per_rank}, data_parallel: {dp}, zero_stage: {zero[0] if zero else 0}}}
+pipeline: {{schedule: {schedule}, microbatches: {MICROBATCHES}, stages_per_rank: {per_rank}, data_parallel: {dp}, zero_stage: {zero[0] if zero else 0}, tensor_parallel: {tp}}}
 loss: cross_entropy
 optimizer: {{{opt_spec}}}
 lr_schedule: {{decay: constant, warmup_steps: 0}}
@@ -158,7 +166,8 @@ checkpoint: {{dir: {run}/ckpt}}
 distributed: {{timeout_s: 60}}
 output: {{dir: {run}/out}}
 """)
-    common.run_pipeforge(binary, "train", "--config", config, "--nproc", str(pp * dp), env={"OMP_NUM_THREADS": "1"})
+    common.run_pipeforge(binary, "train", "--config", config, "--nproc", str(pp * dp * tp),
+                         env={"OMP_NUM_THREADS": "1"})
     trained = os.path.join(run, "trained.pt2")
     common.run_pipeforge(binary, "export", os.path.join(run, "ckpt"), "--model", model_path, "--out", trained)
     with open(os.path.join(run, "out", "metrics.jsonl")) as f:
