@@ -63,8 +63,8 @@ std::vector<at::Tensor> stageExampleInputs(const std::string& split_dir, const s
     if (!type) {
       throw TpPlanError(fmt::format(
           "tensor parallel plans each stage on one forward of inputs shaped as the split saw them, and pipe.json "
-          "records no dtype and shape for its input {}{}; split the model again with example_inputs in its split "
-          "spec",
+          "records no dtype and shape for its input {}{}; give the split example inputs (model.example_inputs in a "
+          "training config, example_inputs in a split spec)",
           i, recorded.empty() ? "" : " ('" + recorded + "')"));
     }
     out.push_back(at::zeros(meta->shape, at::TensorOptions().dtype(*type).device(device)));

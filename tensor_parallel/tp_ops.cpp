@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include <mutex>
+#include <vector>
 #include <string>
 #include <unordered_map>
 
@@ -73,6 +74,35 @@ struct ReduceOverGroup : public torch::autograd::Function<ReduceOverGroup> {
   }
 };
 
+// All-gather through the group's all-reduce: each rank's block in place in
+// zeros, summed (exact: every element has one non-zero term).
+struct GatherFromGroup : public torch::autograd::Function<GatherFromGroup> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t dim, int64_t rank,
+                            int64_t degree, int64_t group) {
+    const int64_t d = dim < 0 ? dim + x.dim() : dim;
+    ctx->saved_data["dim"] = d;
+    ctx->saved_data["rank"] = rank;
+    ctx->saved_data["block"] = x.size(d);
+    std::vector<int64_t> sizes = x.sizes().vec();
+    sizes[d] *= degree;
+    at::Tensor whole = at::zeros(sizes, x.options());
+    whole.narrow(d, rank * x.size(d), x.size(d)).copy_(x);
+    lookup(group)(whole);
+    return whole;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const int64_t d = ctx->saved_data["dim"].toInt();
+    const int64_t block = ctx->saved_data["block"].toInt();
+    return {grads[0].narrow(d, ctx->saved_data["rank"].toInt() * block, block), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor gatherOp(const at::Tensor& x, int64_t dim, int64_t rank, int64_t degree, int64_t group) {
+  return GatherFromGroup::apply(x, dim, rank, degree, group);
+}
+
 at::Tensor copyOp(const at::Tensor& x, int64_t group) { return CopyToGroup::apply(x, group); }
 at::Tensor reduceOp(const at::Tensor& x, int64_t group) { return ReduceOverGroup::apply(x, group); }
 
@@ -83,6 +113,9 @@ at::Tensor reduceOp(const at::Tensor& x, int64_t group) { return ReduceOverGroup
 TORCH_LIBRARY(pipeforge_tp, m) {
   m.def(torch::schema("copy(Tensor x, int group) -> Tensor", c10::AliasAnalysisKind::CONSERVATIVE), &copyOp);
   m.def(torch::schema("reduce(Tensor x, int group) -> Tensor", c10::AliasAnalysisKind::CONSERVATIVE), &reduceOp);
+  m.def(torch::schema("gather(Tensor x, int dim, int rank, int degree, int group) -> Tensor",
+                      c10::AliasAnalysisKind::CONSERVATIVE),
+        &gatherOp);
 }
 
 }  // namespace

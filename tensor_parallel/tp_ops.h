@@ -7,6 +7,10 @@
 //   pipeforge_tp::reduce(Tensor x, int group) -> Tensor
 //       forward: x summed over the group; backward: the gradient as it is.
 //       Put after a row-split linear, whose output each rank holds a part of.
+//   pipeforge_tp::gather(Tensor x, int dim, int rank, int degree, int group) -> Tensor
+//       forward: the whole tensor from every rank's block along `dim`;
+//       backward: this rank's block of the gradient. Where a split value
+//       leaves the stage (a pipeline cut between a column and a row linear).
 //
 // `group` is a number from registerGroup: the rewritten stage graph holds it
 // as a constant, and the op looks up the all-reduce at run time. One process
@@ -24,6 +28,7 @@ namespace pipeforge::tensor_parallel {
 
 inline constexpr const char* kCopyOp = "pipeforge_tp::copy";
 inline constexpr const char* kReduceOp = "pipeforge_tp::reduce";
+inline constexpr const char* kGatherOp = "pipeforge_tp::gather";
 
 // Sums `tensor` in place over the tensor-parallel group (the caller's
 // communicator), blocking until every rank of the group has joined.

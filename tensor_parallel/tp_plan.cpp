@@ -48,9 +48,9 @@ std::string TpPlan::describe() const {
     if (!l.why.empty()) os << "  (" << l.why << ")";
     os << "\n";
   }
-  os << fmt::format("tensor parallel {}: {} split parameters, {} all-reduces forward (g), {} backward (f), {} sizes "
-                    "divided",
-                    degree, parameters.size(), reduces, copies, resized);
+  os << fmt::format("tensor parallel {}: {} split parameters, {} all-reduces forward (g), {} backward (f), {} "
+                    "outputs gathered, {} sizes divided",
+                    degree, parameters.size(), reduces, copies, gathers, resized);
   return os.str();
 }
 
@@ -236,6 +236,7 @@ class Planner {
     for (const auto& [fqn, dim, size] : splitParameters()) plan.parameters.push_back({fqn, dim, size});
     plan.copies = static_cast<int>(wrappedValues().size());
     plan.reduces = static_cast<int>(rows_.size());
+    plan.gathers = static_cast<int>(gathers_.size());
     plan.resized = static_cast<int>(resizes_.size());
     return plan;
   }
@@ -302,6 +303,18 @@ class Planner {
         wrapped = narrow->output();
       }
       w.consumer->replaceInput(w.input, wrapped);
+    }
+    // Split values the stage returns, gathered whole.
+    for (const Wrap& w : gathers_) {
+      Value* v = w.consumer->input(w.input);
+      torch::jit::WithInsertPoint guard(w.consumer);
+      Node* gather = g.insertNode(g.create(c10::Symbol::fromQualString(kGatherOp),
+                                           {v, g.insertConstant(static_cast<int64_t>(w.narrow_dim)),
+                                            g.insertConstant(static_cast<int64_t>(rank)),
+                                            g.insertConstant(static_cast<int64_t>(degree_)),
+                                            g.insertConstant(static_cast<int64_t>(group))}));
+      gather->output()->setType(v->type());
+      w.consumer->replaceInput(w.input, gather->output());
     }
     // g after each row linear; its bias after the sum.
     for (Node* n : rows_) {
@@ -409,6 +422,7 @@ class Planner {
     rows_.clear();
     linears_.clear();
     wraps_.clear();
+    gathers_.clear();
     resizes_.clear();
     problems_.clear();
     closed_.clear();
@@ -448,12 +462,29 @@ class Planner {
     return false;
   }
 
-  void visitReturn(const Node* ret) {
-    for (const auto& [i, s] : splitInputs(ret)) {
-      if (s.kind == Kind::kShard) {
-        problems_.push_back({s.origin, fmt::format("tensor_parallel {} cannot split {} exactly: its output {} leaves "
-                                                   "the stage split along dimension {}; a stage's outputs are whole",
-                                                   degree_, "the stage", i, s.dim)});
+  // A split value the stage returns: a group that ends in a row linear (the
+  // col/row pattern, cut by the stage boundary between its halves) gathers
+  // it whole; one that never does (lm_head) makes its columns whole instead,
+  // which costs no collective.
+  void visitReturn(Node* ret) {
+    auto leave = [&](Node* consumer, std::size_t input, const State& s, std::size_t output) {
+      if (s.kind != Kind::kShard) return;
+      if (closed_.count(find(s.origin))) {
+        gathers_.push_back({consumer, input, s.dim, 0});
+        return;
+      }
+      problems_.push_back({s.origin, fmt::format("tensor_parallel {} cannot split the stage exactly: its output {} "
+                                                 "leaves the stage split along dimension {}; a stage's outputs are "
+                                                 "whole",
+                                                 degree_, output, s.dim)});
+    };
+    for (std::size_t i = 0; i < ret->inputs().size(); ++i) {
+      Value* v = ret->input(i);
+      if (v->node()->kind() == c10::prim::TupleConstruct) {
+        Node* tuple = v->node();
+        for (std::size_t j = 0; j < tuple->inputs().size(); ++j) leave(tuple, j, state(tuple->input(j)), j);
+      } else {
+        leave(ret, i, state(v), i);
       }
     }
   }
@@ -876,6 +907,7 @@ class Planner {
   std::set<int> closed_;
   std::vector<Problem> problems_;
   std::vector<Wrap> wraps_;
+  std::vector<Wrap> gathers_;  // split values leaving the stage: {consumer, input, the dim to gather}
   std::vector<Resize> resizes_;
 };
 

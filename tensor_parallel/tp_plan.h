@@ -61,6 +61,7 @@ struct TpPlan {
   std::vector<SplitParameter> parameters;   // the split ones; every other parameter is whole on each rank
   int copies = 0;   // f ops: replicated values entering a split region
   int reduces = 0;  // g ops: one per row linear
+  int gathers = 0;  // split stage outputs gathered whole (a stage cut inside a col/row pair)
   int resized = 0;  // literal sizes divided by the degree
 
   // {module FQN: "colwise" | "rowwise"}, the split linears only.

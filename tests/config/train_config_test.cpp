@@ -680,6 +680,51 @@ TEST_F(TrainConfigTest, ZeroStage) {
   refused("  data_parallel: 2\n  zero_stage: -1\n", {"zero_stage"});
 }
 
+// pipeline.tensor_parallel (issue 44): world = pp x tp x dp; what it does
+// not compose with yet is refused before any rank starts, naming the fix.
+TEST_F(TrainConfigTest, TensorParallel) {
+  auto with = [&](const std::string& keys) {
+    std::string text = valid();
+    const std::string from = "schedule: 1F1B\n";
+    text.replace(text.find(from), from.size(), "schedule: 1F1B\n" + keys);
+    return parseTrainConfig(text, "t.yaml");
+  };
+  auto refused = [&](const std::string& keys, const std::vector<std::string>& fragments) {
+    try {
+      with(keys);
+      ADD_FAILURE() << keys << " was accepted";
+    } catch (const ConfigError& e) {
+      for (const std::string& f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+    }
+  };
+  EXPECT_EQ(parseTrainConfig(valid(), "t.yaml").pipeline.tensor_parallel, 1);
+  const TrainConfig c = with("  tensor_parallel: 2\n");
+  EXPECT_EQ(c.pipeline.tensor_parallel, 2);
+  EXPECT_EQ(c.pipeline.tensor_parallel_plan, "auto");
+  // 2 stages on 4 ranks at tp 2; 2 ranks make only one pipeline rank.
+  EXPECT_NO_THROW(checkLayout(c, 4, 2));
+  try {
+    checkLayout(c, 2, 2);
+    ADD_FAILURE() << "2 ranks at tensor_parallel 2 ran a 2-stage split";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("pipeline.tensor_parallel 2 x pipeline.data_parallel 1"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("--nproc 4"), std::string::npos) << e.what();
+  }
+  try {
+    checkLayout(c, 3, 2);
+    ADD_FAILURE() << "3 ranks held tensor_parallel 2";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of 2"), std::string::npos) << e.what();
+  }
+  refused("  tensor_parallel: 0\n", {"tensor_parallel"});
+  refused("  tensor_parallel_plan: {\"*.q_proj\": colwise}\n", {"tensor_parallel_plan"});
+  refused("  tensor_parallel_plan: megatron\n", {"'megatron' is not a plan", "use auto"});
+  refused("  tensor_parallel: 2\n  data_parallel: 2\n  zero_stage: 1\n", {"pipeline.zero_stage 1", "zero_stage: 0"});
+  refused("  tensor_parallel: 2\n  activation_checkpointing: full\n",
+          {"activation checkpointing", "remove pipeline.activation_checkpointing"});
+}
+
 // pipeline.microbatch_group_size reaches MegatronInterleaved's generator
 // (Megatron's microbatch_group_size_per_vp_stage) and nothing else.
 TEST_F(TrainConfigTest, MicrobatchGroupSize) {
