@@ -427,7 +427,27 @@ void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
           {"tensor_parallel",
            [&](const YAML::Node& v) { c.pipeline.tensor_parallel = s.smallInteger(v, "tensor_parallel", 1); }},
           {"tensor_parallel_plan",
-           [&](const YAML::Node& v) { c.pipeline.tensor_parallel_plan = s.string(v, "tensor_parallel_plan"); }},
+           [&](const YAML::Node& v) {
+             if (!v.IsMap()) {
+               c.pipeline.tensor_parallel_plan = s.string(v, "tensor_parallel_plan");
+               return;
+             }
+             // torchtitan's words; what Pipeforge does not build yet is named as such.
+             static const std::vector<std::string> styles = {"colwise", "rowwise", "replicated"};
+             c.pipeline.tensor_parallel_plan = "explicit";
+             for (const auto& entry : v) {
+               const std::string glob = entry.first.as<std::string>();
+               const std::string style = s.string(entry.second, "tensor_parallel_plan." + glob);
+               if (std::find(styles.begin(), styles.end(), style) == styles.end()) {
+                 s.fail(entry.second, "tensor_parallel_plan." + glob,
+                        style == "vocab" || style == "embedding_rowwise" || style == "sequence_parallel" ||
+                                style == "colwise_gather_output" || style == "rowwise_split_input"
+                            ? "colwise, rowwise or replicated (" + style + " is not built yet)"
+                            : "colwise, rowwise or replicated");
+               }
+               c.pipeline.tensor_parallel_styles.emplace_back(glob, style);
+             }
+           }},
           {"max_active_stages",
            [&](const YAML::Node& v) { c.pipeline.max_active_stages = s.smallInteger(v, "max_active_stages", 1); }},
           {"scale_grads", [&](const YAML::Node& v) { c.pipeline.scale_grads = s.boolean(v, "scale_grads"); }},
@@ -721,9 +741,10 @@ void checkCrossKeys(const TrainConfig& c) {
                                   "pipeline.zero_stage: 0",
                                   o, p.zero_stage, p.data_parallel));
   }
-  if (p.tensor_parallel_plan != "auto") {
+  if (p.tensor_parallel_plan != "auto" && p.tensor_parallel_plan != "explicit") {
     throw ConfigError(fmt::format("{}: pipeline.tensor_parallel_plan '{}' is not a plan Pipeforge has; use auto (the "
-                                  "column/row splits found in each stage's graph)",
+                                  "column/row splits found in each stage's graph), or a map from module FQN globs "
+                                  "to colwise, rowwise or replicated",
                                   o, p.tensor_parallel_plan));
   }
   if (p.tensor_parallel > 1) {

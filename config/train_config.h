@@ -73,8 +73,12 @@ struct PipelineConfig {
   // from the stage's graph: tensor_parallel/tp_plan.h): every stage runs on
   // this many neighbouring ranks, each holding its slice of the split layers.
   int tensor_parallel = 1;
-  // How the layers are split: "auto" (found in the graph) is the one plan.
+  // How the layers are split: "auto" finds the column/row pairs in each
+  // stage's graph; or torchtitan's plan by FQN glob, {"*.q_proj": colwise,
+  // "*.o_proj": rowwise, ...}, in `tensor_parallel_styles` (linears it does
+  // not name run whole; a plan that does not fit the graph is refused).
   std::string tensor_parallel_plan = "auto";
+  std::vector<std::pair<std::string, std::string>> tensor_parallel_styles;  // (glob, colwise | rowwise | replicated)
   // ZeRO across the data-parallel replicas (ColossalAI's key): 0 keeps every
   // stage whole on every replica; 1 shards the optimizer state (Note
   // [Sharded optimizer] in sharding/sharded_stage.cpp), 2 the gradients too

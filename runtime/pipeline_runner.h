@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -92,6 +93,9 @@ struct RunnerOptions {
   // tensor_parallel/tp_plan.h plans it from the stage's graph. The stages'
   // outputs are whole, so what crosses a pipeline cut is unchanged.
   int tp_degree = 1;
+  // An explicit tensor-parallel plan: (module FQN glob, colwise | rowwise |
+  // replicated); empty: found in each stage's graph (tensor_parallel/tp_plan.h).
+  std::vector<std::pair<std::string, std::string>> tp_styles;
   // ZeRO stage 3 (pipeline.zero_stage 3): a program without UNSHARD/RESHARD
   // gets them from PyTorch's _add_unshard_reshard, keeping at most this many
   // stages per rank unsharded at once (PyTorch's default 3), and REDUCE_GRAD

@@ -7,6 +7,8 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <numeric>
 #include <set>
@@ -158,9 +160,30 @@ struct Wrap {
 class Planner {
  public:
   Planner(const frontend::OpenedModel& opened, std::unordered_map<const Value*, std::vector<int64_t>> shapes,
-          int degree)
-      : opened_(opened), graph_(opened.graph()), shapes_(std::move(shapes)), degree_(degree) {
+          int degree, const TpStyles& styles)
+      : opened_(opened), graph_(opened.graph()), shapes_(std::move(shapes)), degree_(degree),
+        explicit_(!styles.empty()) {
     countParameterReads(graph_.block());
+    if (!explicit_) return;
+    // Note [Explicit plans]: each linear takes the style of the first glob
+    // matching its module (as written, or under any prefix: transformers'
+    // "layers.*.q_proj" names what is "model.layers.0.self_attn.q_proj");
+    // a linear no glob names runs whole, as torchtitan leaves it.
+    for (Node* n : graph_.block()->nodes()) {
+      if (n->kind() != c10::aten::linear) continue;
+      const std::string& fqn = opened_.ownerOf(n);
+      LinearSplit split = LinearSplit::kWhole;
+      std::string why = "tensor_parallel_plan names it with no glob";
+      for (const auto& [glob, style] : styles) {
+        if (fnmatch(glob.c_str(), fqn.c_str(), 0) != 0 && fnmatch(("*." + glob).c_str(), fqn.c_str(), 0) != 0) {
+          continue;
+        }
+        split = style == "colwise" ? LinearSplit::kColumn : style == "rowwise" ? LinearSplit::kRow : LinearSplit::kWhole;
+        why = fmt::format("tensor_parallel_plan's '{}': {}", glob, style);
+        break;
+      }
+      styled_[n] = {split, why};
+    }
   }
 
   // Runs passes until no group fails; throws TpPlanError for a failing group
@@ -170,6 +193,8 @@ class Planner {
       PIPEFORGE_CHECK(pass < 1000, "tensor-parallel planning did not settle");
       propagate();
       if (problems_.empty()) return refuseNothingSplit();
+      // An explicit plan is taken as written: what does not fit is refused.
+      if (explicit_) throw TpPlanError(problems_.front().message);
       std::set<int> demoted;
       for (const Problem& p : problems_) {
         int root = find(p.origin);
@@ -469,7 +494,7 @@ class Planner {
   void visitReturn(Node* ret) {
     auto leave = [&](Node* consumer, std::size_t input, const State& s, std::size_t output) {
       if (s.kind != Kind::kShard) return;
-      if (closed_.count(find(s.origin))) {
+      if (explicit_ || closed_.count(find(s.origin))) {  // an explicit colwise head gathers its output
         gathers_.push_back({consumer, input, s.dim, 0});
         return;
       }
@@ -736,6 +761,7 @@ class Planner {
       closed_.insert(root);
       return setAll(n, State{Kind::kBroken, -1, root});
     }
+    if (explicit_ && !visitStyled(n, s, plain)) return;
     if (s.kind == Kind::kRep) {
       auto forced = whole_.find(n);
       if (forced != whole_.end() || !plain) return;
@@ -768,6 +794,36 @@ class Planner {
     if (shared) return fail("needs its weight split, but the weight is also read elsewhere (tied)", kFixPlan);
     rows_.push_back(n);
     closed_.insert(root);
+  }
+
+  // An explicit plan's style for linear `n` against what reaches it; false
+  // when `n` is decided here (whole, or a mismatch recorded as a problem).
+  bool visitStyled(Node* n, const State& s, bool plain) {
+    const auto& [split, why] = styled_.at(n);
+    auto mismatch = [&](const std::string& what) {
+      const int root = s.kind == Kind::kRep ? -1 : join(s.origin, -1);
+      problems_.push_back({root, fmt::format("tensor_parallel_plan does not fit the graph: {} is {}, but {}; change "
+                                             "the plan, or use tensor_parallel_plan: auto",
+                                             where(n), why, what)});
+      setAll(n, State{Kind::kBroken, -1, root});
+      return false;
+    };
+    if (split == LinearSplit::kWhole) {
+      if (s.kind == Kind::kShard) {
+        return mismatch(fmt::format("its input arrives split (by the colwise {})", opened_.ownerOf(columns_.at(find(s.origin)))));
+      }
+      whole_[n] = why;
+      return false;
+    }
+    if (!plain) return mismatch("its weight is not a module's 2-d parameter");
+    if (split == LinearSplit::kColumn && s.kind != Kind::kRep) {
+      return mismatch(fmt::format("its input arrives already split (by the colwise {}); a rowwise ends that split first",
+                                  opened_.ownerOf(columns_.at(find(s.origin)))));
+    }
+    if (split == LinearSplit::kRow && s.kind == Kind::kRep) {
+      return mismatch("its input arrives whole: no colwise linear before it splits its features");
+    }
+    return true;  // the style agrees: the auto rules below do the rest
   }
 
   // f on every replicated tensor input of `n` that meets a split one; false
@@ -896,6 +952,8 @@ class Planner {
   Graph& graph_;
   std::unordered_map<const Value*, std::vector<int64_t>> shapes_;
   int degree_;
+  bool explicit_;
+  std::unordered_map<const Node*, std::pair<LinearSplit, std::string>> styled_;  // explicit plans: each linear's style
   std::unordered_map<std::string, int> reads_;
 
   std::unordered_map<const Node*, std::string> whole_;  // across passes
@@ -968,17 +1026,18 @@ void checkDegree(int degree) {
 
 }  // namespace
 
-TpPlan planTensorParallel(const torch::jit::Module& stage, const std::vector<at::Tensor>& example_inputs, int degree) {
+TpPlan planTensorParallel(const torch::jit::Module& stage, const std::vector<at::Tensor>& example_inputs, int degree,
+                          const TpStyles& styles) {
   checkDegree(degree);
   if (degree == 1) return TpPlan{};
   frontend::OpenedModel opened(stage, openEverything());
-  Planner planner(opened, recordShapes(opened, stage, example_inputs), degree);
+  Planner planner(opened, recordShapes(opened, stage, example_inputs), degree, styles);
   planner.run();
   return planner.plan();
 }
 
 torch::jit::Module shardForTensorParallel(const torch::jit::Module& stage, const std::vector<at::Tensor>& example_inputs,
-                                          int degree, int rank, int group, TpPlan* plan_out) {
+                                          int degree, int rank, int group, TpPlan* plan_out, const TpStyles& styles) {
   checkDegree(degree);
   PIPEFORGE_CHECK(rank >= 0 && rank < degree, "tensor-parallel rank out of range");
   if (degree == 1) {
@@ -989,7 +1048,7 @@ torch::jit::Module shardForTensorParallel(const torch::jit::Module& stage, const
   // clone(): a new class type, so replacing forward leaves `stage` alone.
   torch::jit::Module sharded = stage.clone();
   frontend::OpenedModel opened(sharded, openEverything());
-  Planner planner(opened, recordShapes(opened, sharded, example_inputs), degree);
+  Planner planner(opened, recordShapes(opened, sharded, example_inputs), degree, styles);
   planner.run();
   if (plan_out) *plan_out = planner.plan();
 

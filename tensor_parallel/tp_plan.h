@@ -13,6 +13,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
@@ -70,17 +71,26 @@ struct TpPlan {
   std::string describe() const;
 };
 
+// An explicit plan, in torchtitan's words: (module FQN glob, "colwise" |
+// "rowwise" | "replicated"), first match wins; a linear no glob names runs
+// whole. Empty: the plan is found in the graph.
+using TpStyles = std::vector<std::pair<std::string, std::string>>;
+
 // Plans `stage` for `degree` ranks. `example_inputs` are the forward's
 // inputs at the shapes it runs (one dry forward without grad records every
 // value's shape). Throws TpPlanError for what cannot be split exactly, and
 // when degree > 1 and nothing can be split at all.
-TpPlan planTensorParallel(const torch::jit::Module& stage, const std::vector<at::Tensor>& example_inputs, int degree);
+// With `styles`, the plan is theirs, checked against the graph: a style the
+// graph contradicts (a rowwise whose input arrives whole) is refused, naming it.
+TpPlan planTensorParallel(const torch::jit::Module& stage, const std::vector<at::Tensor>& example_inputs, int degree,
+                          const TpStyles& styles = {});
 
 // A copy of `stage` as rank `rank` of `degree` runs it: its parameter
 // slices, and a forward with the collectives over `group`
 // (GroupRegistration::group()). `stage` is not changed. `plan_out`, when
 // given, receives the plan.
 torch::jit::Module shardForTensorParallel(const torch::jit::Module& stage, const std::vector<at::Tensor>& example_inputs,
-                                          int degree, int rank, int group, TpPlan* plan_out = nullptr);
+                                          int degree, int rank, int group, TpPlan* plan_out = nullptr,
+                                          const TpStyles& styles = {});
 
 }  // namespace pipeforge::tensor_parallel

@@ -718,7 +718,13 @@ TEST_F(TrainConfigTest, TensorParallel) {
     EXPECT_NE(std::string(e.what()).find("multiple of 2"), std::string::npos) << e.what();
   }
   refused("  tensor_parallel: 0\n", {"tensor_parallel"});
-  refused("  tensor_parallel_plan: {\"*.q_proj\": colwise}\n", {"tensor_parallel_plan"});
+  const TrainConfig explicit_plan =
+      with("  tensor_parallel: 2\n  tensor_parallel_plan: {\"*.up_proj\": colwise, \"*.down_proj\": rowwise}\n");
+  EXPECT_EQ(explicit_plan.pipeline.tensor_parallel_plan, "explicit");
+  const std::vector<std::pair<std::string, std::string>> styles = {{"*.up_proj", "colwise"}, {"*.down_proj", "rowwise"}};
+  EXPECT_EQ(explicit_plan.pipeline.tensor_parallel_styles, styles);
+  refused("  tensor_parallel_plan: {model.embed_tokens: vocab}\n", {"vocab is not built yet"});
+  refused("  tensor_parallel_plan: {lm_head: sideways}\n", {"tensor_parallel_plan.lm_head", "colwise, rowwise or replicated"});
   refused("  tensor_parallel_plan: megatron\n", {"'megatron' is not a plan", "use auto"});
   refused("  tensor_parallel: 2\n  data_parallel: 2\n  zero_stage: 1\n", {"pipeline.zero_stage 1", "zero_stage: 0"});
   refused("  tensor_parallel: 2\n  activation_checkpointing: full\n",

@@ -122,5 +122,42 @@ TEST(TpRefusal, FusedProjection) {
   EXPECT_NE(message.find("fused"), std::string::npos) << message;
 }
 
+// Note [Explicit plans]: torchtitan's plan by FQN glob instead of the graph's.
+TEST(TpExplicitPlan, KeepsOlmo2AttentionWholeAndSplitsItsMlp) {
+  // Auto refuses OLMo2 (q_norm over all heads); a plan naming only the MLP trains it.
+  const TpStyles styles = {{"layers.*.mlp.gate_proj", "colwise"}, {"layers.*.mlp.up_proj", "colwise"},
+                           {"layers.*.mlp.down_proj", "rowwise"}};
+  TpPlan plan = planTensorParallel(load("olmo2"), tokens("olmo2"), 2, styles);
+  EXPECT_EQ(plan.styles().size(), 3u * meta("olmo2")["config"]["num_hidden_layers"].get<std::size_t>())
+      << plan.describe();
+  EXPECT_EQ(plan.styles().count("model.layers.0.self_attn.q_proj"), 0u);
+  EXPECT_GE(testing::compareWithWhole([] { return load("olmo2"); }, tokens("olmo2"), 2, styles), 12);
+}
+
+TEST(TpExplicitPlan, ColwiseHeadGathersItsLogits) {
+  // transformers' Llama plan plus lm_head colwise: the logits are computed
+  // split by vocabulary and gathered whole where they leave the stage.
+  TpStyles styles;
+  for (const auto& [glob, style] : meta("llama")["tp_plan"].items()) styles.emplace_back(glob, style.get<std::string>());
+  styles.emplace_back("lm_head", "colwise");
+  TpPlan plan = planTensorParallel(load("llama"), tokens("llama"), 2, styles);
+  EXPECT_EQ(plan.styles().at("lm_head"), "colwise");
+  EXPECT_EQ(plan.gathers, 1);
+  testing::compareWithWhole([] { return load("llama"); }, tokens("llama"), 2, styles);
+}
+
+TEST(TpExplicitPlan, APlanTheGraphContradictsIsRefused) {
+  try {
+    planTensorParallel(load("llama"), tokens("llama"), 2, {{"*.o_proj", "rowwise"}});
+    ADD_FAILURE() << "planned without an error";
+  } catch (const TpPlanError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("does not fit the graph"), std::string::npos) << message;
+    EXPECT_NE(message.find("model.layers.0.self_attn.o_proj (modeling_llama.py:"), std::string::npos) << message;
+    EXPECT_NE(message.find("'*.o_proj': rowwise"), std::string::npos) << message;
+    EXPECT_NE(message.find("arrives whole"), std::string::npos) << message;
+  }
+}
+
 }  // namespace
 }  // namespace pipeforge::tensor_parallel

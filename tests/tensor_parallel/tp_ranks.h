@@ -33,7 +33,8 @@ inline at::Tensor firstOutput(const c10::IValue& out) {
 // `load` gives a fresh copy of the model each call (Module::deepcopy would
 // clone the parameters into non-leaves).
 inline std::vector<RankResult> runRanks(const std::function<torch::jit::Module()>& load,
-                                        const std::vector<at::Tensor>& inputs, const at::Tensor& weights, int t) {
+                                        const std::vector<at::Tensor>& inputs, const at::Tensor& weights, int t,
+                                        const TpStyles& styles = {}) {
   runtime::FakeWorld world(t, std::chrono::seconds(60));
   std::vector<RankResult> results(t);
   std::vector<std::string> errors(t);
@@ -45,7 +46,8 @@ inline std::vector<RankResult> runRanks(const std::function<torch::jit::Module()
       try {
         std::unique_ptr<runtime::Communicator> comm = world.communicator(r);
         GroupRegistration registration([&](const at::Tensor& x) { comm->allreduceSum(x, group); });
-        torch::jit::Module mine = shardForTensorParallel(load(), inputs, t, r, registration.group(), &results[r].plan);
+        torch::jit::Module mine =
+            shardForTensorParallel(load(), inputs, t, r, registration.group(), &results[r].plan, styles);
         std::vector<c10::IValue> args(inputs.begin(), inputs.end());
         at::Tensor out = firstOutput(mine.forward(args));
         (out * weights).sum().backward();
@@ -76,7 +78,7 @@ inline bool closeAtScale(const at::Tensor& got, const at::Tensor& expected) {
 // on every rank, split gradients equal once their slices are joined, whole
 // ones equal on every rank. Returns how many parameters were split.
 inline int compareWithWhole(const std::function<torch::jit::Module()>& load, const std::vector<at::Tensor>& inputs,
-                            int t) {
+                            int t, const TpStyles& styles = {}) {
   torch::jit::Module reference = load();
   std::vector<c10::IValue> args(inputs.begin(), inputs.end());
   at::Tensor out = firstOutput(reference.forward(args));
@@ -84,7 +86,7 @@ inline int compareWithWhole(const std::function<torch::jit::Module()>& load, con
   const at::Tensor weights = at::randn(out.sizes());
   (out * weights).sum().backward();
 
-  auto ranks = runRanks(load, inputs, weights, t);
+  auto ranks = runRanks(load, inputs, weights, t, styles);
   if (!ranks[0].output.defined()) {
     ADD_FAILURE() << "rank 0 computed nothing";
     return 0;

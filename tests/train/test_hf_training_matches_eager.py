@@ -46,7 +46,7 @@ SEQ, TARGET_SEQ = 20, 9
 DATA_ROWS = 48
 
 # label -> (schedule, pipeline ranks, stages per rank, data parallel, optimizer[, zero stage, families,
-#           tensor parallel])
+#           tensor parallel, extra pipeline keys])
 SGD = "name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 0.01"
 # eps 1e-6, not 1e-8: Adam divides by sqrt(v) + eps, so with 1e-8 a weight
 # whose gradient is ~1e-8 moves by lr on the sign of float noise (the
@@ -74,6 +74,11 @@ LAYOUTS = {
     "PP2 x TP2 1F1B": ("1F1B", 2, 1, 1, ADAMW, 0, {"llama", "qwen2", "mistral", "gemma"}, 2),
     "PP2 x TP2 ZBV": ("ZBVZeroBubble", 2, 2, 1, SGD, 0, {"llama", "qwen2"}, 2),
     "TP2 x DP2": ("1F1B", 1, 1, 2, ADAMW, 0, {"llama"}, 2),
+    # OLMo2 normalizes q and k over all heads, which auto refuses: an
+    # explicit plan (torchtitan's words) splits its MLP and keeps attention whole.
+    "PP2 x TP2 MLP plan": ("1F1B", 2, 1, 1, ADAMW, 0, {"olmo2"}, 2,
+                           ', tensor_parallel_plan: {"layers.*.mlp.gate_proj": colwise, '
+                           '"layers.*.mlp.up_proj": colwise, "layers.*.mlp.down_proj": rowwise}'),
 }
 
 
@@ -151,12 +156,13 @@ def train_pipeforge(torch, binary: str, d: str, zoo: str, name: str, meta: dict,
                     layout: tuple):
     schedule, pp, per_rank, dp, opt_spec, *zero = layout
     tp = layout[7] if len(layout) > 7 else 1
+    pipeline_extra = layout[8] if len(layout) > 8 else ""
     run = os.path.join(d, f"{name}-{label.replace(' ', '')}")
     config = run + ".yaml"
     model_path = os.path.join(zoo, name + ".pt2")
     with open(config, "w") as f:
         f.write(f"""model: {{path: {model_path}, num_stages: {pp * per_rank}, policy: parameters}}
-pipeline: {{schedule: {schedule}, microbatches: {MICROBATCHES}, stages_per_rank: {per_rank}, data_parallel: {dp}, zero_stage: {zero[0] if zero else 0}, tensor_parallel: {tp}}}
+pipeline: {{schedule: {schedule}, microbatches: {MICROBATCHES}, stages_per_rank: {per_rank}, data_parallel: {dp}, zero_stage: {zero[0] if zero else 0}, tensor_parallel: {tp}{pipeline_extra}}}
 loss: cross_entropy
 optimizer: {{{opt_spec}}}
 lr_schedule: {{decay: constant, warmup_steps: 0}}
