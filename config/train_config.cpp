@@ -426,6 +426,8 @@ void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
           {"zero_stage", [&](const YAML::Node& v) { c.pipeline.zero_stage = s.smallInteger(v, "zero_stage", 0); }},
           {"tensor_parallel",
            [&](const YAML::Node& v) { c.pipeline.tensor_parallel = s.smallInteger(v, "tensor_parallel", 1); }},
+          {"sequence_parallel",
+           [&](const YAML::Node& v) { c.pipeline.sequence_parallel = s.boolean(v, "sequence_parallel"); }},
           {"tensor_parallel_plan",
            [&](const YAML::Node& v) {
              if (!v.IsMap()) {
@@ -746,6 +748,12 @@ void checkCrossKeys(const TrainConfig& c) {
                                   "column/row splits found in each stage's graph), or a map from module FQN globs "
                                   "to colwise, rowwise or replicated",
                                   o, p.tensor_parallel_plan));
+  }
+  if (p.sequence_parallel && p.tensor_parallel < 2) {
+    throw ConfigError(fmt::format("{}: pipeline.sequence_parallel splits the sequence over the tensor-parallel "
+                                  "group, and pipeline.tensor_parallel is {}; set pipeline.tensor_parallel to 2 or "
+                                  "more, or remove sequence_parallel",
+                                  o, p.tensor_parallel));
   }
   if (p.tensor_parallel > 1) {
     // What tensor parallel does not compose with yet, refused before any rank starts.

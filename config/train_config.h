@@ -79,6 +79,9 @@ struct PipelineConfig {
   // not name run whole; a plan that does not fit the graph is refused).
   std::string tensor_parallel_plan = "auto";
   std::vector<std::pair<std::string, std::string>> tensor_parallel_styles;  // (glob, colwise | rowwise | replicated)
+  // Megatron's sequence parallel over the tensor-parallel group: between a
+  // row linear and the next column, each rank holds its part of the sequence.
+  bool sequence_parallel = false;
   // ZeRO across the data-parallel replicas (ColossalAI's key): 0 keeps every
   // stage whole on every replica; 1 shards the optimizer state (Note
   // [Sharded optimizer] in sharding/sharded_stage.cpp), 2 the gradients too

@@ -217,7 +217,7 @@ class PipelineRunner::Impl {
       try {
         mine = tensor_parallel::shardForTensorParallel(
             module, tensor_parallel::stageExampleInputs(options_.split_dir, manifest_, s, device_), tp_size_, tp_rank_,
-            tp_group_->group(), &plan, options_.tp_styles);
+            tp_group_->group(), &plan, options_.tp_styles, options_.sequence_parallel);
       } catch (const tensor_parallel::TpPlanError& e) {
         throw RuntimeError(fmt::format("stage {}: {}", s, e.what()), e.code());
       }

@@ -96,6 +96,8 @@ struct RunnerOptions {
   // An explicit tensor-parallel plan: (module FQN glob, colwise | rowwise |
   // replicated); empty: found in each stage's graph (tensor_parallel/tp_plan.h).
   std::vector<std::pair<std::string, std::string>> tp_styles;
+  // Megatron's sequence parallel inside each stage (tp_degree > 1).
+  bool sequence_parallel = false;
   // ZeRO stage 3 (pipeline.zero_stage 3): a program without UNSHARD/RESHARD
   // gets them from PyTorch's _add_unshard_reshard, keeping at most this many
   // stages per rank unsharded at once (PyTorch's default 3), and REDUCE_GRAD

@@ -99,6 +99,66 @@ struct GatherFromGroup : public torch::autograd::Function<GatherFromGroup> {
   }
 };
 
+// Whole along `dim` from every rank's block (zeros, own block, summed).
+at::Tensor allGather(const at::Tensor& x, int64_t d, int64_t rank, int64_t degree, int64_t group) {
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes[d] *= degree;
+  at::Tensor whole = at::zeros(sizes, x.options());
+  whole.narrow(d, rank * x.size(d), x.size(d)).copy_(x);
+  lookup(group)(whole);
+  return whole;
+}
+
+// This rank's block along `dim` of the sum over the group.
+at::Tensor reduceScatter(const at::Tensor& x, int64_t d, int64_t rank, int64_t degree, int64_t group) {
+  if (x.size(d) % degree != 0) {
+    // A remainder would fall between the blocks: refuse rather than drop it.
+    throw Error(ErrorCode::kUserInput,
+                "sequence parallel splits the sequence over " + std::to_string(degree) +
+                    " tensor-parallel ranks, and this batch's sequence has " + std::to_string(x.size(d)) +
+                    " positions; feed sequence lengths tensor_parallel divides (data.block_size), or set "
+                    "pipeline.sequence_parallel: false");
+  }
+  const int64_t block = x.size(d) / degree;
+  return summed(x, group).narrow(d, rank * block, block).contiguous();
+}
+
+struct SequenceGather : public torch::autograd::Function<SequenceGather> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t dim, int64_t rank,
+                            int64_t degree, int64_t group) {
+    const int64_t d = dim < 0 ? dim + x.dim() : dim;
+    ctx->saved_data["args"] = std::vector<int64_t>{d, rank, degree, group};
+    return allGather(x, d, rank, degree, group);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const std::vector<int64_t> a = ctx->saved_data["args"].toIntVector();
+    return {reduceScatter(grads[0], a[0], a[1], a[2], a[3]), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct SequenceScatter : public torch::autograd::Function<SequenceScatter> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t dim, int64_t rank,
+                            int64_t degree, int64_t group) {
+    const int64_t d = dim < 0 ? dim + x.dim() : dim;
+    ctx->saved_data["args"] = std::vector<int64_t>{d, rank, degree, group};
+    return reduceScatter(x, d, rank, degree, group);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const std::vector<int64_t> a = ctx->saved_data["args"].toIntVector();
+    return {allGather(grads[0].contiguous(), a[0], a[1], a[2], a[3]), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+at::Tensor sequenceGatherOp(const at::Tensor& x, int64_t dim, int64_t rank, int64_t degree, int64_t group) {
+  return SequenceGather::apply(x, dim, rank, degree, group);
+}
+at::Tensor sequenceScatterOp(const at::Tensor& x, int64_t dim, int64_t rank, int64_t degree, int64_t group) {
+  return SequenceScatter::apply(x, dim, rank, degree, group);
+}
+
 at::Tensor gatherOp(const at::Tensor& x, int64_t dim, int64_t rank, int64_t degree, int64_t group) {
   return GatherFromGroup::apply(x, dim, rank, degree, group);
 }
@@ -116,6 +176,12 @@ TORCH_LIBRARY(pipeforge_tp, m) {
   m.def(torch::schema("gather(Tensor x, int dim, int rank, int degree, int group) -> Tensor",
                       c10::AliasAnalysisKind::CONSERVATIVE),
         &gatherOp);
+  m.def(torch::schema("sequence_gather(Tensor x, int dim, int rank, int degree, int group) -> Tensor",
+                      c10::AliasAnalysisKind::CONSERVATIVE),
+        &sequenceGatherOp);
+  m.def(torch::schema("sequence_scatter(Tensor x, int dim, int rank, int degree, int group) -> Tensor",
+                      c10::AliasAnalysisKind::CONSERVATIVE),
+        &sequenceScatterOp);
 }
 
 }  // namespace

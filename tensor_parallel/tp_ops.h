@@ -11,6 +11,13 @@
 //       forward: the whole tensor from every rank's block along `dim`;
 //       backward: this rank's block of the gradient. Where a split value
 //       leaves the stage (a pipeline cut between a column and a row linear).
+//   pipeforge_tp::sequence_gather(Tensor x, int dim, int rank, int degree, int group) -> Tensor
+//       forward: all-gather along `dim`; backward: reduce-scatter (the sum
+//       over the group, this rank's block). Sequence parallel, before a
+//       column linear.
+//   pipeforge_tp::sequence_scatter(Tensor x, int dim, int rank, int degree, int group) -> Tensor
+//       forward: reduce-scatter along `dim`; backward: all-gather. Sequence
+//       parallel, after a row linear (instead of reduce).
 //
 // `group` is a number from registerGroup: the rewritten stage graph holds it
 // as a constant, and the op looks up the all-reduce at run time. One process
@@ -29,6 +36,8 @@ namespace pipeforge::tensor_parallel {
 inline constexpr const char* kCopyOp = "pipeforge_tp::copy";
 inline constexpr const char* kReduceOp = "pipeforge_tp::reduce";
 inline constexpr const char* kGatherOp = "pipeforge_tp::gather";
+inline constexpr const char* kSequenceGatherOp = "pipeforge_tp::sequence_gather";
+inline constexpr const char* kSequenceScatterOp = "pipeforge_tp::sequence_scatter";
 
 // Sums `tensor` in place over the tensor-parallel group (the caller's
 // communicator), blocking until every rank of the group has joined.

@@ -86,6 +86,7 @@ struct State {
   Kind kind = Kind::kRep;
   int dim = -1;
   int origin = -1;  // the group (union-find over column linears)
+  bool seq = false;  // sequence parallel: split along the sequence, between a row and the next column
 };
 
 std::string baseName(const std::string& path) {
@@ -160,9 +161,9 @@ struct Wrap {
 class Planner {
  public:
   Planner(const frontend::OpenedModel& opened, std::unordered_map<const Value*, std::vector<int64_t>> shapes,
-          int degree, const TpStyles& styles)
+          int degree, const TpStyles& styles, bool sequence_parallel)
       : opened_(opened), graph_(opened.graph()), shapes_(std::move(shapes)), degree_(degree),
-        explicit_(!styles.empty()) {
+        explicit_(!styles.empty()), sequence_parallel_(sequence_parallel) {
     countParameterReads(graph_.block());
     if (!explicit_) return;
     // Note [Explicit plans]: each linear takes the style of the first glob
@@ -262,6 +263,9 @@ class Planner {
     plan.copies = static_cast<int>(wrappedValues().size());
     plan.reduces = static_cast<int>(rows_.size());
     plan.gathers = static_cast<int>(gathers_.size());
+    std::set<const Value*> gathered;
+    for (const Wrap& w : seq_gathers_) gathered.insert(w.consumer->input(w.input));
+    plan.sequence_gathers = static_cast<int>(gathered.size());
     plan.resized = static_cast<int>(resizes_.size());
     return plan;
   }
@@ -318,16 +322,42 @@ class Planner {
       }
       Value* wrapped = it->second;
       if (w.narrow_dim >= 0) {
+        // The block is sized at run time: a sequence length varies by batch.
         torch::jit::WithInsertPoint guard(w.consumer);
-        const int64_t block = w.narrow_size / degree_;
-        Node* narrow = g.insertNode(g.create(c10::aten::narrow,
-                                             {wrapped, g.insertConstant(static_cast<int64_t>(w.narrow_dim)),
-                                              g.insertConstant(static_cast<int64_t>(rank) * block),
-                                              g.insertConstant(block)}));
+        Value* dim = g.insertConstant(static_cast<int64_t>(w.narrow_dim));
+        Node* size = g.insertNode(g.create(c10::aten::size, {wrapped, dim}));
+        size->output()->setType(c10::IntType::get());
+        Node* block = g.insertNode(
+            g.create(c10::aten::floordiv, {size->output(), g.insertConstant(static_cast<int64_t>(degree_))}));
+        block->output()->setType(c10::IntType::get());
+        Node* start =
+            g.insertNode(g.create(c10::aten::mul, {block->output(), g.insertConstant(static_cast<int64_t>(rank))}));
+        start->output()->setType(c10::IntType::get());
+        Node* narrow = g.insertNode(g.create(c10::aten::narrow, {wrapped, dim, start->output(), block->output()}));
         narrow->output()->setType(wrapped->type());
         wrapped = narrow->output();
       }
       w.consumer->replaceInput(w.input, wrapped);
+    }
+    // Sequence parallel: a column linear's input gathered along the sequence.
+    std::unordered_map<Value*, Value*> sequence_gathered;  // q, k and v share one gather of their input
+    for (const Wrap& w : seq_gathers_) {
+      Value* v = w.consumer->input(w.input);
+      auto done = sequence_gathered.find(v);
+      if (done != sequence_gathered.end()) {
+        w.consumer->replaceInput(w.input, done->second);
+        continue;
+      }
+      torch::jit::WithInsertPoint guard(v->node()->kind() == c10::prim::Param ? g.block()->nodes().front()
+                                                                             : v->node()->next());
+      Node* gather = g.insertNode(g.create(c10::Symbol::fromQualString(kSequenceGatherOp),
+                                           {v, g.insertConstant(static_cast<int64_t>(w.narrow_dim)),
+                                            g.insertConstant(static_cast<int64_t>(rank)),
+                                            g.insertConstant(static_cast<int64_t>(degree_)),
+                                            g.insertConstant(static_cast<int64_t>(group))}));
+      gather->output()->setType(v->type());
+      sequence_gathered.emplace(v, gather->output());
+      w.consumer->replaceInput(w.input, gather->output());
     }
     // Split values the stage returns, gathered whole.
     for (const Wrap& w : gathers_) {
@@ -352,11 +382,25 @@ class Planner {
       }
       torch::jit::WithInsertPoint guard(n->next());
       Value* grp = g.insertConstant(static_cast<int64_t>(group));
-      Node* reduce = g.insertNode(g.create(c10::Symbol::fromQualString(kReduceOp), {out, grp}));
+      Node* reduce = nullptr;
+      if (sequence_parallel_) {
+        const int64_t seq = static_cast<int64_t>(shapeOf(out).size()) - 2;
+        reduce = g.insertNode(g.create(c10::Symbol::fromQualString(kSequenceScatterOp),
+                                       {out, g.insertConstant(seq), g.insertConstant(static_cast<int64_t>(rank)),
+                                        g.insertConstant(static_cast<int64_t>(degree_)), grp}));
+      } else {
+        reduce = g.insertNode(g.create(c10::Symbol::fromQualString(kReduceOp), {out, grp}));
+      }
       reduce->output()->setType(out->type());
       Value* result = reduce->output();
       if (has_bias) {
         Value* one = g.insertConstant(static_cast<int64_t>(1));
+        if (sequence_parallel_) {
+          // Added to the rank's part of the sequence only: its gradient is summed (f).
+          Node* f = g.insertNode(g.create(c10::Symbol::fromQualString(kCopyOp), {bias, grp}));
+          f->output()->setType(bias->type());
+          bias = f->output();
+        }
         Node* add = g.insertNode(g.create(c10::aten::add, {result, bias, one}));
         add->output()->setType(out->type());
         result = add->output();
@@ -448,6 +492,7 @@ class Planner {
     linears_.clear();
     wraps_.clear();
     gathers_.clear();
+    seq_gathers_.clear();
     resizes_.clear();
     problems_.clear();
     closed_.clear();
@@ -494,7 +539,7 @@ class Planner {
   void visitReturn(Node* ret) {
     auto leave = [&](Node* consumer, std::size_t input, const State& s, std::size_t output) {
       if (s.kind != Kind::kShard) return;
-      if (explicit_ || closed_.count(find(s.origin))) {  // an explicit colwise head gathers its output
+      if (s.seq || explicit_ || closed_.count(find(s.origin))) {  // an explicit colwise head gathers its output
         gathers_.push_back({consumer, input, s.dim, 0});
         return;
       }
@@ -605,7 +650,9 @@ class Planner {
     }
     Value* out = n->output();
     const int out_rank = rankOf(out);
-    auto shard = [&](int dim) { state_[out] = State{Kind::kShard, dim, origin}; };
+    bool seq = false;
+    for (const auto& [i, st] : split) seq = seq || st.seq;
+    auto shard = [&](int dim) { state_[out] = State{Kind::kShard, dim, origin, seq}; };
 
     if (isElementwise(op)) {
       // Broadcast: dims align from the right.
@@ -762,6 +809,7 @@ class Planner {
       return setAll(n, State{Kind::kBroken, -1, root});
     }
     if (explicit_ && !visitStyled(n, s, plain)) return;
+    if (s.kind == Kind::kShard && s.seq) return visitOnSequenceShard(n, s, plain, shared, wshape);
     if (s.kind == Kind::kRep) {
       auto forced = whole_.find(n);
       if (forced != whole_.end() || !plain) return;
@@ -794,6 +842,46 @@ class Planner {
     if (shared) return fail("needs its weight split, but the weight is also read elsewhere (tied)", kFixPlan);
     rows_.push_back(n);
     closed_.insert(root);
+    if (sequence_parallel_) {
+      // Note [Sequence parallel]: the partial outputs are reduce-scattered
+      // along the sequence (the dim before the features) instead of summed whole.
+      const auto& out = shapeOf(n->output());
+      const int seq = static_cast<int>(out.size()) - 2;
+      if (out.size() != 3 || out[seq] % degree_ != 0) {
+        problem(n, root,
+                fmt::format("gives {} values, and sequence parallel splits [batch, sequence, features] outputs "
+                            "along a sequence {} divides",
+                            shapeString(n->output()), degree_),
+                "feed sequences whose length tensor_parallel divides, or set pipeline.sequence_parallel: false");
+        return setAll(n, State{Kind::kBroken, -1, root});
+      }
+      state_[n->output()] = State{Kind::kShard, seq, root, true};
+    }
+  }
+
+  // Note [Sequence parallel]: a linear whose input is split along the
+  // sequence either starts a column split, on its input gathered along the
+  // sequence (whose backward reduce-scatters), or runs whole on the rank's
+  // part of the sequence, its weight's gradient summed over the group (f).
+  void visitOnSequenceShard(Node* n, const State& s, bool plain, bool shared, const std::vector<int64_t>& wshape) {
+    const bool whole = whole_.count(n) > 0 || !plain || wshape[0] % degree_ != 0 || shared;
+    if (whole) {
+      if (!whole_.count(n)) {
+        whole_[n] = !plain ? "its weight is not a module's 2-d parameter"
+                    : shared ? "its weight is also read elsewhere (tied)"
+                             : fmt::format("its {} output features do not divide among {} ranks", wshape[0], degree_);
+      }
+      for (std::size_t i = 1; i < n->inputs().size(); ++i) {
+        if (isTensor(n->input(i))) wraps_.push_back({n, i});
+      }
+      state_[n->output()] = State{Kind::kShard, s.dim, s.origin, true};
+      return;
+    }
+    int origin = static_cast<int>(columns_.size());
+    columns_.push_back(n);
+    parent_.push_back(origin);
+    seq_gathers_.push_back({n, 0, s.dim, 0});
+    state_[n->output()] = State{Kind::kShard, rankOf(n->output()) - 1, origin};
   }
 
   // An explicit plan's style for linear `n` against what reaches it; false
@@ -953,6 +1041,8 @@ class Planner {
   std::unordered_map<const Value*, std::vector<int64_t>> shapes_;
   int degree_;
   bool explicit_;
+  bool sequence_parallel_;
+  std::vector<Wrap> seq_gathers_;  // sequence parallel: a column linear's input gathered along the sequence
   std::unordered_map<const Node*, std::pair<LinearSplit, std::string>> styled_;  // explicit plans: each linear's style
   std::unordered_map<std::string, int> reads_;
 
@@ -1027,17 +1117,18 @@ void checkDegree(int degree) {
 }  // namespace
 
 TpPlan planTensorParallel(const torch::jit::Module& stage, const std::vector<at::Tensor>& example_inputs, int degree,
-                          const TpStyles& styles) {
+                          const TpStyles& styles, bool sequence_parallel) {
   checkDegree(degree);
   if (degree == 1) return TpPlan{};
   frontend::OpenedModel opened(stage, openEverything());
-  Planner planner(opened, recordShapes(opened, stage, example_inputs), degree, styles);
+  Planner planner(opened, recordShapes(opened, stage, example_inputs), degree, styles, sequence_parallel);
   planner.run();
   return planner.plan();
 }
 
 torch::jit::Module shardForTensorParallel(const torch::jit::Module& stage, const std::vector<at::Tensor>& example_inputs,
-                                          int degree, int rank, int group, TpPlan* plan_out, const TpStyles& styles) {
+                                          int degree, int rank, int group, TpPlan* plan_out, const TpStyles& styles,
+                                          bool sequence_parallel) {
   checkDegree(degree);
   PIPEFORGE_CHECK(rank >= 0 && rank < degree, "tensor-parallel rank out of range");
   if (degree == 1) {
@@ -1048,7 +1139,7 @@ torch::jit::Module shardForTensorParallel(const torch::jit::Module& stage, const
   // clone(): a new class type, so replacing forward leaves `stage` alone.
   torch::jit::Module sharded = stage.clone();
   frontend::OpenedModel opened(sharded, openEverything());
-  Planner planner(opened, recordShapes(opened, sharded, example_inputs), degree, styles);
+  Planner planner(opened, recordShapes(opened, sharded, example_inputs), degree, styles, sequence_parallel);
   planner.run();
   if (plan_out) *plan_out = planner.plan();
 

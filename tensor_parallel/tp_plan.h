@@ -63,6 +63,7 @@ struct TpPlan {
   int copies = 0;   // f ops: replicated values entering a split region
   int reduces = 0;  // g ops: one per row linear
   int gathers = 0;  // split stage outputs gathered whole (a stage cut inside a col/row pair)
+  int sequence_gathers = 0;  // sequence parallel: column inputs gathered along the sequence
   int resized = 0;  // literal sizes divided by the degree
 
   // {module FQN: "colwise" | "rowwise"}, the split linears only.
@@ -82,8 +83,11 @@ using TpStyles = std::vector<std::pair<std::string, std::string>>;
 // when degree > 1 and nothing can be split at all.
 // With `styles`, the plan is theirs, checked against the graph: a style the
 // graph contradicts (a rowwise whose input arrives whole) is refused, naming it.
+// With `sequence_parallel` (Megatron's), what runs between a row linear and
+// the next column (norms, residual adds, dropout) runs on each rank's part of
+// the sequence (Note [Sequence parallel]).
 TpPlan planTensorParallel(const torch::jit::Module& stage, const std::vector<at::Tensor>& example_inputs, int degree,
-                          const TpStyles& styles = {});
+                          const TpStyles& styles = {}, bool sequence_parallel = false);
 
 // A copy of `stage` as rank `rank` of `degree` runs it: its parameter
 // slices, and a forward with the collectives over `group`
@@ -91,6 +95,6 @@ TpPlan planTensorParallel(const torch::jit::Module& stage, const std::vector<at:
 // given, receives the plan.
 torch::jit::Module shardForTensorParallel(const torch::jit::Module& stage, const std::vector<at::Tensor>& example_inputs,
                                           int degree, int rank, int group, TpPlan* plan_out = nullptr,
-                                          const TpStyles& styles = {});
+                                          const TpStyles& styles = {}, bool sequence_parallel = false);
 
 }  // namespace pipeforge::tensor_parallel

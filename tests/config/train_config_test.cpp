@@ -718,6 +718,8 @@ TEST_F(TrainConfigTest, TensorParallel) {
     EXPECT_NE(std::string(e.what()).find("multiple of 2"), std::string::npos) << e.what();
   }
   refused("  tensor_parallel: 0\n", {"tensor_parallel"});
+  EXPECT_TRUE(with("  tensor_parallel: 2\n  sequence_parallel: true\n").pipeline.sequence_parallel);
+  refused("  sequence_parallel: true\n", {"pipeline.tensor_parallel is 1", "remove sequence_parallel"});
   const TrainConfig explicit_plan =
       with("  tensor_parallel: 2\n  tensor_parallel_plan: {\"*.up_proj\": colwise, \"*.down_proj\": rowwise}\n");
   EXPECT_EQ(explicit_plan.pipeline.tensor_parallel_plan, "explicit");

@@ -71,6 +71,20 @@ TEST_P(FamilyPlan, RanksComputeTheWholeModel) {
   EXPECT_GE(split, 4 * meta(family)["config"]["num_hidden_layers"].get<int>());
 }
 
+// Note [Sequence parallel]: norms and residual adds on each rank's part of
+// the sequence, a gather before each column and a reduce-scatter after each row.
+TEST_P(FamilyPlan, SequenceParallelRanksComputeTheWholeModel) {
+  const std::string family = GetParam();
+  TpPlan plan = planTensorParallel(load(family), tokens(family), 2, {}, /*sequence_parallel=*/true);
+  EXPECT_EQ(plan.styles(), planTensorParallel(load(family), tokens(family), 2).styles());
+  // Every layer's attention and MLP gather their input along the sequence,
+  // but those of the first layer that read the (whole) embedding: its
+  // attention, and GPT-NeoX's parallel MLP too.
+  EXPECT_GE(plan.sequence_gathers, 2 * meta(family)["config"]["num_hidden_layers"].get<int>() - 2) << plan.describe();
+  EXPECT_EQ(plan.gathers, 1);  // the logits leave the stage split along the sequence
+  testing::compareWithWhole([&] { return load(family); }, tokens(family), 2, {}, /*sequence_parallel=*/true);
+}
+
 // Qwen3 normalizes q and k per head with one weight every rank holds whole
 // (its gradient is summed by f); GPT-NeoX lays its fused qkv out per head,
 // so a split by heads cuts it exactly.

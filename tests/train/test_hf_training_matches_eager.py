@@ -74,6 +74,11 @@ LAYOUTS = {
     "PP2 x TP2 1F1B": ("1F1B", 2, 1, 1, ADAMW, 0, {"llama", "qwen2", "mistral", "gemma"}, 2),
     "PP2 x TP2 ZBV": ("ZBVZeroBubble", 2, 2, 1, SGD, 0, {"llama", "qwen2"}, 2),
     "TP2 x DP2": ("1F1B", 1, 1, 2, ADAMW, 0, {"llama"}, 2),
+    # Sequence parallel: norms and residual adds on each rank's part of the
+    # sequence, a gather before each column and a reduce-scatter after each row.
+    "PP2 x TP2 SP": ("1F1B", 2, 1, 1, ADAMW, 0, {"llama", "qwen2", "mistral", "gemma"}, 2,
+                     ", sequence_parallel: true"),
+    "PP2 x TP2 SP ZBV": ("ZBVZeroBubble", 2, 2, 1, SGD, 0, {"llama"}, 2, ", sequence_parallel: true"),
     # OLMo2 normalizes q and k over all heads, which auto refuses: an
     # explicit plan (torchtitan's words) splits its MLP and keeps attention whole.
     "PP2 x TP2 MLP plan": ("1F1B", 2, 1, 1, ADAMW, 0, {"olmo2"}, 2,
