@@ -435,17 +435,20 @@ void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
                return;
              }
              // torchtitan's words; what Pipeforge does not build yet is named as such.
-             static const std::vector<std::string> styles = {"colwise", "rowwise", "replicated"};
+             static const std::vector<std::string> styles = {"colwise", "rowwise", "replicated", "vocab",
+                                                             "embedding_rowwise"};
              c.pipeline.tensor_parallel_plan = "explicit";
              for (const auto& entry : v) {
                const std::string glob = entry.first.as<std::string>();
                const std::string style = s.string(entry.second, "tensor_parallel_plan." + glob);
                if (std::find(styles.begin(), styles.end(), style) == styles.end()) {
                  s.fail(entry.second, "tensor_parallel_plan." + glob,
-                        style == "vocab" || style == "embedding_rowwise" || style == "sequence_parallel" ||
-                                style == "colwise_gather_output" || style == "rowwise_split_input"
-                            ? "colwise, rowwise or replicated (" + style + " is not built yet)"
-                            : "colwise, rowwise or replicated");
+                        style == "sequence_parallel" || style == "colwise_gather_output" ||
+                                style == "rowwise_split_input" || style == "packed_colwise"
+                            ? "colwise, rowwise, replicated or vocab (" + style +
+                                  " is not built yet; pipeline.sequence_parallel: true is Megatron's sequence "
+                                  "parallel)"
+                            : "colwise, rowwise, replicated or vocab (embedding_rowwise)");
                }
                c.pipeline.tensor_parallel_styles.emplace_back(glob, style);
              }
@@ -746,7 +749,7 @@ void checkCrossKeys(const TrainConfig& c) {
   if (p.tensor_parallel_plan != "auto" && p.tensor_parallel_plan != "explicit") {
     throw ConfigError(fmt::format("{}: pipeline.tensor_parallel_plan '{}' is not a plan Pipeforge has; use auto (the "
                                   "column/row splits found in each stage's graph), or a map from module FQN globs "
-                                  "to colwise, rowwise or replicated",
+                                  "to colwise, rowwise, replicated or vocab",
                                   o, p.tensor_parallel_plan));
   }
   if (p.sequence_parallel && p.tensor_parallel < 2) {

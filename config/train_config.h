@@ -78,7 +78,7 @@ struct PipelineConfig {
   // "*.o_proj": rowwise, ...}, in `tensor_parallel_styles` (linears it does
   // not name run whole; a plan that does not fit the graph is refused).
   std::string tensor_parallel_plan = "auto";
-  std::vector<std::pair<std::string, std::string>> tensor_parallel_styles;  // (glob, colwise | rowwise | replicated)
+  std::vector<std::pair<std::string, std::string>> tensor_parallel_styles;  // (glob, colwise | rowwise | replicated | vocab)
   // Megatron's sequence parallel over the tensor-parallel group: between a
   // row linear and the next column, each rank holds its part of the sequence.
   bool sequence_parallel = false;

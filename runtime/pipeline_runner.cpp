@@ -213,11 +213,17 @@ class PipelineRunner::Impl {
     if (tp_size_ == 1) return nullptr;
     return [this, s](const torch::jit::Module& module) {
       tensor_parallel::TpPlan plan;
+      tensor_parallel::TpOptions tp;
+      tp.styles = options_.tp_styles;
+      tp.sequence_parallel = options_.sequence_parallel;
+      // A parameter tied across stages has its gradient summed whole with
+      // its other copies (ExecutorConfig::tied): no split may cut it.
+      for (const auto& group : manifest_.tied) tp.keep_whole.insert(group.begin(), group.end());
       torch::jit::Module mine;
       try {
         mine = tensor_parallel::shardForTensorParallel(
             module, tensor_parallel::stageExampleInputs(options_.split_dir, manifest_, s, device_), tp_size_, tp_rank_,
-            tp_group_->group(), &plan, options_.tp_styles, options_.sequence_parallel);
+            tp_group_->group(), &plan, tp);
       } catch (const tensor_parallel::TpPlanError& e) {
         throw RuntimeError(fmt::format("stage {}: {}", s, e.what()), e.code());
       }

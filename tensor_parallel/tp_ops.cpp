@@ -159,6 +159,42 @@ at::Tensor sequenceScatterOp(const at::Tensor& x, int64_t dim, int64_t rank, int
   return SequenceScatter::apply(x, dim, rank, degree, group);
 }
 
+// Note [Vocab-parallel embedding] in tp_plan.cpp.
+struct VocabEmbedding : public torch::autograd::Function<VocabEmbedding> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& weight, const at::Tensor& ids,
+                            int64_t start, int64_t padding_idx, int64_t group) {
+    const int64_t rows = weight.size(0);
+    at::Tensor local = ids.sub(start);
+    const at::Tensor outside = at::logical_or(local.lt(0), local.ge(rows));
+    local = local.masked_fill(outside, 0);
+    at::Tensor out = at::embedding(weight.detach(), local).masked_fill(outside.unsqueeze(-1), 0);
+    lookup(group)(out);
+    // The rows whose lookups carry a gradient: this rank's, but padding_idx's.
+    at::Tensor counted = at::logical_not(outside);
+    if (padding_idx >= 0) counted = at::logical_and(counted, ids.ne(padding_idx));
+    ctx->save_for_backward({local, counted});
+    ctx->saved_data["rows"] = rows;
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& local = saved[0];
+    const at::Tensor& counted = saved[1];
+    const at::Tensor grad = grads[0].reshape({-1, grads[0].size(-1)});
+    const at::Tensor keep = counted.reshape({-1});
+    at::Tensor grad_weight = at::zeros({ctx->saved_data["rows"].toInt(), grad.size(1)}, grad.options());
+    const at::Tensor rows = keep.nonzero().squeeze(1);
+    grad_weight.index_add_(0, local.reshape({-1}).index_select(0, rows), grad.index_select(0, rows));
+    return {grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor vocabEmbeddingOp(const at::Tensor& weight, const at::Tensor& ids, int64_t start, int64_t padding_idx,
+                            int64_t group) {
+  return VocabEmbedding::apply(weight, ids, start, padding_idx, group);
+}
+
 at::Tensor gatherOp(const at::Tensor& x, int64_t dim, int64_t rank, int64_t degree, int64_t group) {
   return GatherFromGroup::apply(x, dim, rank, degree, group);
 }
@@ -182,6 +218,9 @@ TORCH_LIBRARY(pipeforge_tp, m) {
   m.def(torch::schema("sequence_scatter(Tensor x, int dim, int rank, int degree, int group) -> Tensor",
                       c10::AliasAnalysisKind::CONSERVATIVE),
         &sequenceScatterOp);
+  m.def(torch::schema("vocab_embedding(Tensor weight, Tensor ids, int start, int padding_idx, int group) -> Tensor",
+                      c10::AliasAnalysisKind::CONSERVATIVE),
+        &vocabEmbeddingOp);
 }
 
 }  // namespace

@@ -18,6 +18,10 @@
 //   pipeforge_tp::sequence_scatter(Tensor x, int dim, int rank, int degree, int group) -> Tensor
 //       forward: reduce-scatter along `dim`; backward: all-gather. Sequence
 //       parallel, after a row linear (instead of reduce).
+//   pipeforge_tp::vocab_embedding(Tensor weight, Tensor ids, int start, int padding_idx, int group) -> Tensor
+//       this rank's rows [start, start + weight.size(0)) of an embedding:
+//       ids outside them look up zeros, and the lookups are summed over the
+//       group; backward: the gradient of this rank's rows only.
 //
 // `group` is a number from registerGroup: the rewritten stage graph holds it
 // as a constant, and the op looks up the all-reduce at run time. One process
@@ -38,6 +42,7 @@ inline constexpr const char* kReduceOp = "pipeforge_tp::reduce";
 inline constexpr const char* kGatherOp = "pipeforge_tp::gather";
 inline constexpr const char* kSequenceGatherOp = "pipeforge_tp::sequence_gather";
 inline constexpr const char* kSequenceScatterOp = "pipeforge_tp::sequence_scatter";
+inline constexpr const char* kVocabEmbeddingOp = "pipeforge_tp::vocab_embedding";
 
 // Sums `tensor` in place over the tensor-parallel group (the caller's
 // communicator), blocking until every rank of the group has joined.

@@ -31,6 +31,8 @@ const char* styleName(LinearSplit split) {
       return "rowwise";
     case LinearSplit::kWhole:
       return "replicated";
+    case LinearSplit::kVocab:
+      return "embedding_rowwise";
   }
   return "?";
 }
@@ -161,9 +163,11 @@ struct Wrap {
 class Planner {
  public:
   Planner(const frontend::OpenedModel& opened, std::unordered_map<const Value*, std::vector<int64_t>> shapes,
-          int degree, const TpStyles& styles, bool sequence_parallel)
+          int degree, const TpOptions& options)
       : opened_(opened), graph_(opened.graph()), shapes_(std::move(shapes)), degree_(degree),
-        explicit_(!styles.empty()), sequence_parallel_(sequence_parallel) {
+        explicit_(!options.styles.empty()), sequence_parallel_(options.sequence_parallel),
+        keep_whole_(options.keep_whole) {
+    const TpStyles& styles = options.styles;
     countParameterReads(graph_.block());
     if (!explicit_) return;
     // Note [Explicit plans]: each linear takes the style of the first glob
@@ -171,6 +175,18 @@ class Planner {
     // "layers.*.q_proj" names what is "model.layers.0.self_attn.q_proj");
     // a linear no glob names runs whole, as torchtitan leaves it.
     for (Node* n : graph_.block()->nodes()) {
+      if (n->kind() == c10::aten::embedding) {
+        const std::string& fqn = opened_.ownerOf(n);
+        for (const auto& [glob, style] : styles) {
+          if (fnmatch(glob.c_str(), fqn.c_str(), 0) != 0 && fnmatch(("*." + glob).c_str(), fqn.c_str(), 0) != 0) {
+            continue;
+          }
+          styled_embeddings_[n] = {style == "vocab" || style == "embedding_rowwise",
+                                   fmt::format("tensor_parallel_plan's '{}': {}", glob, style)};
+          break;
+        }
+        continue;
+      }
       if (n->kind() != c10::aten::linear) continue;
       const std::string& fqn = opened_.ownerOf(n);
       LinearSplit split = LinearSplit::kWhole;
@@ -259,9 +275,22 @@ class Planner {
       }
       plan.linears.push_back(std::move(l));
     }
+    for (Node* n : graph_.block()->nodes()) {
+      if (n->kind() != c10::aten::embedding) continue;
+      PlannedLinear l;
+      l.module = opened_.ownerOf(n);
+      l.source = sourceOf(n);
+      const bool split = std::find(embeddings_.begin(), embeddings_.end(), n) != embeddings_.end();
+      l.split = split ? LinearSplit::kVocab : LinearSplit::kWhole;
+      if (!split) {
+        auto it = embedding_whole_.find(n);
+        l.why = it == embedding_whole_.end() ? "its indices or weight arrive split" : it->second;
+      }
+      plan.linears.insert(plan.linears.begin(), std::move(l));
+    }
     for (const auto& [fqn, dim, size] : splitParameters()) plan.parameters.push_back({fqn, dim, size});
     plan.copies = static_cast<int>(wrappedValues().size());
-    plan.reduces = static_cast<int>(rows_.size());
+    plan.reduces = static_cast<int>(rows_.size() + embeddings_.size());
     plan.gathers = static_cast<int>(gathers_.size());
     std::set<const Value*> gathered;
     for (const Wrap& w : seq_gathers_) gathered.insert(w.consumer->input(w.input));
@@ -278,6 +307,9 @@ class Planner {
   // Column linears: weight dim 0 and bias; row linears: weight dim 1.
   std::vector<ParameterCut> splitParameters() const {
     std::vector<ParameterCut> out;
+    for (Node* n : embeddings_) {
+      out.push_back({*frontend::attributePath(n->input(0)), 0, shapeOf(n->input(0))[0]});
+    }
     for (Node* n : linears_) {
       bool column = std::find(columns_.begin(), columns_.end(), n) != columns_.end();
       bool row = std::find(rows_.begin(), rows_.end(), n) != rows_.end();
@@ -338,6 +370,18 @@ class Planner {
         wrapped = narrow->output();
       }
       w.consumer->replaceInput(w.input, wrapped);
+    }
+    // Vocab-parallel lookups (Note [Vocab-parallel embedding]).
+    for (Node* n : embeddings_) {
+      const int64_t rows = shapeOf(n->input(0))[0] / degree_;
+      torch::jit::WithInsertPoint guard(n);
+      Value* padding = n->inputs().size() > 2 ? n->input(2) : g.insertConstant(static_cast<int64_t>(-1));
+      Node* lookup = g.insertNode(g.create(c10::Symbol::fromQualString(kVocabEmbeddingOp),
+                                           {n->input(0), n->input(1), g.insertConstant(rank * rows), padding,
+                                            g.insertConstant(static_cast<int64_t>(group))}));
+      lookup->output()->setType(n->output()->type());
+      n->output()->replaceAllUsesWith(lookup->output());
+      n->destroy();
     }
     // Sequence parallel: a column linear's input gathered along the sequence.
     std::unordered_map<Value*, Value*> sequence_gathered;  // q, k and v share one gather of their input
@@ -462,15 +506,41 @@ class Planner {
     for (Value* o : n->outputs()) state_[o] = s;
   }
 
+  // Reads count per tensor, not per name: a tied pair (Qwen2's embedding and
+  // head) are two attributes holding one tensor.
   void countParameterReads(torch::jit::Block* block) {
     for (Node* n : block->nodes()) {
       for (Value* v : n->inputs()) {
         if (v->node()->kind() == c10::prim::GetAttr && isTensor(v)) {
-          if (auto fqn = frontend::attributePath(v)) ++reads_[*fqn];
+          if (auto fqn = frontend::attributePath(v)) ++reads_[tensorKey(*fqn)];
         }
       }
       for (torch::jit::Block* b : n->blocks()) countParameterReads(b);
     }
+  }
+
+  const void* tensorKey(const std::string& fqn) {
+    auto it = keys_.find(fqn);
+    if (it != keys_.end()) return it->second;
+    auto [owner, name] = frontend::splitPath(fqn);
+    const void* key = nullptr;
+    try {
+      c10::IValue value = frontend::submoduleAt(opened_.module(), owner).attr(name);
+      if (value.isTensor()) key = value.toTensor().unsafeGetTensorImpl();
+    } catch (const std::exception&) {
+    }
+    if (key == nullptr) key = &keys_.emplace(fqn, nullptr).first->first;  // a stable, unique stand-in
+    keys_[fqn] = key;
+    return key;
+  }
+
+  // Read by more than its one use, or tied to a copy in another stage.
+  bool sharedTensor(const std::string& fqn) {
+    if (reads_[tensorKey(fqn)] > 1 || keep_whole_.count(fqn)) return true;
+    for (const std::string& other : keep_whole_) {
+      if (tensorKey(other) == tensorKey(fqn)) return true;
+    }
+    return false;
   }
 
   std::vector<Value*> wrappedValues() const {
@@ -493,6 +563,8 @@ class Planner {
     wraps_.clear();
     gathers_.clear();
     seq_gathers_.clear();
+    embeddings_.clear();
+    embedding_whole_.clear();
     resizes_.clear();
     problems_.clear();
     closed_.clear();
@@ -563,6 +635,7 @@ class Planner {
     const auto kind = n->kind();
     if (kind == c10::prim::Constant || kind == c10::prim::GetAttr) return;
     if (kind == c10::aten::linear) return visitLinear(n);
+    if (kind == c10::aten::embedding && visitEmbedding(n)) return;
 
     const std::string op = kind.toQualString();
     auto split = splitInputs(n);
@@ -802,7 +875,7 @@ class Planner {
     const bool plain = wfqn && wshape.size() == 2;
     auto bias_fqn = n->inputs().size() > 2 && isTensor(n->input(2)) ? frontend::attributePath(n->input(2))
                                                                      : std::nullopt;
-    const bool shared = plain && (reads_[*wfqn] > 1 || (bias_fqn && reads_[*bias_fqn] > 1));
+    const bool shared = plain && (sharedTensor(*wfqn) || (bias_fqn && sharedTensor(*bias_fqn)));
     if (s.kind == Kind::kBroken) {
       int root = join(s.origin, -1);
       closed_.insert(root);
@@ -882,6 +955,46 @@ class Planner {
     parent_.push_back(origin);
     seq_gathers_.push_back({n, 0, s.dim, 0});
     state_[n->output()] = State{Kind::kShard, rankOf(n->output()) - 1, origin};
+  }
+
+  // Note [Vocab-parallel embedding]: Megatron's VocabParallelEmbedding. Each
+  // rank holds a contiguous 1/t of the rows; an id outside them looks up
+  // nothing (zeros), and the sum over the group is the whole lookup. True
+  // when `n` is split here.
+  bool visitEmbedding(Node* n) {
+    Value* w = n->input(0);
+    if (state(n->input(1)).kind != Kind::kRep || state(w).kind != Kind::kRep) return false;
+    auto fqn = w->node()->kind() == c10::prim::GetAttr ? frontend::attributePath(w) : std::nullopt;
+    const auto& shape = shapeOf(w);
+    const std::string module = opened_.ownerOf(n);
+    std::string why;
+    bool wanted = !explicit_;
+    if (explicit_) {
+      auto it = styled_embeddings_.find(n);
+      wanted = it != styled_embeddings_.end() && it->second.first;
+      why = it == styled_embeddings_.end() ? "tensor_parallel_plan names it with no glob" : it->second.second;
+    }
+    auto sparse = n->inputs().size() > 4 ? torch::jit::toIValue(n->input(4)) : std::nullopt;
+    auto by_freq = n->inputs().size() > 3 ? torch::jit::toIValue(n->input(3)) : std::nullopt;
+    if (!fqn || shape.size() != 2) {
+      why = "its weight is not a module's 2-d parameter";
+    } else if (sharedTensor(*fqn)) {
+      why = "its weight is also read elsewhere (tied)";
+    } else if (shape[0] % degree_ != 0) {
+      why = fmt::format("its {} rows do not divide among {} ranks", shape[0], degree_);
+    } else if ((sparse && sparse->isBool() && sparse->toBool()) || (by_freq && by_freq->isBool() && by_freq->toBool())) {
+      why = "it is sparse or scales gradients by frequency";
+    } else if (wanted) {
+      embeddings_.push_back(n);
+      return true;
+    }
+    if (explicit_ && wanted) {
+      problems_.push_back({-1, fmt::format("tensor_parallel_plan does not fit the graph: {} is {}, but {}; change the "
+                                           "plan, or use tensor_parallel_plan: auto",
+                                           where(n), styled_embeddings_.at(n).second, why)});
+    }
+    embedding_whole_[n] = why.empty() ? "kept whole" : why;
+    return false;
   }
 
   // An explicit plan's style for linear `n` against what reaches it; false
@@ -1042,9 +1155,14 @@ class Planner {
   int degree_;
   bool explicit_;
   bool sequence_parallel_;
+  std::set<std::string> keep_whole_;
+  std::unordered_map<const Node*, std::pair<bool, std::string>> styled_embeddings_;  // explicit: split?, why
+  std::vector<Node*> embeddings_;                                  // vocab-parallel lookups
+  std::unordered_map<const Node*, std::string> embedding_whole_;  // embeddings kept whole, and why
   std::vector<Wrap> seq_gathers_;  // sequence parallel: a column linear's input gathered along the sequence
   std::unordered_map<const Node*, std::pair<LinearSplit, std::string>> styled_;  // explicit plans: each linear's style
-  std::unordered_map<std::string, int> reads_;
+  std::unordered_map<const void*, int> reads_;             // per tensor (tensorKey)
+  std::unordered_map<std::string, const void*> keys_;     // FQN -> its tensor's key
 
   std::unordered_map<const Node*, std::string> whole_;  // across passes
   std::unordered_map<const Value*, State> state_;
@@ -1117,18 +1235,18 @@ void checkDegree(int degree) {
 }  // namespace
 
 TpPlan planTensorParallel(const torch::jit::Module& stage, const std::vector<at::Tensor>& example_inputs, int degree,
-                          const TpStyles& styles, bool sequence_parallel) {
+                          const TpOptions& options) {
   checkDegree(degree);
   if (degree == 1) return TpPlan{};
   frontend::OpenedModel opened(stage, openEverything());
-  Planner planner(opened, recordShapes(opened, stage, example_inputs), degree, styles, sequence_parallel);
+  Planner planner(opened, recordShapes(opened, stage, example_inputs), degree, options);
   planner.run();
   return planner.plan();
 }
 
 torch::jit::Module shardForTensorParallel(const torch::jit::Module& stage, const std::vector<at::Tensor>& example_inputs,
-                                          int degree, int rank, int group, TpPlan* plan_out, const TpStyles& styles,
-                                          bool sequence_parallel) {
+                                          int degree, int rank, int group, TpPlan* plan_out,
+                                          const TpOptions& options) {
   checkDegree(degree);
   PIPEFORGE_CHECK(rank >= 0 && rank < degree, "tensor-parallel rank out of range");
   if (degree == 1) {
@@ -1138,11 +1256,6 @@ torch::jit::Module shardForTensorParallel(const torch::jit::Module& stage, const
   ensureOpsRegistered();
   // clone(): a new class type, so replacing forward leaves `stage` alone.
   torch::jit::Module sharded = stage.clone();
-  frontend::OpenedModel opened(sharded, openEverything());
-  Planner planner(opened, recordShapes(opened, sharded, example_inputs), degree, styles, sequence_parallel);
-  planner.run();
-  if (plan_out) *plan_out = planner.plan();
-
   // Module::clone() copies each parameter through Tensor::clone(): a
   // non-leaf, and tied parameters no longer one tensor. Hold the stage's own
   // tensors again (the split ones are replaced by their slices below).
@@ -1150,6 +1263,11 @@ torch::jit::Module shardForTensorParallel(const torch::jit::Module& stage, const
     auto [owner, name] = frontend::splitPath(p.name);
     frontend::submoduleAt(sharded, owner).register_parameter(name, p.value, /*is_buffer=*/false);
   }
+  frontend::OpenedModel opened(sharded, openEverything());
+  Planner planner(opened, recordShapes(opened, sharded, example_inputs), degree, options);
+  planner.run();
+  if (plan_out) *plan_out = planner.plan();
+
   for (const auto& cut : planner.splitParameters()) {
     auto [owner, name] = frontend::splitPath(cut.fqn);
     torch::jit::Module holder = frontend::submoduleAt(sharded, owner);

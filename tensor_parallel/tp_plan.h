@@ -12,6 +12,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,9 +39,11 @@ enum class LinearSplit {
   kColumn,  // output features split: weight rows (and bias) cut in `degree` blocks
   kRow,     // input features split: weight columns cut; outputs summed, then the bias
   kWhole,   // every rank runs it whole (`why` says why)
+  kVocab,   // an embedding's rows cut in `degree` blocks; lookups summed (Megatron's VocabParallelEmbedding)
 };
 
-// "colwise", "rowwise", "replicated": torchtitan's and transformers' words.
+// "colwise", "rowwise", "replicated", "embedding_rowwise": torchtitan's and
+// transformers' words.
 const char* styleName(LinearSplit split);
 
 struct PlannedLinear {
@@ -58,7 +61,7 @@ struct SplitParameter {
 
 struct TpPlan {
   int degree = 1;
-  std::vector<PlannedLinear> linears;       // in graph order
+  std::vector<PlannedLinear> linears;       // the embeddings, then the linears in graph order
   std::vector<SplitParameter> parameters;   // the split ones; every other parameter is whole on each rank
   int copies = 0;   // f ops: replicated values entering a split region
   int reduces = 0;  // g ops: one per row linear
@@ -66,28 +69,36 @@ struct TpPlan {
   int sequence_gathers = 0;  // sequence parallel: column inputs gathered along the sequence
   int resized = 0;  // literal sizes divided by the degree
 
-  // {module FQN: "colwise" | "rowwise"}, the split linears only.
+  // {module FQN: "colwise" | "rowwise" | "embedding_rowwise"}, what is split.
   std::map<std::string, std::string> styles() const;
   // One line per linear, then the counts.
   std::string describe() const;
 };
 
 // An explicit plan, in torchtitan's words: (module FQN glob, "colwise" |
-// "rowwise" | "replicated"), first match wins; a linear no glob names runs
-// whole. Empty: the plan is found in the graph.
+// "rowwise" | "replicated" | "vocab"), first match wins; a linear or
+// embedding no glob names runs whole. Empty: the plan is found in the graph.
 using TpStyles = std::vector<std::pair<std::string, std::string>>;
+
+struct TpOptions {
+  TpStyles styles;
+  // Megatron's sequence parallel: what runs between a row linear and the
+  // next column (norms, residual adds, dropout) runs on each rank's part of
+  // the sequence (Note [Sequence parallel]).
+  bool sequence_parallel = false;
+  // Parameters no split may cut: those tied to a copy in another stage,
+  // whose gradients the runtime sums whole (pipe.json "tied").
+  std::set<std::string> keep_whole;
+};
 
 // Plans `stage` for `degree` ranks. `example_inputs` are the forward's
 // inputs at the shapes it runs (one dry forward without grad records every
 // value's shape). Throws TpPlanError for what cannot be split exactly, and
-// when degree > 1 and nothing can be split at all.
-// With `styles`, the plan is theirs, checked against the graph: a style the
-// graph contradicts (a rowwise whose input arrives whole) is refused, naming it.
-// With `sequence_parallel` (Megatron's), what runs between a row linear and
-// the next column (norms, residual adds, dropout) runs on each rank's part of
-// the sequence (Note [Sequence parallel]).
+// when degree > 1 and nothing can be split at all. With explicit styles the
+// plan is theirs, checked against the graph: a style the graph contradicts
+// (a rowwise whose input arrives whole) is refused, naming it.
 TpPlan planTensorParallel(const torch::jit::Module& stage, const std::vector<at::Tensor>& example_inputs, int degree,
-                          const TpStyles& styles = {}, bool sequence_parallel = false);
+                          const TpOptions& options = {});
 
 // A copy of `stage` as rank `rank` of `degree` runs it: its parameter
 // slices, and a forward with the collectives over `group`
@@ -95,6 +106,6 @@ TpPlan planTensorParallel(const torch::jit::Module& stage, const std::vector<at:
 // given, receives the plan.
 torch::jit::Module shardForTensorParallel(const torch::jit::Module& stage, const std::vector<at::Tensor>& example_inputs,
                                           int degree, int rank, int group, TpPlan* plan_out = nullptr,
-                                          const TpStyles& styles = {}, bool sequence_parallel = false);
+                                          const TpOptions& options = {});
 
 }  // namespace pipeforge::tensor_parallel

@@ -725,8 +725,13 @@ TEST_F(TrainConfigTest, TensorParallel) {
   EXPECT_EQ(explicit_plan.pipeline.tensor_parallel_plan, "explicit");
   const std::vector<std::pair<std::string, std::string>> styles = {{"*.up_proj", "colwise"}, {"*.down_proj", "rowwise"}};
   EXPECT_EQ(explicit_plan.pipeline.tensor_parallel_styles, styles);
-  refused("  tensor_parallel_plan: {model.embed_tokens: vocab}\n", {"vocab is not built yet"});
-  refused("  tensor_parallel_plan: {lm_head: sideways}\n", {"tensor_parallel_plan.lm_head", "colwise, rowwise or replicated"});
+  EXPECT_EQ(with("  tensor_parallel: 2\n  tensor_parallel_plan: {model.embed_tokens: vocab}\n")
+                .pipeline.tensor_parallel_styles.at(0)
+                .second,
+            "vocab");
+  refused("  tensor_parallel_plan: {lm_head: colwise_gather_output}\n", {"colwise_gather_output is not built yet"});
+  refused("  tensor_parallel_plan: {lm_head: sideways}\n",
+          {"tensor_parallel_plan.lm_head", "colwise, rowwise, replicated or vocab"});
   refused("  tensor_parallel_plan: megatron\n", {"'megatron' is not a plan", "use auto"});
   refused("  tensor_parallel: 2\n  data_parallel: 2\n  zero_stage: 1\n", {"pipeline.zero_stage 1", "zero_stage: 0"});
   refused("  tensor_parallel: 2\n  activation_checkpointing: full\n",

@@ -27,6 +27,11 @@ nlohmann::json meta(const std::string& family) {
   return nlohmann::json::parse(in);
 }
 
+bool tiedEmbeddings(const std::string& family) {
+  const nlohmann::json config = meta(family)["config"];
+  return config.contains("tie_word_embeddings") && config["tie_word_embeddings"].get<bool>();
+}
+
 torch::jit::Module load(const std::string& family) { return frontend::loadPt2Model(zooHf(family + ".pt2")); }
 
 std::vector<at::Tensor> tokens(const std::string& family, int batch = 2, int seq = 8) {
@@ -39,10 +44,17 @@ std::map<std::string, std::string> expectedStyles(const std::string& family, con
   std::map<std::string, std::string> out;
   const nlohmann::json plan_json = meta(family)["tp_plan"];
   for (const auto& [glob, style] : plan_json.items()) {
+    // Embeddings below: transformers splits a tied one with its head, which auto keeps whole.
+    if (style.get<std::string>().rfind("embedding", 0) == 0) continue;
     const std::string pattern = "*." + glob;  // under the base model: model., gpt_neox., ...
     for (const auto& l : plan.linears) {
       if (fnmatch(pattern.c_str(), l.module.c_str(), 0) == 0) out[l.module] = style.get<std::string>();
     }
+  }
+  // Beyond transformers' plans: Megatron's vocab-parallel embedding, for an
+  // embedding whose weight nothing else reads (auto keeps a tied one whole).
+  if (!tiedEmbeddings(family)) {
+    out[family == "gpt_neox" ? "gpt_neox.embed_in" : "model.embed_tokens"] = "embedding_rowwise";
   }
   return out;
 }
@@ -56,12 +68,14 @@ TEST_P(FamilyPlan, IsTransformersOwnPlan) {
   const auto expected = expectedStyles(family, plan);
   EXPECT_EQ(plan.styles(), expected) << plan.describe();
   EXPECT_GE(expected.size(), 4u * meta(family)["config"]["num_hidden_layers"].get<std::size_t>());
-  // The LM head's logits leave the stage: it runs whole, and the plan says why.
+  // The LM head's logits leave the stage: it runs whole, and the plan says
+  // why (a tied one because its weight is the embedding's).
   ASSERT_FALSE(plan.linears.empty());
   const PlannedLinear& head = plan.linears.back();
+  const bool tied = tiedEmbeddings(family);
   EXPECT_EQ(head.split, LinearSplit::kWhole) << head.module;
-  EXPECT_NE(head.why.find("leaves the stage"), std::string::npos) << head.why;
-  EXPECT_EQ(plan.reduces, 2 * meta(family)["config"]["num_hidden_layers"].get<int>());
+  EXPECT_NE(head.why.find(tied ? "tied" : "leaves the stage"), std::string::npos) << head.why;
+  EXPECT_EQ(plan.reduces, 2 * meta(family)["config"]["num_hidden_layers"].get<int>() + (tied ? 0 : 1));
 }
 
 TEST_P(FamilyPlan, RanksComputeTheWholeModel) {
@@ -75,14 +89,16 @@ TEST_P(FamilyPlan, RanksComputeTheWholeModel) {
 // the sequence, a gather before each column and a reduce-scatter after each row.
 TEST_P(FamilyPlan, SequenceParallelRanksComputeTheWholeModel) {
   const std::string family = GetParam();
-  TpPlan plan = planTensorParallel(load(family), tokens(family), 2, {}, /*sequence_parallel=*/true);
+  TpOptions sp;
+  sp.sequence_parallel = true;
+  TpPlan plan = planTensorParallel(load(family), tokens(family), 2, sp);
   EXPECT_EQ(plan.styles(), planTensorParallel(load(family), tokens(family), 2).styles());
   // Every layer's attention and MLP gather their input along the sequence,
   // but those of the first layer that read the (whole) embedding: its
   // attention, and GPT-NeoX's parallel MLP too.
   EXPECT_GE(plan.sequence_gathers, 2 * meta(family)["config"]["num_hidden_layers"].get<int>() - 2) << plan.describe();
   EXPECT_EQ(plan.gathers, 1);  // the logits leave the stage split along the sequence
-  testing::compareWithWhole([&] { return load(family); }, tokens(family), 2, {}, /*sequence_parallel=*/true);
+  testing::compareWithWhole([&] { return load(family); }, tokens(family), 2, sp);
 }
 
 // Qwen3 normalizes q and k per head with one weight every rank holds whole
@@ -139,8 +155,9 @@ TEST(TpRefusal, FusedProjection) {
 // Note [Explicit plans]: torchtitan's plan by FQN glob instead of the graph's.
 TEST(TpExplicitPlan, KeepsOlmo2AttentionWholeAndSplitsItsMlp) {
   // Auto refuses OLMo2 (q_norm over all heads); a plan naming only the MLP trains it.
-  const TpStyles styles = {{"layers.*.mlp.gate_proj", "colwise"}, {"layers.*.mlp.up_proj", "colwise"},
-                           {"layers.*.mlp.down_proj", "rowwise"}};
+  TpOptions styles;
+  styles.styles = {{"layers.*.mlp.gate_proj", "colwise"}, {"layers.*.mlp.up_proj", "colwise"},
+                   {"layers.*.mlp.down_proj", "rowwise"}};
   TpPlan plan = planTensorParallel(load("olmo2"), tokens("olmo2"), 2, styles);
   EXPECT_EQ(plan.styles().size(), 3u * meta("olmo2")["config"]["num_hidden_layers"].get<std::size_t>())
       << plan.describe();
@@ -151,9 +168,11 @@ TEST(TpExplicitPlan, KeepsOlmo2AttentionWholeAndSplitsItsMlp) {
 TEST(TpExplicitPlan, ColwiseHeadGathersItsLogits) {
   // transformers' Llama plan plus lm_head colwise: the logits are computed
   // split by vocabulary and gathered whole where they leave the stage.
-  TpStyles styles;
-  for (const auto& [glob, style] : meta("llama")["tp_plan"].items()) styles.emplace_back(glob, style.get<std::string>());
-  styles.emplace_back("lm_head", "colwise");
+  TpOptions styles;
+  for (const auto& [glob, style] : meta("llama")["tp_plan"].items()) {
+    styles.styles.emplace_back(glob, style.get<std::string>());
+  }
+  styles.styles.emplace_back("lm_head", "colwise");
   TpPlan plan = planTensorParallel(load("llama"), tokens("llama"), 2, styles);
   EXPECT_EQ(plan.styles().at("lm_head"), "colwise");
   EXPECT_EQ(plan.gathers, 1);
@@ -162,7 +181,9 @@ TEST(TpExplicitPlan, ColwiseHeadGathersItsLogits) {
 
 TEST(TpExplicitPlan, APlanTheGraphContradictsIsRefused) {
   try {
-    planTensorParallel(load("llama"), tokens("llama"), 2, {{"*.o_proj", "rowwise"}});
+    TpOptions rowwise;
+    rowwise.styles = {{"*.o_proj", "rowwise"}};
+    planTensorParallel(load("llama"), tokens("llama"), 2, rowwise);
     ADD_FAILURE() << "planned without an error";
   } catch (const TpPlanError& e) {
     const std::string message = e.what();

@@ -34,7 +34,7 @@ inline at::Tensor firstOutput(const c10::IValue& out) {
 // clone the parameters into non-leaves).
 inline std::vector<RankResult> runRanks(const std::function<torch::jit::Module()>& load,
                                         const std::vector<at::Tensor>& inputs, const at::Tensor& weights, int t,
-                                        const TpStyles& styles = {}, bool sequence_parallel = false) {
+                                        const TpOptions& options = {}) {
   runtime::FakeWorld world(t, std::chrono::seconds(60));
   std::vector<RankResult> results(t);
   std::vector<std::string> errors(t);
@@ -47,8 +47,7 @@ inline std::vector<RankResult> runRanks(const std::function<torch::jit::Module()
         std::unique_ptr<runtime::Communicator> comm = world.communicator(r);
         GroupRegistration registration([&](const at::Tensor& x) { comm->allreduceSum(x, group); });
         torch::jit::Module mine =
-            shardForTensorParallel(load(), inputs, t, r, registration.group(), &results[r].plan, styles,
-                                   sequence_parallel);
+            shardForTensorParallel(load(), inputs, t, r, registration.group(), &results[r].plan, options);
         std::vector<c10::IValue> args(inputs.begin(), inputs.end());
         at::Tensor out = firstOutput(mine.forward(args));
         (out * weights).sum().backward();
@@ -79,7 +78,7 @@ inline bool closeAtScale(const at::Tensor& got, const at::Tensor& expected) {
 // on every rank, split gradients equal once their slices are joined, whole
 // ones equal on every rank. Returns how many parameters were split.
 inline int compareWithWhole(const std::function<torch::jit::Module()>& load, const std::vector<at::Tensor>& inputs,
-                            int t, const TpStyles& styles = {}, bool sequence_parallel = false) {
+                            int t, const TpOptions& options = {}) {
   torch::jit::Module reference = load();
   std::vector<c10::IValue> args(inputs.begin(), inputs.end());
   at::Tensor out = firstOutput(reference.forward(args));
@@ -87,7 +86,7 @@ inline int compareWithWhole(const std::function<torch::jit::Module()>& load, con
   const at::Tensor weights = at::randn(out.sizes());
   (out * weights).sum().backward();
 
-  auto ranks = runRanks(load, inputs, weights, t, styles, sequence_parallel);
+  auto ranks = runRanks(load, inputs, weights, t, options);
   if (!ranks[0].output.defined()) {
     ADD_FAILURE() << "rank 0 computed nothing";
     return 0;
