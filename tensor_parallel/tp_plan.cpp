@@ -974,15 +974,20 @@ class Planner {
       wanted = it != styled_embeddings_.end() && it->second.first;
       why = it == styled_embeddings_.end() ? "tensor_parallel_plan names it with no glob" : it->second.second;
     }
-    auto sparse = n->inputs().size() > 4 ? torch::jit::toIValue(n->input(4)) : std::nullopt;
-    auto by_freq = n->inputs().size() > 3 ? torch::jit::toIValue(n->input(3)) : std::nullopt;
+    // toIValue's optional is c10's on 1.13: read the flags through it.
+    auto flag = [&](std::size_t i) {
+      if (n->inputs().size() <= i) return false;
+      auto v = torch::jit::toIValue(n->input(i));
+      return v && v->isBool() && v->toBool();
+    };
+    const bool by_freq = flag(3), sparse = flag(4);
     if (!fqn || shape.size() != 2) {
       why = "its weight is not a module's 2-d parameter";
     } else if (sharedTensor(*fqn)) {
       why = "its weight is also read elsewhere (tied)";
     } else if (shape[0] % degree_ != 0) {
       why = fmt::format("its {} rows do not divide among {} ranks", shape[0], degree_);
-    } else if ((sparse && sparse->isBool() && sparse->toBool()) || (by_freq && by_freq->isBool() && by_freq->toBool())) {
+    } else if (sparse || by_freq) {
       why = "it is sparse or scales gradients by frequency";
     } else if (wanted) {
       embeddings_.push_back(n);

@@ -74,7 +74,7 @@ def write_config(path: str, job: dict, split_dir: str, out_dir: str) -> None:
     impl = ADAMW_KEYS[job.get("adamw", "loop")]
     with open(path, "w") as f:
         f.write(f"""model: {{split_dir: {split_dir}}}
-pipeline: {{schedule: {job['schedule']}, microbatches: {job['microbatches']}, stages_per_rank: {job['stages_per_rank']}{ckpt}}}
+pipeline: {{schedule: {job['schedule']}, microbatches: {job['microbatches']}, stages_per_rank: {job['stages_per_rank']}, tensor_parallel: {job.get('tensor_parallel', 1)}{ckpt}}}
 loss: cross_entropy
 optimizer: {{name: adamw, lr: {opt['lr']}, betas: {opt['betas']}, eps: {opt['eps']}, weight_decay: {opt['weight_decay']}{impl}}}
 lr_schedule: {{decay: constant, warmup_steps: 0}}
