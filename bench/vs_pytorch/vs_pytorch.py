@@ -193,7 +193,8 @@ def row(s: dict) -> str:
     pf_cols = (f"{s['model']:9s} {s['layout']:8s} | {s['pf_ms']:10.1f}", f"{'/'.join(map(mib, s['pf_rss'])):>20s}",
                f"{first_pf:>21s}", f"{s['pf_par']:10.2f}", f"{s['pf_cpu']:13.3f}", f"{s['pf_loss']:9.4f}")
     if s["pt_error"] is not None:
-        return (f"{pf_cols[0]} {'failed':>7s} {'-':>6s} | {pf_cols[1]} {'-':>16s} | {pf_cols[2]} {'-':>6s} | "
+        pt_state = "-" if s["pt_error"] == TP_TORCH_MISSING else "failed"
+        return (f"{pf_cols[0]} {pt_state:>7s} {'-':>6s} | {pf_cols[1]} {'-':>16s} | {pf_cols[2]} {'-':>6s} | "
                 f"{pf_cols[3]} {'-':>5s} | {pf_cols[4]} {'-':>6s} {'-':>6s} | {pf_cols[5]} {'-':>7s} | "
                 f"{'n/a':10s} {'n/a':7s} {'n/a':9s}\n    PyTorch{'' if s['pt_error'] == TP_TORCH_MISSING else ' failed'}: "
                 f"{s['pt_error']}")
