@@ -81,7 +81,21 @@ using torch::jit::Value;
 // plan is refused naming the op; or a linear that merely is not part of one
 // (lm_head's logits leave the stage; MoE's router feeds a softmax over its
 // outputs), whose columns then run whole. The pass is repeated until no
-// group fails.
+// group fails. (A group that reached its row but is cut by the stage
+// boundary between the two gathers its split output whole instead.)
+//
+// Note [Sequence parallel]: Megatron's, on the same pass. A row linear's
+// output is reduce-scattered along the sequence (the dim before the
+// features of a [batch, sequence, features] value) instead of summed whole,
+// so what follows it (residual adds, norms, dropout) is split along the
+// sequence; the next linear gathers its input along the sequence (backward:
+// reduce-scatter) and starts its column split, or, kept whole, runs on the
+// rank's part with its weight's gradient summed (f). A whole value meeting a
+// sequence shard (the residual before the first row) is narrowed to the
+// rank's block after an f, whose sum rebuilds its gradient; a norm weight
+// applied to a shard gets an f too, which is Megatron's all-reduce of the
+// sequence-parallel gradients. Stage outputs split along the sequence are
+// gathered whole.
 enum class Kind { kRep, kShard, kBroken };
 
 struct State {
