@@ -811,7 +811,7 @@ class Planner {
         }
         dim = e.dim;
       }
-      int cd = normalize(*d, op == "aten::cat" ? out_rank : out_rank);
+      const int cd = normalize(*d, out_rank);
       if (op == "aten::cat") {
         if (cd == dim) return fail("joins along the split dimension", kFixPlan);
         return shard(dim);
