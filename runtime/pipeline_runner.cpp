@@ -419,38 +419,34 @@ class PipelineRunner::Impl {
     if (executor_) executor_->setSharding(sharding);
   }
 
-  // A collective of this rank's data-parallel group: a failure is published
+  // A collective of this rank's group along `axis`: a failure is published
   // to every rank (or, when another rank published one, reported as theirs).
   template <class Collective>
-  void overReplicas(const char* what, Collective&& collective) {
-    const std::vector<int> group = mesh_->group(mesh::Axis::kDp, rank_);
+  void overGroup(mesh::Axis axis, const char* what, Collective&& collective) {
+    const std::vector<int> group = mesh_->group(axis, rank_);
     try {
       collective(group);
     } catch (const CommError& e) {
       if (e.kind() == CommError::Kind::kAborted) {
         throw RuntimeError(std::string(e.what()) + ":\n" + e.report(), ErrorCode::kPeerFailure);
       }
-      std::string report = fmt::format("rank {} failed in {} over its replicas: {}", rank_, what, e.what());
+      std::string report = fmt::format("rank {} failed in {} over its {}: {}", rank_, what,
+                                       axis == mesh::Axis::kDp ? "replicas" : "tensor-parallel group", e.what());
       comm_->abort(report);
       throw RuntimeError(report, ErrorCode::kPeerFailure);
     }
   }
 
+  template <class Collective>
+  void overReplicas(const char* what, Collective&& collective) {
+    overGroup(mesh::Axis::kDp, what, std::forward<Collective>(collective));
+  }
+
   void allgatherOverReplicas(const at::Tensor& in, const at::Tensor& out) { postAllgatherOverReplicas(in, out)(); }
 
   void allgatherOverTensorParallel(const at::Tensor& in, const at::Tensor& out) {
-    const std::vector<int> group = mesh_->group(mesh::Axis::kTp, rank_);
-    try {
-      comm_->allgather(in, out, group);
-    } catch (const CommError& e) {
-      if (e.kind() == CommError::Kind::kAborted) {
-        throw RuntimeError(std::string(e.what()) + ":\n" + e.report(), ErrorCode::kPeerFailure);
-      }
-      std::string report = fmt::format("rank {} failed in an all-gather over its tensor-parallel group: {}", rank_,
-                                       e.what());
-      comm_->abort(report);
-      throw RuntimeError(report, ErrorCode::kPeerFailure);
-    }
+    overGroup(mesh::Axis::kTp, "an all-gather",
+              [&](const std::vector<int>& group) { comm_->allgather(in, out, group); });
   }
 
   std::function<void()> postAllgatherOverReplicas(const at::Tensor& in, const at::Tensor& out) {
