@@ -76,6 +76,17 @@ struct ReduceOverGroup : public torch::autograd::Function<ReduceOverGroup> {
 
 // All-gather through the group's all-reduce: each rank's block in place in
 // zeros, summed (exact: every element has one non-zero term).
+at::Tensor allGather(const at::Tensor& x, int64_t d, int64_t rank, int64_t degree, int64_t group) {
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes[d] *= degree;
+  at::Tensor whole = at::zeros(sizes, x.options());
+  whole.narrow(d, rank * x.size(d), x.size(d)).copy_(x);
+  lookup(group)(whole);
+  return whole;
+}
+
+// The stage output's gather: its gradient arrives whole on every rank, so
+// backward keeps this rank's block.
 struct GatherFromGroup : public torch::autograd::Function<GatherFromGroup> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t dim, int64_t rank,
                             int64_t degree, int64_t group) {
@@ -83,12 +94,7 @@ struct GatherFromGroup : public torch::autograd::Function<GatherFromGroup> {
     ctx->saved_data["dim"] = d;
     ctx->saved_data["rank"] = rank;
     ctx->saved_data["block"] = x.size(d);
-    std::vector<int64_t> sizes = x.sizes().vec();
-    sizes[d] *= degree;
-    at::Tensor whole = at::zeros(sizes, x.options());
-    whole.narrow(d, rank * x.size(d), x.size(d)).copy_(x);
-    lookup(group)(whole);
-    return whole;
+    return allGather(x, d, rank, degree, group);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -98,16 +104,6 @@ struct GatherFromGroup : public torch::autograd::Function<GatherFromGroup> {
             at::Tensor(), at::Tensor()};
   }
 };
-
-// Whole along `dim` from every rank's block (zeros, own block, summed).
-at::Tensor allGather(const at::Tensor& x, int64_t d, int64_t rank, int64_t degree, int64_t group) {
-  std::vector<int64_t> sizes = x.sizes().vec();
-  sizes[d] *= degree;
-  at::Tensor whole = at::zeros(sizes, x.options());
-  whole.narrow(d, rank * x.size(d), x.size(d)).copy_(x);
-  lookup(group)(whole);
-  return whole;
-}
 
 // This rank's block along `dim` of the sum over the group.
 at::Tensor reduceScatter(const at::Tensor& x, int64_t d, int64_t rank, int64_t degree, int64_t group) {

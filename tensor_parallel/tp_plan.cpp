@@ -189,32 +189,38 @@ class Planner {
     // "layers.*.q_proj" names what is "model.layers.0.self_attn.q_proj");
     // a linear no glob names runs whole, as torchtitan leaves it.
     for (Node* n : graph_.block()->nodes()) {
-      if (n->kind() == c10::aten::embedding) {
-        const std::string& fqn = opened_.ownerOf(n);
-        for (const auto& [glob, style] : styles) {
-          if (fnmatch(glob.c_str(), fqn.c_str(), 0) != 0 && fnmatch(("*." + glob).c_str(), fqn.c_str(), 0) != 0) {
-            continue;
-          }
-          styled_embeddings_[n] = {style == "vocab" || style == "embedding_rowwise",
-                                   fmt::format("tensor_parallel_plan's '{}': {}", glob, style)};
-          break;
+      const bool embedding = n->kind() == c10::aten::embedding;
+      if (!embedding && n->kind() != c10::aten::linear) continue;
+      const auto named = styleOf(styles, opened_.ownerOf(n));
+      if (embedding) {
+        if (named) {
+          styled_embeddings_[n] = {named->second == "vocab" || named->second == "embedding_rowwise",
+                                   fmt::format("tensor_parallel_plan's '{}': {}", named->first, named->second)};
         }
         continue;
       }
-      if (n->kind() != c10::aten::linear) continue;
-      const std::string& fqn = opened_.ownerOf(n);
-      LinearSplit split = LinearSplit::kWhole;
-      std::string why = "tensor_parallel_plan names it with no glob";
-      for (const auto& [glob, style] : styles) {
-        if (fnmatch(glob.c_str(), fqn.c_str(), 0) != 0 && fnmatch(("*." + glob).c_str(), fqn.c_str(), 0) != 0) {
-          continue;
-        }
-        split = style == "colwise" ? LinearSplit::kColumn : style == "rowwise" ? LinearSplit::kRow : LinearSplit::kWhole;
-        why = fmt::format("tensor_parallel_plan's '{}': {}", glob, style);
-        break;
+      if (!named) {
+        styled_[n] = {LinearSplit::kWhole, "tensor_parallel_plan names it with no glob"};
+        continue;
       }
-      styled_[n] = {split, why};
+      const std::string& style = named->second;
+      styled_[n] = {style == "colwise"   ? LinearSplit::kColumn
+                    : style == "rowwise" ? LinearSplit::kRow
+                                         : LinearSplit::kWhole,
+                    fmt::format("tensor_parallel_plan's '{}': {}", named->first, style)};
     }
+  }
+
+  // The first (glob, style) of `styles` naming module `fqn`, as written or
+  // under any prefix (Note [Explicit plans]).
+  static std::optional<std::pair<std::string, std::string>> styleOf(const TpStyles& styles, const std::string& fqn) {
+    for (const auto& entry : styles) {
+      const std::string& glob = entry.first;
+      if (fnmatch(glob.c_str(), fqn.c_str(), 0) == 0 || fnmatch(("*." + glob).c_str(), fqn.c_str(), 0) == 0) {
+        return entry;
+      }
+    }
+    return std::nullopt;
   }
 
   // Runs passes until no group fails; throws TpPlanError for a failing group
@@ -344,6 +350,16 @@ class Planner {
       torch::jit::WithInsertPoint guard(before);
       return g.insertConstant(static_cast<int64_t>(group));
     };
+    // `op`(v, dim, rank, degree, group) at the insert point: the gathers and
+    // scatters of tp_ops.h.
+    auto alongDim = [&](const char* op, Value* v, int64_t dim) {
+      Node* n = g.insertNode(g.create(c10::Symbol::fromQualString(op),
+                                      {v, g.insertConstant(dim), g.insertConstant(static_cast<int64_t>(rank)),
+                                       g.insertConstant(static_cast<int64_t>(degree_)),
+                                       g.insertConstant(static_cast<int64_t>(group))}));
+      n->output()->setType(v->type());
+      return n->output();
+    };
     // Sizes first: they edit list inputs of nodes the other steps keep.
     for (const Resize& r : resizes_) {
       Node* list = r.node->input(r.list_input)->node();
@@ -408,26 +424,15 @@ class Planner {
       }
       torch::jit::WithInsertPoint guard(v->node()->kind() == c10::prim::Param ? g.block()->nodes().front()
                                                                              : v->node()->next());
-      Node* gather = g.insertNode(g.create(c10::Symbol::fromQualString(kSequenceGatherOp),
-                                           {v, g.insertConstant(static_cast<int64_t>(w.narrow_dim)),
-                                            g.insertConstant(static_cast<int64_t>(rank)),
-                                            g.insertConstant(static_cast<int64_t>(degree_)),
-                                            g.insertConstant(static_cast<int64_t>(group))}));
-      gather->output()->setType(v->type());
-      sequence_gathered.emplace(v, gather->output());
-      w.consumer->replaceInput(w.input, gather->output());
+      Value* gathered = alongDim(kSequenceGatherOp, v, w.narrow_dim);
+      sequence_gathered.emplace(v, gathered);
+      w.consumer->replaceInput(w.input, gathered);
     }
     // Split values the stage returns, gathered whole.
     for (const Wrap& w : gathers_) {
       Value* v = w.consumer->input(w.input);
       torch::jit::WithInsertPoint guard(w.consumer);
-      Node* gather = g.insertNode(g.create(c10::Symbol::fromQualString(kGatherOp),
-                                           {v, g.insertConstant(static_cast<int64_t>(w.narrow_dim)),
-                                            g.insertConstant(static_cast<int64_t>(rank)),
-                                            g.insertConstant(static_cast<int64_t>(degree_)),
-                                            g.insertConstant(static_cast<int64_t>(group))}));
-      gather->output()->setType(v->type());
-      w.consumer->replaceInput(w.input, gather->output());
+      w.consumer->replaceInput(w.input, alongDim(kGatherOp, v, w.narrow_dim));
     }
     // g after each row linear; its bias after the sum.
     for (Node* n : rows_) {
@@ -440,17 +445,15 @@ class Planner {
       }
       torch::jit::WithInsertPoint guard(n->next());
       Value* grp = g.insertConstant(static_cast<int64_t>(group));
-      Node* reduce = nullptr;
+      Value* result = nullptr;
       if (sequence_parallel_) {
-        const int64_t seq = static_cast<int64_t>(shapeOf(out).size()) - 2;
-        reduce = g.insertNode(g.create(c10::Symbol::fromQualString(kSequenceScatterOp),
-                                       {out, g.insertConstant(seq), g.insertConstant(static_cast<int64_t>(rank)),
-                                        g.insertConstant(static_cast<int64_t>(degree_)), grp}));
+        result = alongDim(kSequenceScatterOp, out, static_cast<int64_t>(shapeOf(out).size()) - 2);
       } else {
-        reduce = g.insertNode(g.create(c10::Symbol::fromQualString(kReduceOp), {out, grp}));
+        Node* reduce = g.insertNode(g.create(c10::Symbol::fromQualString(kReduceOp), {out, grp}));
+        reduce->output()->setType(out->type());
+        result = reduce->output();
       }
-      reduce->output()->setType(out->type());
-      Value* result = reduce->output();
+      Node* reduce = result->node();
       if (has_bias) {
         Value* one = g.insertConstant(static_cast<int64_t>(1));
         if (sequence_parallel_) {
