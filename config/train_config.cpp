@@ -428,6 +428,7 @@ void parsePipeline(const Section& top, const YAML::Node& node, TrainConfig& c) {
            [&](const YAML::Node& v) { c.pipeline.tensor_parallel = s.smallInteger(v, "tensor_parallel", 1); }},
           {"sequence_parallel",
            [&](const YAML::Node& v) { c.pipeline.sequence_parallel = s.boolean(v, "sequence_parallel"); }},
+          {"loss_parallel", [&](const YAML::Node& v) { c.pipeline.loss_parallel = s.boolean(v, "loss_parallel"); }},
           {"tensor_parallel_plan",
            [&](const YAML::Node& v) {
              if (!v.IsMap()) {

@@ -82,6 +82,11 @@ struct PipelineConfig {
   // Megatron's sequence parallel over the tensor-parallel group: between a
   // row linear and the next column, each rank holds its part of the sequence.
   bool sequence_parallel = false;
+  // Loss parallel (Megatron's vocab-parallel cross-entropy, torchtitan's
+  // default): with tensor_parallel >= 2 and loss cross_entropy, lm_head is
+  // split by vocabulary and the loss read from the split logits, never
+  // gathered. false keeps lm_head whole on every rank.
+  bool loss_parallel = true;
   // ZeRO across the data-parallel replicas (ColossalAI's key): 0 keeps every
   // stage whole on every replica; 1 shards the optimizer state (Note
   // [Sharded optimizer] in sharding/sharded_stage.cpp), 2 the gradients too

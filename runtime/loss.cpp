@@ -9,6 +9,7 @@
 #include "frontend/load_model.h"
 #include "frontend/pt2_import.h"
 #include "stage/value_meta.h"
+#include "tensor_parallel/tp_ops.h"
 
 namespace pipeforge::runtime {
 
@@ -16,6 +17,8 @@ class LossFunction::Impl {
  public:
   LossKind kind;
   std::optional<torch::jit::Module> script;
+  std::set<int> vocab_split;  // setVocabParallel
+  int tp_rank = 0, tp_degree = 1, tp_group = 0;
 };
 
 LossFunction::LossFunction(LossKind kind, const std::string& script_path, const std::string& device)
@@ -39,6 +42,13 @@ LossFunction::LossFunction(LossKind kind, const std::string& script_path, const 
   } catch (const frontend::ModelError& e) {
     throw RuntimeError(fmt::format("cannot load the loss module '{}': {}", script_path, e.what()));
   }
+}
+
+void LossFunction::setVocabParallel(std::set<int> outputs, int rank, int degree, int group) {
+  impl_->vocab_split = std::move(outputs);
+  impl_->tp_rank = rank;
+  impl_->tp_degree = degree;
+  impl_->tp_group = group;
 }
 
 LossFunction::~LossFunction() = default;
@@ -115,6 +125,16 @@ at::Tensor LossFunction::operator()(const std::vector<at::Tensor>& outputs, cons
           throw RuntimeError(fmt::format("cross-entropy: output {} has shape [{}] but target {} has shape [{}]; "
                                          "logits [..., V] need integer targets [...]",
                                          k, fmt::join(out.sizes(), ","), k, fmt::join(tgt.sizes(), ",")));
+        }
+        if (impl_->vocab_split.count(static_cast<int>(k))) {
+          try {
+            term = tensor_parallel::vocabParallelCrossEntropy(out.reshape({-1, out.size(-1)}), tgt.reshape({-1}),
+                                                              impl_->tp_rank, impl_->tp_degree, impl_->tp_group,
+                                                              reduction == LossReduction::kSum, /*ignore_index=*/-1);
+          } catch (const Error& e) {
+            throw RuntimeError(e.what(), e.code());
+          }
+          break;
         }
         term = at::cross_entropy_loss(out.reshape({-1, out.size(-1)}), tgt.reshape({-1}).to(at::kLong), {}, r,
                                       /*ignore_index=*/-1);

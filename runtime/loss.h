@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,13 @@ class LossFunction {
   // return one scalar. Either mismatch throws RuntimeError naming the fix.
   at::Tensor operator()(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& targets,
                         LossReduction reduction = LossReduction::kMean, at::Tensor* count = nullptr) const;
+
+  // Loss parallel: the model outputs in `outputs` arrive as this rank's
+  // block of the vocabulary (rank `rank` of `degree`, the tensor-parallel
+  // group registered as `group`), and cross-entropy takes them with the
+  // vocab-parallel cross-entropy (tensor_parallel/tp_ops.h), equal to the
+  // loss of the gathered logits.
+  void setVocabParallel(std::set<int> outputs, int rank, int degree, int group);
 
  private:
   class Impl;

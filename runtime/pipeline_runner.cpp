@@ -203,7 +203,31 @@ class PipelineRunner::Impl {
       stages_[s] = owned_.back().get();
     }
     computes_loss_ = program_.stage_to_rank[manifest_.num_stages - 1] == pp_rank_;
-    if (computes_loss_) loss_ = std::make_unique<LossFunction>(options_.loss, options_.loss_module, device_);
+    vocab_split_.clear();
+    if (computes_loss_) {
+      loss_ = std::make_unique<LossFunction>(options_.loss, options_.loss_module, device_);
+      // The model outputs the last stage left split by vocabulary (its plan's).
+      for (std::size_t m = 0; m < plan_.model_outputs.size(); ++m) {
+        const ModelOutput& mo = plan_.model_outputs[m];
+        if (mo.kind == ModelOutput::Kind::kOwn && vocab_split_stage_outputs_.count(mo.index)) {
+          vocab_split_.insert(static_cast<int>(m));
+        }
+      }
+      if (!vocab_split_.empty()) loss_->setVocabParallel(vocab_split_, tp_rank_, tp_size_, tp_group_->group());
+    }
+  }
+
+  // Loss parallel: the last stage's outputs its loss reads as logits, which
+  // may stay split by vocabulary (Note [Vocab-parallel cross-entropy]).
+  std::set<int> vocabParallelOutputs(int s) const {
+    std::set<int> out;
+    if (!options_.loss_parallel || options_.loss != LossKind::kCrossEntropy || s != manifest_.num_stages - 1) {
+      return out;
+    }
+    for (const ModelOutput& mo : plan_.model_outputs) {
+      if (mo.kind == ModelOutput::Kind::kOwn) out.insert(mo.index);
+    }
+    return out;
   }
 
   // Tensor parallel: stage `s` as this rank of its group runs it, planned
@@ -219,6 +243,7 @@ class PipelineRunner::Impl {
       // A parameter tied across stages has its gradient summed whole with
       // its other copies (ExecutorConfig::tied): no split may cut it.
       for (const auto& group : manifest_.tied) tp.keep_whole.insert(group.begin(), group.end());
+      tp.vocab_parallel_outputs = vocabParallelOutputs(s);
       torch::jit::Module mine;
       try {
         mine = tensor_parallel::shardForTensorParallel(
@@ -230,6 +255,9 @@ class PipelineRunner::Impl {
       auto& dims = tp_split_dims_[s];
       dims.clear();
       for (const auto& p : plan.parameters) dims[p.fqn] = p.dim;
+      if (s == manifest_.num_stages - 1) {
+        vocab_split_stage_outputs_ = {plan.vocab_split_outputs.begin(), plan.vocab_split_outputs.end()};
+      }
       return mine;
     };
   }
@@ -449,6 +477,21 @@ class PipelineRunner::Impl {
               [&](const std::vector<int>& group) { comm_->allgather(in, out, group); });
   }
 
+  // Eval returns whole logits: the blocks a loss-parallel last stage left
+  // split by vocabulary, gathered along their last dim.
+  void gatherVocabSplit(std::vector<std::vector<at::Tensor>>& outputs) {
+    for (auto& mb : outputs) {
+      for (int m : vocab_split_) {
+        at::Tensor& block = mb.at(static_cast<std::size_t>(m));
+        std::vector<int64_t> sizes{tp_size_};
+        for (int64_t d : block.sizes()) sizes.push_back(d);
+        at::Tensor parts = at::empty(sizes, block.options());
+        allgatherOverTensorParallel(block.contiguous().view({-1}), parts);
+        block = at::cat(parts.unbind(0), -1);
+      }
+    }
+  }
+
   std::function<void()> postAllgatherOverReplicas(const at::Tensor& in, const at::Tensor& out) {
     std::shared_ptr<PendingOp> op;
     overReplicas("an all-gather", [&](const std::vector<int>& group) {
@@ -528,6 +571,8 @@ class PipelineRunner::Impl {
   int rank_ = 0, world_ = 1, pp_size_ = 1, pp_rank_ = 0, dp_rank_ = 0, tp_size_ = 1, tp_rank_ = 0;
   std::unique_ptr<tensor_parallel::GroupRegistration> tp_group_;
   std::map<int, std::map<std::string, int>> tp_split_dims_;  // stage -> parameter -> the dim it is split along
+  std::set<int> vocab_split_stage_outputs_;  // loss parallel: the last stage's outputs left split by vocabulary
+  std::set<int> vocab_split_;                // ... as model outputs (the loss's and eval's indices)
   std::optional<mesh::MeshLayout> mesh_;  // the run's pp × tp × dp layout (Note [Mesh order])
   StageSharding* sharding_ = nullptr;     // ZeRO stage 2 and up; not owned
   std::string device_;
@@ -591,6 +636,7 @@ EvalResult PipelineRunner::evalStep(const std::vector<at::Tensor>& inputs, const
   if (impl_->computes_loss_) {
     const auto& chunks = impl_->options_.input_chunks;
     int dim = !chunks.empty() && !chunks[0].replicate ? chunks[0].dim : 0;
+    impl_->gatherVocabSplit(out.outputs);
     if (!impl_->lengths_.empty()) padToLength(out.outputs, impl_->lengths_, inputs.at(0).size(1));
     r.outputs = mergeMicrobatches(out.outputs, dim, impl_->options_.output_chunks);
   }

@@ -91,13 +91,19 @@ struct RunnerOptions {
   // Tensor parallel: each stage split across this many neighbouring ranks
   // (Note [Mesh order]; world = pipeline ranks x tp_degree x dp_degree), as
   // tensor_parallel/tp_plan.h plans it from the stage's graph. The stages'
-  // outputs are whole, so what crosses a pipeline cut is unchanged.
+  // outputs are whole, so what crosses a pipeline cut is unchanged (the
+  // logits the loss reads may stay split: loss_parallel).
   int tp_degree = 1;
   // An explicit tensor-parallel plan: (module FQN glob, colwise | rowwise |
   // replicated); empty: found in each stage's graph (tensor_parallel/tp_plan.h).
   std::vector<std::pair<std::string, std::string>> tp_styles;
   // Megatron's sequence parallel inside each stage (tp_degree > 1).
   bool sequence_parallel = false;
+  // Loss parallel (tp_degree > 1, LossKind::kCrossEntropy): the last stage
+  // leaves the logits split by vocabulary (lm_head's columns) and the loss
+  // is the vocab-parallel cross-entropy, so no rank gathers [N, V]
+  // (torchtitan's default). false: lm_head runs whole on every rank.
+  bool loss_parallel = true;
   // ZeRO stage 3 (pipeline.zero_stage 3): a program without UNSHARD/RESHARD
   // gets them from PyTorch's _add_unshard_reshard, keeping at most this many
   // stages per rank unsharded at once (PyTorch's default 3), and REDUCE_GRAD

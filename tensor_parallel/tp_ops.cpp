@@ -1,5 +1,6 @@
 #include "tensor_parallel/tp_ops.h"
 
+#include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
@@ -191,6 +192,70 @@ at::Tensor vocabEmbeddingOp(const at::Tensor& weight, const at::Tensor& ids, int
   return VocabEmbedding::apply(weight, ids, start, padding_idx, group);
 }
 
+// Note [Vocab-parallel cross-entropy]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Megatron's loss parallel: with lm_head split by columns, each rank holds
+// the logits of its block of the vocabulary, and gathering [N, V] to take
+// the loss would cost what splitting lm_head saved. Row i's loss is
+// log Σ_v exp(x_iv − m_i) − (x_i,target − m_i), with m_i the row's largest
+// logit over the whole vocabulary for stability. Each rank writes its own
+// row maxima into its row of [degree, N] zeros, and one all-reduce gives
+// every rank all of them (the group's all-reduce is its only collective).
+// A second all-reduce of [3, N] sums Σ exp over each block, the target's
+// logit (from the rank whose block holds it, zero elsewhere), and how many
+// ranks hold each target: exactly one for a target inside the vocabulary,
+// which is how an out-of-range target is caught (at::cross_entropy_loss
+// refuses it too). Backward needs no collective: this rank's block of
+// softmax(x) − onehot(target), both known locally.
+struct VocabCrossEntropy : public torch::autograd::Function<VocabCrossEntropy> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& target,
+                            int64_t rank, int64_t degree, int64_t group, bool sum, int64_t ignore_index) {
+    const at::Tensor x = logits.to(at::kFloat);
+    const int64_t rows = x.size(0), block = x.size(1);
+    at::Tensor maxima = at::zeros({degree, rows}, x.options());
+    if (rows > 0) maxima.select(0, rank).copy_(std::get<0>(x.max(1)));
+    lookup(group)(maxima);
+    const at::Tensor z = x - std::get<0>(maxima.max(0)).unsqueeze(1);
+    const at::Tensor e = z.exp();
+    const at::Tensor counted = target.ne(ignore_index);
+    const at::Tensor local = target - rank * block;
+    const at::Tensor mine = at::logical_and(at::logical_and(local.ge(0), local.lt(block)), counted);
+    const at::Tensor index = local.masked_fill(at::logical_not(mine), 0).unsqueeze(1);
+    const at::Tensor picked = z.gather(1, index).squeeze(1).masked_fill(at::logical_not(mine), 0);
+    at::Tensor sums = at::stack({e.sum(1), picked, mine.to(at::kFloat)});
+    lookup(group)(sums);
+    const at::Tensor misplaced = sums.select(0, 2).ne(counted.to(at::kFloat)).any();
+    if (x.is_cpu()) {
+      if (misplaced.item<bool>()) {
+        const at::Tensor bad = target.masked_select(sums.select(0, 2).ne(counted.to(at::kFloat)));
+        throw Error(ErrorCode::kUserInput,
+                    "cross-entropy: target " + std::to_string(bad[0].item<int64_t>()) +
+                        " is outside the vocabulary [0, " + std::to_string(degree * block) +
+                        ") of the logits (split over " + std::to_string(degree) +
+                        " tensor-parallel ranks); targets are class indices below the vocabulary size, or " +
+                        std::to_string(ignore_index) + " for a position the loss skips");
+      }
+    } else {
+      at::_assert_async(at::logical_not(misplaced));  // no host sync on a GPU
+    }
+    const at::Tensor per_row = (sums.select(0, 0).log() - sums.select(0, 1)).masked_fill(at::logical_not(counted), 0);
+    const at::Tensor count = counted.sum().to(at::kFloat);
+    ctx->save_for_backward({e / sums.select(0, 0).unsqueeze(1), index, mine, counted, sum ? at::ones({}) : count});
+    ctx->saved_data["dtype"] = static_cast<int64_t>(logits.scalar_type());
+    return sum ? per_row.sum() : per_row.sum() / count;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    at::Tensor grad = saved[0].clone();
+    grad.scatter_add_(1, saved[1], -saved[2].to(grad.scalar_type()).unsqueeze(1));
+    grad.mul_(saved[3].unsqueeze(1).to(grad.scalar_type()));
+    grad.mul_(grads[0] / saved[4]);
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    return {grad.to(dtype), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 at::Tensor gatherOp(const at::Tensor& x, int64_t dim, int64_t rank, int64_t degree, int64_t group) {
   return GatherFromGroup::apply(x, dim, rank, degree, group);
 }
@@ -222,6 +287,13 @@ TORCH_LIBRARY(pipeforge_tp, m) {
 }  // namespace
 
 void ensureOpsRegistered() {}
+
+at::Tensor vocabParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& target, int rank, int degree,
+                                     int group, bool sum, int ignore_index) {
+  PIPEFORGE_CHECK(logits.dim() == 2 && target.dim() == 1 && target.size(0) == logits.size(0),
+                  "vocabParallelCrossEntropy takes logits [N, b] and targets [N]");
+  return VocabCrossEntropy::apply(logits, target.to(at::kLong), rank, degree, group, sum, ignore_index);
+}
 
 GroupRegistration::GroupRegistration(AllReduce all_reduce) {
   Groups& g = groups();

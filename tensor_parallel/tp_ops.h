@@ -48,6 +48,18 @@ inline constexpr const char* kVocabEmbeddingOp = "pipeforge_tp::vocab_embedding"
 // communicator), blocking until every rank of the group has joined.
 using AllReduce = std::function<void(const at::Tensor& tensor)>;
 
+// Megatron's vocab-parallel cross-entropy (loss parallel; Note
+// [Vocab-parallel cross-entropy]): `logits` [N, b] are this rank's block of
+// the vocabulary, columns [rank·b, (rank+1)·b) of [N, degree·b], and
+// `target` [N] the class indices over the whole vocabulary (`ignore_index`
+// rows add nothing). Returns what at::cross_entropy_loss returns on the
+// gathered logits (the mean over the counted rows, or their sum with `sum`),
+// the same on every rank, without gathering them: two all-reduces of [.., N]
+// over `group`. Backward is local, this rank's block of the gradient. Throws
+// Error (kUserInput) for a target outside [0, degree·b).
+at::Tensor vocabParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& target, int rank, int degree,
+                                     int group, bool sum, int ignore_index = -1);
+
 // Makes the ops known to TorchScript (a no-op after the first call; linking
 // this library registers them, the call keeps the linker from dropping it).
 void ensureOpsRegistered();

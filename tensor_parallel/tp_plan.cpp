@@ -55,6 +55,9 @@ std::string TpPlan::describe() const {
   os << fmt::format("tensor parallel {}: {} split parameters, {} all-reduces forward (g), {} backward (f), {} "
                     "outputs gathered, {} sizes divided",
                     degree, parameters.size(), reduces, copies, gathers, resized);
+  if (!vocab_split_outputs.empty()) {
+    os << fmt::format(", {} outputs left split by vocabulary for the loss", vocab_split_outputs.size());
+  }
   return os.str();
 }
 
@@ -180,7 +183,7 @@ class Planner {
           int degree, const TpOptions& options)
       : opened_(opened), graph_(opened.graph()), shapes_(std::move(shapes)), degree_(degree),
         explicit_(!options.styles.empty()), sequence_parallel_(options.sequence_parallel),
-        keep_whole_(options.keep_whole) {
+        keep_whole_(options.keep_whole), vocab_outputs_(options.vocab_parallel_outputs) {
     const TpStyles& styles = options.styles;
     countParameterReads(graph_.block());
     if (!explicit_) return;
@@ -316,6 +319,7 @@ class Planner {
     for (const Wrap& w : seq_gathers_) gathered.insert(w.consumer->input(w.input));
     plan.sequence_gathers = static_cast<int>(gathered.size());
     plan.resized = static_cast<int>(resizes_.size());
+    plan.vocab_split_outputs = vocab_split_;
     return plan;
   }
 
@@ -579,6 +583,7 @@ class Planner {
     linears_.clear();
     wraps_.clear();
     gathers_.clear();
+    vocab_split_.clear();
     seq_gathers_.clear();
     embeddings_.clear();
     embedding_whole_.clear();
@@ -628,6 +633,13 @@ class Planner {
   void visitReturn(Node* ret) {
     auto leave = [&](Node* consumer, std::size_t input, const State& s, std::size_t output) {
       if (s.kind != Kind::kShard) return;
+      // Logits split by vocabulary (lm_head's columns) that the loss reads
+      // split: Note [Vocab-parallel cross-entropy] in tp_ops.cpp.
+      if (!s.seq && vocab_outputs_.count(static_cast<int>(output)) &&
+          s.dim == rankOf(consumer->input(input)) - 1) {
+        vocab_split_.push_back(static_cast<int>(output));
+        return;
+      }
       if (s.seq || explicit_ || closed_.count(find(s.origin))) {  // an explicit colwise head gathers its output
         gathers_.push_back({consumer, input, s.dim, 0});
         return;
@@ -1178,6 +1190,7 @@ class Planner {
   bool explicit_;
   bool sequence_parallel_;
   std::set<std::string> keep_whole_;
+  std::set<int> vocab_outputs_;  // outputs the loss may read split by vocabulary (TpOptions)
   std::unordered_map<const Node*, std::pair<bool, std::string>> styled_embeddings_;  // explicit: split?, why
   std::vector<Node*> embeddings_;                                  // vocab-parallel lookups
   std::unordered_map<const Node*, std::string> embedding_whole_;  // embeddings kept whole, and why
@@ -1196,6 +1209,7 @@ class Planner {
   std::vector<Problem> problems_;
   std::vector<Wrap> wraps_;
   std::vector<Wrap> gathers_;  // split values leaving the stage: {consumer, input, the dim to gather}
+  std::vector<int> vocab_split_;  // ... and those that are
   std::vector<Resize> resizes_;
 };
 

@@ -68,6 +68,10 @@ struct TpPlan {
   int gathers = 0;  // split stage outputs gathered whole (a stage cut inside a col/row pair)
   int sequence_gathers = 0;  // sequence parallel: column inputs gathered along the sequence
   int resized = 0;  // literal sizes divided by the degree
+  // Stage outputs left split along their last dim, for the vocab-parallel
+  // cross-entropy (TpOptions::vocab_parallel_outputs): each rank returns its
+  // block of the vocabulary, in rank order.
+  std::vector<int> vocab_split_outputs;
 
   // {module FQN: "colwise" | "rowwise" | "embedding_rowwise"}, what is split.
   std::map<std::string, std::string> styles() const;
@@ -89,6 +93,11 @@ struct TpOptions {
   // Parameters no split may cut: those tied to a copy in another stage,
   // whose gradients the runtime sums whole (pipe.json "tied").
   std::set<std::string> keep_whole;
+  // Loss parallel: the stage outputs (flat indices) that the loss reads as
+  // logits with the vocab-parallel cross-entropy (tp_ops.h). One split along
+  // its last dim (lm_head's columns) leaves the stage split instead of
+  // making its columns whole; TpPlan::vocab_split_outputs lists them.
+  std::set<int> vocab_parallel_outputs;
 };
 
 // Plans `stage` for `degree` ranks. `example_inputs` are the forward's

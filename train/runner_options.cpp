@@ -85,6 +85,7 @@ runtime::RunnerOptions runnerOptionsFor(const TrainConfig& config, const RunPlan
   ro.tp_degree = config.pipeline.tensor_parallel;
   ro.tp_styles = config.pipeline.tensor_parallel_styles;
   ro.sequence_parallel = config.pipeline.sequence_parallel;
+  ro.loss_parallel = config.pipeline.loss_parallel;
   if (config.pipeline.zero_stage >= 3) ro.max_active_stages = config.pipeline.max_active_stages;
   ro.scale_grads = config.pipeline.scale_grads;
   ro.device = config.device;

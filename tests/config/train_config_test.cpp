@@ -720,6 +720,10 @@ TEST_F(TrainConfigTest, TensorParallel) {
   refused("  tensor_parallel: 0\n", {"tensor_parallel"});
   EXPECT_TRUE(with("  tensor_parallel: 2\n  sequence_parallel: true\n").pipeline.sequence_parallel);
   refused("  sequence_parallel: true\n", {"pipeline.tensor_parallel is 1", "remove sequence_parallel"});
+  // Loss parallel is on by default (torchtitan's), and can be turned off.
+  EXPECT_TRUE(with("  tensor_parallel: 2\n").pipeline.loss_parallel);
+  EXPECT_FALSE(with("  tensor_parallel: 2\n  loss_parallel: false\n").pipeline.loss_parallel);
+  refused("  loss_parallel: sometimes\n", {"loss_parallel"});
   const TrainConfig explicit_plan =
       with("  tensor_parallel: 2\n  tensor_parallel_plan: {\"*.up_proj\": colwise, \"*.down_proj\": rowwise}\n");
   EXPECT_EQ(explicit_plan.pipeline.tensor_parallel_plan, "explicit");

@@ -101,6 +101,29 @@ TEST_P(FamilyPlan, SequenceParallelRanksComputeTheWholeModel) {
   testing::compareWithWhole([&] { return load(family); }, tokens(family), 2, sp);
 }
 
+// Loss parallel (Note [Vocab-parallel cross-entropy]): lm_head split by
+// vocabulary, its logits left split, and the cross-entropy taken from the
+// blocks equals the whole model's loss and gradients. A tied head stays
+// whole (its weight is the embedding's), and so do its logits.
+TEST_P(FamilyPlan, LossParallelRanksComputeTheWholeLoss) {
+  const std::string family = GetParam();
+  at::manual_seed(9);
+  at::Tensor targets = at::randint(meta(family)["vocab"].get<int64_t>(), {2, 8}, at::kLong);
+  targets.index_put_({0, 0}, -1);  // ignored, as at::cross_entropy_loss's ignore_index
+  for (bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
+    TpOptions options;
+    options.sequence_parallel = sp;
+    options.vocab_parallel_outputs = {0};
+    TpPlan plan = planTensorParallel(load(family), tokens(family), 2, options);
+    const bool tied = tiedEmbeddings(family);
+    EXPECT_EQ(plan.vocab_split_outputs, tied ? std::vector<int>{} : std::vector<int>{0}) << plan.describe();
+    EXPECT_EQ(plan.styles().count("lm_head"), tied ? 0u : 1u) << plan.describe();
+    EXPECT_EQ(plan.gathers, tied && sp ? 1 : 0) << plan.describe();
+    testing::compareWithWhole([&] { return load(family); }, tokens(family), 2, options, targets);
+  }
+}
+
 // Qwen3 normalizes q and k per head with one weight every rank holds whole
 // (its gradient is summed by f); GPT-NeoX lays its fused qkv out per head,
 // so a split by heads cuts it exactly.

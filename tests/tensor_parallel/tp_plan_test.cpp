@@ -2,8 +2,10 @@
 // builds): a scripted MLP splits into alternating column and row linears and
 // its ranks compute the whole model; a fused projection is refused.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 #include <torch/script.h>
 
+#include "tensor_parallel/tp_ops.h"
 #include "tensor_parallel/tp_plan.h"
 #include "tests/support/build_paths.h"
 #include "tests/tensor_parallel/tp_ranks.h"
@@ -54,6 +56,55 @@ TEST(TpPlan, FusedProjectionIsRefused) {
     std::string message = e.what();
     EXPECT_NE(message.find("blocks.0.attn"), std::string::npos) << message;
     EXPECT_NE(message.find("fused"), std::string::npos) << message;
+  }
+}
+
+// Note [Vocab-parallel cross-entropy]: each rank's block of the logits
+// gives the loss of the whole logits, and its block of their gradient.
+TEST(VocabParallelCrossEntropy, EqualsCrossEntropyOfTheWholeLogits) {
+  at::manual_seed(13);
+  const at::Tensor logits = at::randn({12, 16}) * 4;
+  at::Tensor targets = at::randint(16, {12}, at::kLong);
+  targets.index_put_({3}, -1);
+  targets.index_put_({7}, -1);
+  for (bool sum : {false, true}) {
+    const at::Tensor whole = logits.clone().requires_grad_();
+    const at::Tensor expected =
+        at::cross_entropy_loss(whole, targets, {}, sum ? at::Reduction::Sum : at::Reduction::Mean, -1);
+    expected.backward();
+    for (int t : {2, 4}) {
+      SCOPED_TRACE(fmt::format("{} ranks, {}", t, sum ? "sum" : "mean"));
+      const int64_t b = 16 / t;
+      std::vector<at::Tensor> losses(t), grads(t);
+      testing::inThreads(t, [&](int r, int group) {
+        at::Tensor block = logits.narrow(1, r * b, b).clone().requires_grad_();
+        at::Tensor loss = vocabParallelCrossEntropy(block, targets, r, t, group, sum);
+        loss.backward();
+        losses[r] = loss.detach();
+        grads[r] = block.grad();
+      });
+      for (int r = 0; r < t; ++r) {
+        ASSERT_TRUE(losses[r].defined());
+        EXPECT_NEAR(losses[r].item<double>(), expected.item<double>(), 1e-5 * (1 + std::abs(expected.item<double>())));
+      }
+      EXPECT_TRUE(at::allclose(at::cat(grads, 1), whole.grad(), 1e-5, 1e-6));
+      EXPECT_TRUE(at::equal(at::cat(grads, 1).select(0, 3), at::zeros({16})));  // ignored rows get no gradient
+    }
+  }
+}
+
+TEST(VocabParallelCrossEntropy, RefusesATargetOutsideTheVocabulary) {
+  const at::Tensor targets = at::tensor({1, 16, 2}, at::kLong);  // 16 logits in all: 16 is past the end
+  std::vector<std::string> errors(2);
+  testing::inThreads(2, [&](int r, int group) {
+    try {
+      vocabParallelCrossEntropy(at::randn({3, 8}), targets, r, 2, group, false);
+    } catch (const Error& e) {
+      errors[r] = e.what();
+    }
+  });
+  for (const std::string& message : errors) {
+    EXPECT_NE(message.find("target 16 is outside the vocabulary [0, 16)"), std::string::npos) << message;
   }
 }
 
