@@ -70,10 +70,12 @@ LAYOUTS = {
     "ZeRO-3 DualPipeV": ("DualPipeV", 2, 2, 2, ADAMW, 3, {"llama"}),
     # Tensor parallel (issue 44), planned from each stage's graph, 4 ranks:
     # pp2 x tp2 on 1F1B and on ZBVZeroBubble (its I/W split keeps f's
-    # all-reduce in I), and tp2 x dp2 on one pipeline rank.
+    # all-reduce in I), and tp2 x dp2 on one pipeline rank. Llama and Mistral
+    # take the loss from logits split by vocabulary (pipeline.loss_parallel,
+    # the default); Qwen2 and Gemma tie lm_head to the embedding, kept whole.
     "PP2 x TP2 1F1B": ("1F1B", 2, 1, 1, ADAMW, 0, {"llama", "qwen2", "mistral", "gemma"}, 2),
-    "PP2 x TP2 ZBV": ("ZBVZeroBubble", 2, 2, 1, SGD, 0, {"llama", "qwen2"}, 2),
-    "TP2 x DP2": ("1F1B", 1, 1, 2, ADAMW, 0, {"llama"}, 2),
+    "PP2 x TP2 ZBV": ("ZBVZeroBubble", 2, 2, 1, SGD, 0, {"llama", "qwen2", "mistral", "gemma"}, 2),
+    "TP2 x DP2": ("1F1B", 1, 1, 2, ADAMW, 0, {"llama", "qwen2", "mistral", "gemma"}, 2),
     # Sequence parallel: norms and residual adds on each rank's part of the
     # sequence, a gather before each column and a reduce-scatter after each row.
     "PP2 x TP2 SP": ("1F1B", 2, 1, 1, ADAMW, 0, {"llama", "qwen2", "mistral", "gemma"}, 2,
