@@ -11,7 +11,9 @@ transformers Llama), by hand as torchtitan does (manual_split.py), wrap
 this rank's stage modules in PipelineStage (GPipe,
 1F1B: stage r; the loop schedules Interleaved1F1B and InterleavedZeroBubble:
 stages r and r+P; the V schedules ZBVZeroBubble and DualPipeV: stages r and
-2P-1-r, as Pipeforge places them), then train.
+2P-1-r, as Pipeforge places them), then train. A tensor-parallel job
+(tensor_parallel t) splits each manual stage's layers over t ranks with
+DTensor's parallelize_module on a (pp, tp) DeviceMesh, as torchtitan does.
 
 One timed step = what `pipeforge train` times as one step (train/trainer.cpp,
 runStep): take the batch, run the schedule (forward, backward, PyTorch's
@@ -55,13 +57,51 @@ def local_stages(rank: int, ranks: int, per_rank: int, placement: str) -> list:
 ADAMW_IMPL = {"loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 
 
+def tensor_parallel(modules: list, ranks: int, tp: int) -> tuple:
+    """torchtitan's way for a pp x tp run: a 2-D DeviceMesh (tp innermost,
+    as Pipeforge lays ranks out) and parallelize_module over its tp
+    dimension with the Llama plan: q, k, v, gate and up colwise, o and down
+    rowwise, the embedding rowwise (split by vocabulary), lm_head colwise with
+    its logits gathered (pipelining's loss takes whole tensors). Returns
+    (this rank's pipeline rank, the pipeline group)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    mesh = init_device_mesh("cpu", (ranks // tp, tp), mesh_dim_names=("pp", "tp"))
+    for module in modules:
+        plan = {}
+        for i in module.model.layers:
+            for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
+                plan[f"model.layers.{i}.{name}"] = ColwiseParallel()
+            for name in ("self_attn.o_proj", "mlp.down_proj"):
+                plan[f"model.layers.{i}.{name}"] = RowwiseParallel()
+        if module.first:
+            plan["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate())
+        if module.last:
+            plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())
+        parallelize_module(module, mesh["tp"], plan)
+    return mesh.get_local_rank("pp"), mesh["pp"].get_group()
+
+
+def param_groups(module) -> list:
+    """The parameters, DTensors (tensor parallel's split ones) in a group of
+    their own: foreach and fused AdamW refuse a list mixing them with plain
+    tensors (the norms, which every rank of the group holds whole)."""
+    from torch.distributed.tensor import DTensor
+    params = list(module.parameters())
+    split = [p for p in params if isinstance(p, DTensor)]
+    whole = [p for p in params if not isinstance(p, DTensor)]
+    return [{"params": g} for g in (split, whole) if g]
+
+
 def main() -> None:
     job_path, rank = sys.argv[1], int(sys.argv[2])
     with open(job_path) as f:
         job = json.load(f)
     torch.set_num_threads(job["threads"])
     ranks, per_rank, m = job["ranks"], job["stages_per_rank"], job["microbatches"]
-    num_stages = ranks * per_rank
+    tp = job.get("tensor_parallel", 1)
+    num_stages = ranks // tp * per_rank
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{job['port']}", rank=rank, world_size=ranks)
 
     spec = models.MODELS[job["model"]]
@@ -69,10 +109,15 @@ def main() -> None:
     inputs, targets = data["inputs"], data["targets"]
     model = models.load_eager(spec, job["model_file"])
     example = inputs[: job["batch"] // m]
-    mine = local_stages(rank, ranks, per_rank, job.get("placement", "v"))
+    pp_rank, pp_group = rank // tp, None
+    mine = local_stages(pp_rank, ranks // tp, per_rank, job.get("placement", "v"))
     if spec.torch_split == "manual":
         modules = manual_split.llama_stages(model, job["cuts"], mine)
         pipe = None
+        if tp > 1:
+            pp_rank, pp_group = tensor_parallel(modules, ranks, tp)
+    elif tp > 1:
+        raise SystemExit(f"{job['model']}: the tensor-parallel side needs a manual split (the Llama)")
     else:
         points = {fqn: getattr(SplitPoint, where) for fqn, where in models.split_points(job["cuts"])}
         pipe = pipeline(model, (example,), split_spec=points)
@@ -84,13 +129,14 @@ def main() -> None:
         # fails ("Pair is not connected"). PipelineStage over the same stage module
         # (the class the interop tests use) warms up by its vote protocol instead.
         modules = [pipe.get_stage_module(s) for s in mine]
-    stages = [PipelineStage(module, s, num_stages, torch.device("cpu")) for module, s in zip(modules, mine)]
+    stages = [PipelineStage(module, s, num_stages, torch.device("cpu"), group=pp_group)
+              for module, s in zip(modules, mine)]
     del pipe, model  # what other ranks' stages hold can go
     cls = getattr(schedules, "Schedule" + job["schedule"])
     schedule = cls(stages[0] if per_rank == 1 else stages, m, loss_fn=models.loss_fn)
     opt = job["optimizer"]
     impl = ADAMW_IMPL[job.get("adamw", "loop")]
-    optimizers = [torch.optim.AdamW(st.submod.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
+    optimizers = [torch.optim.AdamW(param_groups(st.submod), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
                                     weight_decay=opt["weight_decay"], **impl) for st in stages]
     has_first, has_last = 0 in mine, num_stages - 1 in mine
 

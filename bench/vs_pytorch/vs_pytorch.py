@@ -65,9 +65,8 @@ LAYOUTS = {
 }
 # The GPT models fuse q, k and v in one Linear, which tensor parallel refuses; the Llama splits.
 TP_MODELS = ("llama",)
-# PyTorch's side of a tensor-parallel row would be manual stages whose layers DTensor's parallelize_module
-# splits over a 2-D mesh; this bench does not build it yet, and its rows say so.
-TP_TORCH_MISSING = "the PyTorch side (manual stages + DTensor parallelize_module on a pp x tp mesh) is not built yet"
+# PyTorch's side of a tensor-parallel row: the manual stages, whose layers DTensor's parallelize_module splits
+# over the tp dimension of a (pp, tp) DeviceMesh, as torchtitan does (torch_rank.py).
 # PyTorch's named schedules tried for its best: (schedule, stages per rank, placement).
 # One stage per rank: the P-stage cuts of models.cuts; two: the 2P cuts of Pipeforge's best split.
 BEST_SCHEDULES = (
@@ -193,10 +192,9 @@ def row(s: dict) -> str:
     pf_cols = (f"{s['model']:9s} {s['layout']:8s} | {s['pf_ms']:10.1f}", f"{'/'.join(map(mib, s['pf_rss'])):>20s}",
                f"{first_pf:>21s}", f"{s['pf_par']:10.2f}", f"{s['pf_cpu']:13.3f}", f"{s['pf_loss']:9.4f}")
     if s["pt_error"] is not None:
-        pt_state = "-" if s["pt_error"] == TP_TORCH_MISSING else "failed"
-        return (f"{pf_cols[0]} {pt_state:>7s} {'-':>6s} | {pf_cols[1]} {'-':>16s} | {pf_cols[2]} {'-':>6s} | "
+        return (f"{pf_cols[0]} {'failed':>7s} {'-':>6s} | {pf_cols[1]} {'-':>16s} | {pf_cols[2]} {'-':>6s} | "
                 f"{pf_cols[3]} {'-':>5s} | {pf_cols[4]} {'-':>6s} {'-':>6s} | {pf_cols[5]} {'-':>7s} | "
-                f"{'n/a':10s} {'n/a':7s} {'n/a':9s}\n    PyTorch{'' if s['pt_error'] == TP_TORCH_MISSING else ' failed'}: "
+                f"{'n/a':10s} {'n/a':7s} {'n/a':9s}\n    PyTorch failed: "
                 f"{s['pt_error']}")
     loss_pt = "?" if s["pt_loss"] is None else f"{s['pt_loss']:.4f}"
     return (f"{pf_cols[0]} {s['pt_ms']:7.1f} {s['ratio']:6.2f} | {pf_cols[1]} {'/'.join(map(mib, s['pt_rss'])):>16s} | "
@@ -366,13 +364,10 @@ def main() -> None:
             job = dict(base, name=f"{name}-{layout}", cuts=models.cuts(spec, ranks // tp * per_rank), ranks=ranks,
                        schedule=schedule, stages_per_rank=per_rank, placement="v", tensor_parallel=tp)
             pf = pipeforge_side.run(binary, job, work)
-            if tp > 1:
-                pt, error = None, TP_TORCH_MISSING
-            else:
-                try:
-                    pt, error = torch_side.run(job, work), None
-                except RuntimeError as e:  # PyTorch cannot pipeline this model: Pipeforge's side still stands
-                    pt, error = None, torch_error(e)
+            try:
+                pt, error = torch_side.run(job, work), None
+            except RuntimeError as e:  # PyTorch cannot pipeline this model: Pipeforge's side still stands
+                pt, error = None, torch_error(e)
             s = summarize(name, layout, pf, pt, a.warmup)
             s["pt_error"] = error
             s["cuts"] = job["cuts"]
@@ -410,7 +405,7 @@ def main() -> None:
         print(f"Best rows: goal PF best <= {STEP_GOAL}x PT best (gpt24, 2 and 4 ranks): "
               f"{goal_count(best, 'step_ok')}; goal PF best <= {LIMIT_GOAL}x the limit (gpt24, 2 ranks): "
               f"{goal_count(best, 'limit_ok')}; goal CPU s/step <= {CPU_GOAL}x PT best: {goal_count(best, 'cpu_ok')}")
-    failed = [s for s in results if s["pt_error"] not in (None, TP_TORCH_MISSING)]
+    failed = [s for s in results if s["pt_error"] is not None]
     if failed:
         print(f"PyTorch could not train {len(failed)} row(s) that Pipeforge trained: "
               + ", ".join(f"{s['model']} {s['layout']}" for s in failed))
