@@ -766,8 +766,14 @@ void checkCrossKeys(const TrainConfig& c) {
                                     p.tensor_parallel, what, fix));
     };
     if (p.zero_stage >= 1) refuse(fmt::format("pipeline.zero_stage {}", p.zero_stage), "set pipeline.zero_stage: 0");
-    if (p.activation_checkpointing != ActivationCheckpointing::kNone) {
-      refuse("activation checkpointing", "remove pipeline.activation_checkpointing");
+    // Full and per-microbatch recompute run the rewritten stage again, its
+    // collectives with it (every rank of the group recomputes in step).
+    // every_n counts the stage's submodule calls, which the tensor-parallel
+    // rewrite opens into one graph: it would find none to recompute.
+    if (p.activation_checkpointing == ActivationCheckpointing::kEveryN) {
+      refuse("activation_checkpointing {every_n: k} (the tensor-parallel rewrite opens every submodule call into "
+             "one graph, so there is no call to count)",
+             "use activation_checkpointing: full, or {microbatches: k}");
     }
     if (!p.csv_program && p.schedule == schedules::kAutoScheduleName) {
       refuse("pipeline.schedule: auto", "name a schedule (1F1B, Interleaved1F1B, ZBVZeroBubble, ...)");

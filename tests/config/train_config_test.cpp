@@ -738,8 +738,11 @@ TEST_F(TrainConfigTest, TensorParallel) {
           {"tensor_parallel_plan.lm_head", "colwise, rowwise, replicated or vocab"});
   refused("  tensor_parallel_plan: megatron\n", {"'megatron' is not a plan", "use auto"});
   refused("  tensor_parallel: 2\n  data_parallel: 2\n  zero_stage: 1\n", {"pipeline.zero_stage 1", "zero_stage: 0"});
-  refused("  tensor_parallel: 2\n  activation_checkpointing: full\n",
-          {"activation checkpointing", "remove pipeline.activation_checkpointing"});
+  refused("  tensor_parallel: 2\n  activation_checkpointing: {every_n: 2}\n",
+          {"{every_n: k}", "no call to count", "activation_checkpointing: full, or {microbatches: k}"});
+  // Full and per-microbatch recompute run the rewritten stage again.
+  EXPECT_EQ(with("  tensor_parallel: 2\n  activation_checkpointing: full\n").pipeline.activation_checkpointing,
+            ActivationCheckpointing::kFull);
 }
 
 // pipeline.microbatch_group_size reaches MegatronInterleaved's generator

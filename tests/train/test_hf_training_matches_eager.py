@@ -81,6 +81,10 @@ LAYOUTS = {
     "PP2 x TP2 SP": ("1F1B", 2, 1, 1, ADAMW, 0, {"llama", "qwen2", "mistral", "gemma"}, 2,
                      ", sequence_parallel: true"),
     "PP2 x TP2 SP ZBV": ("ZBVZeroBubble", 2, 2, 1, SGD, 0, {"llama"}, 2, ", sequence_parallel: true"),
+    # Recompute (activation checkpointing) runs the rewritten stage again, its collectives with it.
+    "PP2xTP2 ZBV AC": ("ZBVZeroBubble", 2, 2, 1, SGD, 0, {"llama"}, 2, ", activation_checkpointing: full"),
+    "PP2xTP2 SP AC mb": ("1F1B", 2, 1, 1, ADAMW, 0, {"llama"}, 2,
+                         ", sequence_parallel: true, activation_checkpointing: {microbatches: 1}"),
     # OLMo2 normalizes q and k over all heads, which auto refuses: an
     # explicit plan (torchtitan's words) splits its MLP and keeps attention whole.
     "PP2 x TP2 MLP plan": ("1F1B", 2, 1, 1, ADAMW, 0, {"olmo2"}, 2,
