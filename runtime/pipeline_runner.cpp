@@ -155,6 +155,7 @@ class PipelineRunner::Impl {
       comm_ = connectC10d(co);
     }
     executor_ = std::make_unique<ScheduleExecutor>(*comm_, std::move(cfg));
+    checkTiedSplits();
   }
 
   // Note [Replacing the program]: setProgram leaves the runner as if it had
@@ -185,6 +186,7 @@ class PipelineRunner::Impl {
       loadStages();
       std::vector<std::vector<int>> groups;  // created on first use
       executor_ = std::make_unique<ScheduleExecutor>(*comm_, executorConfig(groups));
+      checkTiedSplits();
     });
   }
 
@@ -217,6 +219,35 @@ class PipelineRunner::Impl {
     }
   }
 
+  // Note [Tied vocabulary] in tensor_parallel/tp_plan.cpp: every stage
+  // holding a copy of a tied parameter plans it on its own, and their
+  // gradients are summed slice by slice, so all must have split it alike.
+  // One all-reduce per tied group over its ranks counts the copies split.
+  void checkTiedSplits() {
+    if (tp_size_ == 1) return;
+    for (const auto& fqns : manifest_.tied) {
+      const ExecutorConfig::Tied tied = tiedGroup(fqns, dp_rank_);
+      if (std::find(tied.ranks.begin(), tied.ranks.end(), rank_) == tied.ranks.end()) continue;
+      at::Tensor counts = at::zeros({2}, at::kDouble);
+      for (const auto& [s, fqn] : tied.local) {
+        auto dims = tp_split_dims_.find(s);
+        counts[0] += dims != tp_split_dims_.end() && dims->second.count(fqn) ? 1.0 : 0.0;
+        counts[1] += 1.0;
+      }
+      if (tied.ranks.size() > 1) comm_->allreduceSum(counts, tied.ranks);
+      const double split = counts[0].item<double>(), copies = counts[1].item<double>();
+      if (split > 0 && split < copies) {
+        throw RuntimeError(fmt::format(
+            "tensor parallel split {} of the {} stage copies of the tied parameter {} by vocabulary and kept the "
+            "others whole (a stage could not split its use: an lm_head whose logits must leave whole, say), and "
+            "tied copies are summed slice by slice; split every use alike (an explicit tensor_parallel_plan names "
+            "the embedding vocab and lm_head colwise), or set pipeline.loss_parallel: false to keep tied "
+            "parameters whole",
+            split, copies, fmt::join(fqns, " / ")));
+      }
+    }
+  }
+
   // Loss parallel: the last stage's outputs its loss reads as logits, which
   // may stay split by vocabulary (Note [Vocab-parallel cross-entropy]).
   std::set<int> vocabParallelOutputs(int s) const {
@@ -244,6 +275,9 @@ class PipelineRunner::Impl {
       // its other copies (ExecutorConfig::tied): no split may cut it.
       for (const auto& group : manifest_.tied) tp.keep_whole.insert(group.begin(), group.end());
       tp.vocab_parallel_outputs = vocabParallelOutputs(s);
+      // With loss parallel, a tied embedding and lm_head split by vocabulary
+      // in their stages (Note [Tied vocabulary]); checkTiedSplits verifies.
+      tp.split_tied = options_.loss_parallel && options_.loss == LossKind::kCrossEntropy;
       torch::jit::Module mine;
       try {
         mine = tensor_parallel::shardForTensorParallel(

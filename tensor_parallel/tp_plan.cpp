@@ -183,7 +183,8 @@ class Planner {
           int degree, const TpOptions& options)
       : opened_(opened), graph_(opened.graph()), shapes_(std::move(shapes)), degree_(degree),
         explicit_(!options.styles.empty()), sequence_parallel_(options.sequence_parallel),
-        keep_whole_(options.keep_whole), vocab_outputs_(options.vocab_parallel_outputs) {
+        keep_whole_(options.keep_whole), split_tied_(options.split_tied),
+        vocab_outputs_(options.vocab_parallel_outputs) {
     const TpStyles& styles = options.styles;
     countParameterReads(graph_.block());
     if (!explicit_) return;
@@ -232,6 +233,7 @@ class Planner {
     for (int pass = 0;; ++pass) {
       PIPEFORGE_CHECK(pass < 1000, "tensor-parallel planning did not settle");
       propagate();
+      if (settleTied()) continue;
       if (problems_.empty()) return refuseNothingSplit();
       // An explicit plan is taken as written: what does not fit is refused.
       if (explicit_) throw TpPlanError(problems_.front().message);
@@ -553,6 +555,40 @@ class Planner {
     if (key == nullptr) key = &keys_.emplace(fqn, nullptr).first->first;  // a stable, unique stand-in
     keys_[fqn] = key;
     return key;
+  }
+
+  // Note [Tied vocabulary]: a tensor an embedding and lm_head share (Qwen2's,
+  // Gemma's tied head) is one [vocab, hidden] matrix that both split the
+  // same way: the embedding by vocabulary rows, lm_head by output features,
+  // which are those rows. Each rank keeps rows [r·V/t, (r+1)·V/t) and both
+  // uses read its slice; their gradients add on it as they add whole. It may
+  // be split when it is read twice here, or once here and tied to a copy in
+  // another stage (TpOptions::split_tied), and only by an embedding or a
+  // column linear. A pass in which one use here splits it and another does
+  // not keeps it whole from then on (settleTied); across stages the runner
+  // checks that every copy was split alike.
+  bool tiedSplittable(const std::string& fqn) {
+    const void* key = tensorKey(fqn);
+    if (tied_whole_.count(key)) return false;
+    bool elsewhere = keep_whole_.count(fqn) > 0;
+    for (const std::string& other : keep_whole_) elsewhere = elsewhere || tensorKey(other) == key;
+    const int reads = reads_[key];
+    return elsewhere ? split_tied_ && reads == 1 : reads == 2;
+  }
+
+  // A tied tensor some uses in this graph split and others do not: kept
+  // whole, and the pass run again. True when one was found.
+  bool settleTied() {
+    std::map<const void*, int> split_uses;
+    for (Node* n : embeddings_) ++split_uses[tensorKey(*frontend::attributePath(n->input(0)))];
+    for (Node* n : columns_) {
+      if (auto fqn = frontend::attributePath(n->input(1))) ++split_uses[tensorKey(*fqn)];
+    }
+    bool found = false;
+    for (const auto& [key, uses] : split_uses) {
+      if (reads_[key] > 1 && uses != reads_[key]) found = tied_whole_.insert(key).second || found;
+    }
+    return found;
   }
 
   // Read by more than its one use, or tied to a copy in another stage.
@@ -919,7 +955,7 @@ class Planner {
         whole_[n] = fmt::format("its {} output features do not divide among {} ranks", wshape[0], degree_);
         return;
       }
-      if (shared) {
+      if (shared && !(tiedSplittable(*wfqn) && !(bias_fqn && sharedTensor(*bias_fqn)))) {
         whole_[n] = "its weight is also read elsewhere (tied)";
         return;
       }
@@ -966,7 +1002,9 @@ class Planner {
   // sequence (whose backward reduce-scatters), or runs whole on the rank's
   // part of the sequence, its weight's gradient summed over the group (f).
   void visitOnSequenceShard(Node* n, const State& s, bool plain, bool shared, const std::vector<int64_t>& wshape) {
-    const bool whole = whole_.count(n) > 0 || !plain || wshape[0] % degree_ != 0 || shared;
+    const bool tied_column = shared && tiedSplittable(*frontend::attributePath(n->input(1))) &&
+                             !(n->inputs().size() > 2 && isTensor(n->input(2)));
+    const bool whole = whole_.count(n) > 0 || !plain || wshape[0] % degree_ != 0 || (shared && !tied_column);
     if (whole) {
       if (!whole_.count(n)) {
         whole_[n] = !plain ? "its weight is not a module's 2-d parameter"
@@ -1012,7 +1050,7 @@ class Planner {
     const bool by_freq = flag(3), sparse = flag(4);
     if (!fqn || shape.size() != 2) {
       why = "its weight is not a module's 2-d parameter";
-    } else if (sharedTensor(*fqn)) {
+    } else if (sharedTensor(*fqn) && !tiedSplittable(*fqn)) {
       why = "its weight is also read elsewhere (tied)";
     } else if (shape[0] % degree_ != 0) {
       why = fmt::format("its {} rows do not divide among {} ranks", shape[0], degree_);
@@ -1190,6 +1228,8 @@ class Planner {
   bool explicit_;
   bool sequence_parallel_;
   std::set<std::string> keep_whole_;
+  bool split_tied_;
+  std::set<const void*> tied_whole_;  // across passes: tied tensors not split alike by every use, kept whole
   std::set<int> vocab_outputs_;  // outputs the loss may read split by vocabulary (TpOptions)
   std::unordered_map<const Node*, std::pair<bool, std::string>> styled_embeddings_;  // explicit: split?, why
   std::vector<Node*> embeddings_;                                  // vocab-parallel lookups
@@ -1304,13 +1344,18 @@ torch::jit::Module shardForTensorParallel(const torch::jit::Module& stage, const
   planner.run();
   if (plan_out) *plan_out = planner.plan();
 
+  // A tied tensor (Note [Tied vocabulary]) is sliced once: both attributes hold that one slice.
+  std::map<const void*, at::Tensor> slices;
   for (const auto& cut : planner.splitParameters()) {
     auto [owner, name] = frontend::splitPath(cut.fqn);
     torch::jit::Module holder = frontend::submoduleAt(sharded, owner);
     at::Tensor whole = holder.attr(name).toTensor();
-    const int64_t block = cut.size / degree;
-    at::Tensor slice = whole.detach().narrow(cut.dim, rank * block, block).clone();
-    slice.set_requires_grad(whole.requires_grad());
+    at::Tensor& slice = slices[whole.unsafeGetTensorImpl()];
+    if (!slice.defined()) {
+      const int64_t block = cut.size / degree;
+      slice = whole.detach().narrow(cut.dim, rank * block, block).clone();
+      slice.set_requires_grad(whole.requires_grad());
+    }
     holder.register_parameter(name, slice, /*is_buffer=*/false);
   }
   planner.rewrite(rank, group);

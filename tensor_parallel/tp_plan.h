@@ -90,9 +90,14 @@ struct TpOptions {
   // next column (norms, residual adds, dropout) runs on each rank's part of
   // the sequence (Note [Sequence parallel]).
   bool sequence_parallel = false;
-  // Parameters no split may cut: those tied to a copy in another stage,
-  // whose gradients the runtime sums whole (pipe.json "tied").
+  // Parameters tied to a copy in another stage (pipe.json "tied"), whose
+  // gradients the runtime sums with the copies': no split cuts them...
   std::set<std::string> keep_whole;
+  // ... but, when set, one read here by an embedding or a column linear is
+  // split along dim 0 as the other stages split their copies (Note [Tied
+  // vocabulary]: a tied embedding and lm_head, with loss parallel). The
+  // caller checks that every copy was split alike.
+  bool split_tied = false;
   // Loss parallel: the stage outputs (flat indices) that the loss reads as
   // logits with the vocab-parallel cross-entropy (tp_ops.h). One split along
   // its last dim (lm_head's columns) leaves the stage split instead of

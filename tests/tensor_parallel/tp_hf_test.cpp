@@ -69,12 +69,13 @@ TEST_P(FamilyPlan, IsTransformersOwnPlan) {
   EXPECT_EQ(plan.styles(), expected) << plan.describe();
   EXPECT_GE(expected.size(), 4u * meta(family)["config"]["num_hidden_layers"].get<std::size_t>());
   // The LM head's logits leave the stage: it runs whole, and the plan says
-  // why (a tied one because its weight is the embedding's).
+  // why; a tied embedding stays whole with it (Note [Tied vocabulary]).
   ASSERT_FALSE(plan.linears.empty());
   const PlannedLinear& head = plan.linears.back();
   const bool tied = tiedEmbeddings(family);
   EXPECT_EQ(head.split, LinearSplit::kWhole) << head.module;
-  EXPECT_NE(head.why.find(tied ? "tied" : "leaves the stage"), std::string::npos) << head.why;
+  EXPECT_NE(head.why.find("leaves the stage"), std::string::npos) << head.why;
+  if (tied) EXPECT_NE(plan.linears.front().why.find("tied"), std::string::npos) << plan.linears.front().why;
   EXPECT_EQ(plan.reduces, 2 * meta(family)["config"]["num_hidden_layers"].get<int>() + (tied ? 0 : 1));
 }
 
@@ -103,8 +104,9 @@ TEST_P(FamilyPlan, SequenceParallelRanksComputeTheWholeModel) {
 
 // Loss parallel (Note [Vocab-parallel cross-entropy]): lm_head split by
 // vocabulary, its logits left split, and the cross-entropy taken from the
-// blocks equals the whole model's loss and gradients. A tied head stays
-// whole (its weight is the embedding's), and so do its logits.
+// blocks equals the whole model's loss and gradients. A tied head and
+// embedding split their one weight alike (Note [Tied vocabulary]): both
+// read each rank's rows, and their gradients add on them.
 TEST_P(FamilyPlan, LossParallelRanksComputeTheWholeLoss) {
   const std::string family = GetParam();
   at::manual_seed(9);
@@ -116,10 +118,10 @@ TEST_P(FamilyPlan, LossParallelRanksComputeTheWholeLoss) {
     options.sequence_parallel = sp;
     options.vocab_parallel_outputs = {0};
     TpPlan plan = planTensorParallel(load(family), tokens(family), 2, options);
-    const bool tied = tiedEmbeddings(family);
-    EXPECT_EQ(plan.vocab_split_outputs, tied ? std::vector<int>{} : std::vector<int>{0}) << plan.describe();
-    EXPECT_EQ(plan.styles().count("lm_head"), tied ? 0u : 1u) << plan.describe();
-    EXPECT_EQ(plan.gathers, tied && sp ? 1 : 0) << plan.describe();
+    EXPECT_EQ(plan.vocab_split_outputs, std::vector<int>{0}) << plan.describe();
+    EXPECT_EQ(plan.linears.back().split, LinearSplit::kColumn) << plan.describe();  // lm_head (embed_out)
+    EXPECT_EQ(plan.linears.front().split, LinearSplit::kVocab) << plan.describe();  // the embedding
+    EXPECT_EQ(plan.gathers, 0) << plan.describe();
     testing::compareWithWhole([&] { return load(family); }, tokens(family), 2, options, targets);
   }
 }

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""pipeline.loss_parallel (issue 44): the vocab-parallel cross-entropy on a transformers Llama.
+"""pipeline.loss_parallel (issue 44): the vocab-parallel cross-entropy on transformers Llama and Qwen2.
 
 With tensor parallel, lm_head is split by vocabulary and its logits are left
 split; the loss is Megatron's vocab-parallel cross-entropy (Note
 [Vocab-parallel cross-entropy] in tensor_parallel/tp_ops.cpp), so no rank
-holds [N, V]. The zoo's Llama trains three ways on pp2, 4 steps with a
-held-out evaluation every 2:
+holds [N, V]. Qwen2 ties lm_head to the embedding, in another stage: both
+stages split the one weight by vocabulary rows (Note [Tied vocabulary] in
+tensor_parallel/tp_plan.cpp). Each family trains three ways on pp2, 4 steps
+with a held-out evaluation every 2:
   * tp1 (the reference);
   * pp2 x tp2 with loss_parallel (the default);
   * pp2 x tp2 with loss_parallel: false (lm_head whole on every rank).
@@ -13,12 +15,19 @@ and the test checks:
   * per-step training and held-out losses of both tp2 runs equal tp1's
     (rtol 1e-5: the split sums add in another order);
   * the last stage's ranks hold half of lm_head with loss parallel: their
-    `model_state` param_bytes are vocab x hidden x 4 / 2 fewer;
+    `model_state` param_bytes are vocab x hidden x 4 / 2 fewer; for Qwen2
+    the first stage's ranks too (the tied embedding); for Llama the first
+    stage's embedding is split either way;
+Llama then checks:
   * `pipeforge eval --outputs` on the tp1 checkpoint gives the same whole
     logits [rows, seq, vocab] on tp2 with loss parallel (gathered once the
     loss is taken) as on tp1, and the same held-out loss;
   * a target outside the vocabulary is refused naming it, as
     torch.nn.functional.cross_entropy refuses it.
+and Qwen2:
+  * an explicit plan that splits the embedding by vocabulary but names no
+    style for lm_head splits one copy of the tied weight and not the other:
+    refused before training, naming the tied parameter and the fix.
 
 Usage: test_loss_parallel.py PIPEFORGE_BINARY HF_ZOO_DIR
 """
@@ -40,6 +49,7 @@ RUNS = {"tp1": (1, ""), "tp2": (2, ""), "tp2 whole head": (2, ", loss_parallel: 
 
 
 def write_config(path, run, model, data, tp, extra):
+    """pp2 x tp `tp`, 1F1B, `extra` appended to the pipeline keys."""
     with open(path, "w") as f:
         f.write(f"""model: {{path: {model}, num_stages: 2, policy: parameters}}
 pipeline: {{schedule: 1F1B, microbatches: {MICROBATCHES}, tensor_parallel: {tp}{extra}}}
@@ -64,6 +74,94 @@ def within(a, b) -> bool:
     return len(a) == len(b) and all(abs(x - y) <= ATOL + RTOL * abs(y) for x, y in zip(a, b))
 
 
+def train_three_ways(torch, binary, d, family, model, tokens):
+    """tp1, tp2, tp2 with loss_parallel: false; returns {label: (losses by event, param_bytes by rank)}."""
+    data = os.path.join(d, "data.pt")
+    torch.save({"inputs": tokens[:, :-1].contiguous(), "targets": tokens[:, 1:].contiguous()}, data)
+    results = {}
+    for label, (tp, extra) in RUNS.items():
+        run = os.path.join(d, label.replace(" ", "-"))
+        write_config(run + ".yaml", run, model, data, tp, extra)
+        common.run_pipeforge(binary, "train", "--config", run + ".yaml", "--nproc", str(2 * tp), env=ENV)
+        with open(os.path.join(run, "out", "metrics.jsonl")) as f:
+            records = [json.loads(line) for line in f]
+        series = {e: [r["loss"] for r in sorted((r for r in records if r["event"] == e), key=lambda r: r["step"])]
+                  for e in ("train", "eval")}
+        states = {r["rank"]: r["param_bytes"] for r in records if r["event"] == "model_state"}
+        results[label] = (series, states)
+        print(f"{family:6} {label:15} train {series['train']}  held-out {series['eval']}  param_bytes {states}")
+    return results
+
+
+def check_family(torch, binary, d, family, model) -> list:
+    os.makedirs(d)
+    with open(os.path.join(os.path.dirname(model), family + ".json")) as f:
+        meta = json.load(f)
+    vocab, hidden = meta["vocab"], meta["config"]["hidden_size"]
+    tied = bool(meta["config"].get("tie_word_embeddings"))
+    problems = []
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, vocab, (ROWS, SEQ + 1), generator=g)
+    results = train_three_ways(torch, binary, d, family, model, tokens)
+
+    ref = results["tp1"][0]
+    for label in ("tp2", "tp2 whole head"):
+        series = results[label][0]
+        for e in ("train", "eval"):
+            if len(ref[e]) != (STEPS if e == "train" else STEPS // 2) or not within(series[e], ref[e]):
+                problems.append(f"{family} {label}: {e} losses {series[e]} vs tp1 {ref[e]}")
+        diff = max(abs(a - b) for a, b in zip(series["train"] + series["eval"], ref["train"] + ref["eval"]))
+        print(f"{family} {label}: max |loss diff| to tp1 {diff:.2e}")
+    # tp is innermost: ranks 0 and 1 hold the first stage (the embedding), 2 and 3 the last (lm_head).
+    split, whole = results["tp2"][1], results["tp2 whole head"][1]
+    half = vocab * hidden * 4 // 2
+    for r in (0, 1, 2, 3):
+        want = half if r >= 2 or tied else 0
+        if whole[r] - split[r] != want:
+            problems.append(f"{family} rank {r}: loss parallel holds {split[r]} parameter bytes, the whole head "
+                            f"{whole[r]}: {whole[r] - split[r]} fewer, not {want}")
+    if tied:
+        # The embedding split by an explicit plan, lm_head (named by no glob) whole: the tied copies disagree.
+        run = os.path.join(d, "mismatch")
+        write_config(run + ".yaml", run, model, os.path.join(d, "data.pt"), 2,
+                     ', tensor_parallel_plan: {"model.embed_tokens": vocab, "layers.*.mlp.up_proj": colwise, '
+                     '"layers.*.mlp.gate_proj": colwise, "layers.*.mlp.down_proj": rowwise}')
+        problems += common.expect_refusal(binary, run + ".yaml", "tied copies split unalike",
+                                          ["tied parameter", "lm_head.weight", "set pipeline.loss_parallel: false"],
+                                          nproc=4)
+        return problems
+
+    # The same checkpoint evaluated on tp1 and on tp2 with loss parallel: whole logits.
+    ckpt = os.path.join(d, "tp1", "ckpt")
+    outs, losses = {}, {}
+    for label, tp in (("tp1", 1), ("tp2", 2)):
+        path = os.path.join(d, f"eval-{label}.pt")
+        text = common.run_pipeforge(binary, "eval", "--config", os.path.join(d, label + ".yaml"), "--checkpoint",
+                                    ckpt, "--outputs", path, "--nproc", str(2 * tp), env=ENV)
+        losses[label] = held_out(text)
+        outs[label] = torch.load(path)[0]
+    print(f"eval outputs: tp1 {tuple(outs['tp1'].shape)}, tp2 {tuple(outs['tp2'].shape)}, max |diff| "
+          f"{(outs['tp1'] - outs['tp2']).abs().max().item() if outs['tp1'].shape == outs['tp2'].shape else 'n/a'}"
+          f"; held-out loss {losses['tp1']:.9g} vs {losses['tp2']:.9g}")
+    if outs["tp2"].shape != (ROWS_PER_MB * MICROBATCHES, SEQ, vocab):
+        problems.append(f"eval outputs on tp2 have shape {tuple(outs['tp2'].shape)}, not whole logits")
+    elif not torch.allclose(outs["tp2"], outs["tp1"], rtol=RTOL, atol=ATOL):
+        problems.append("eval outputs on tp2 differ from tp1's")
+    if not within([losses["tp2"]], [losses["tp1"]]):
+        problems.append(f"held-out loss on tp2 {losses['tp2']} vs tp1 {losses['tp1']}")
+
+    # A target past the vocabulary: refused by the split loss, naming it.
+    bad = tokens[:, 1:].clone()
+    bad[5, 3] = vocab
+    data = os.path.join(d, "bad.pt")
+    torch.save({"inputs": tokens[:, :-1].contiguous(), "targets": bad}, data)
+    run = os.path.join(d, "bad-target")
+    write_config(run + ".yaml", run, model, data, 2, "")
+    problems += common.expect_refusal(binary, run + ".yaml", "a target outside the vocabulary",
+                                      [f"target {vocab} is outside the vocabulary [0, {vocab})"], nproc=4)
+    return problems
+
+
 def main() -> int:
     if len(sys.argv) != 3:
         print(__doc__)
@@ -73,79 +171,13 @@ def main() -> int:
         import torch
     except ImportError:
         common.skip("needs torch in the test's python")
-    model = os.path.join(zoo, "llama.pt2")
-    if not os.path.exists(model):
-        common.skip(f"{model} is not built")
-    with open(os.path.join(zoo, "llama.json")) as f:
-        meta = json.load(f)
-    vocab, hidden = meta["vocab"], meta["config"]["hidden_size"]
     problems = []
     with common.temp_dir("pf-loss-parallel-") as d:
-        g = torch.Generator().manual_seed(3)
-        tokens = torch.randint(0, vocab, (ROWS, SEQ + 1), generator=g)
-        data = os.path.join(d, "data.pt")
-        torch.save({"inputs": tokens[:, :-1].contiguous(), "targets": tokens[:, 1:].contiguous()}, data)
-
-        results = {}
-        for label, (tp, extra) in RUNS.items():
-            run = os.path.join(d, label.replace(" ", "-"))
-            write_config(run + ".yaml", run, model, data, tp, extra)
-            common.run_pipeforge(binary, "train", "--config", run + ".yaml", "--nproc", str(2 * tp), env=ENV)
-            with open(os.path.join(run, "out", "metrics.jsonl")) as f:
-                records = [json.loads(line) for line in f]
-            series = {e: [r["loss"] for r in sorted((r for r in records if r["event"] == e), key=lambda r: r["step"])]
-                      for e in ("train", "eval")}
-            states = {r["rank"]: r["param_bytes"] for r in records if r["event"] == "model_state"}
-            results[label] = (series, states)
-            print(f"{label:15} train {series['train']}  held-out {series['eval']}  param_bytes {states}")
-
-        ref = results["tp1"][0]
-        for label in ("tp2", "tp2 whole head"):
-            series = results[label][0]
-            for e in ("train", "eval"):
-                if len(ref[e]) != (STEPS if e == "train" else STEPS // 2) or not within(series[e], ref[e]):
-                    problems.append(f"{label}: {e} losses {series[e]} vs tp1 {ref[e]}")
-            diff = max(abs(a - b) for a, b in zip(series["train"] + series["eval"], ref["train"] + ref["eval"]))
-            print(f"{label}: max |loss diff| to tp1 {diff:.2e}")
-        # tp is innermost: ranks 2 and 3 hold the last stage, with lm_head.
-        split, whole = results["tp2"][1], results["tp2 whole head"][1]
-        for r in (2, 3):
-            saved = whole[r] - split[r]
-            if saved != vocab * hidden * 4 // 2:
-                problems.append(f"rank {r}: loss parallel holds {split[r]} parameter bytes, the whole head "
-                                f"{whole[r]}: {saved} fewer, not half of lm_head ({vocab * hidden * 4 // 2})")
-        for r in (0, 1):
-            if split[r] != whole[r]:
-                problems.append(f"rank {r} (first stage): {split[r]} vs {whole[r]} parameter bytes")
-
-        # The same checkpoint evaluated on tp1 and on tp2 with loss parallel: whole logits.
-        ckpt = os.path.join(d, "tp1", "ckpt")
-        outs, losses = {}, {}
-        for label, tp in (("tp1", 1), ("tp2", 2)):
-            path = os.path.join(d, f"eval-{label}.pt")
-            text = common.run_pipeforge(binary, "eval", "--config", os.path.join(d, label + ".yaml"), "--checkpoint",
-                                        ckpt, "--outputs", path, "--nproc", str(2 * tp), env=ENV)
-            losses[label] = held_out(text)
-            outs[label] = torch.load(path)[0]
-        print(f"eval outputs: tp1 {tuple(outs['tp1'].shape)}, tp2 {tuple(outs['tp2'].shape)}, max |diff| "
-              f"{(outs['tp1'] - outs['tp2']).abs().max().item() if outs['tp1'].shape == outs['tp2'].shape else 'n/a'}"
-              f"; held-out loss {losses['tp1']:.9g} vs {losses['tp2']:.9g}")
-        if outs["tp2"].shape != (ROWS_PER_MB * MICROBATCHES, SEQ, vocab):
-            problems.append(f"eval outputs on tp2 have shape {tuple(outs['tp2'].shape)}, not whole logits")
-        elif not torch.allclose(outs["tp2"], outs["tp1"], rtol=RTOL, atol=ATOL):
-            problems.append("eval outputs on tp2 differ from tp1's")
-        if not within([losses["tp2"]], [losses["tp1"]]):
-            problems.append(f"held-out loss on tp2 {losses['tp2']} vs tp1 {losses['tp1']}")
-
-        # A target past the vocabulary: refused by the split loss, naming it.
-        bad = tokens[:, 1:].clone()
-        bad[5, 3] = vocab
-        torch.save({"inputs": tokens[:, :-1].contiguous(), "targets": bad}, data)
-        run = os.path.join(d, "bad-target")
-        write_config(run + ".yaml", run, model, data, 2, "")
-        problems += common.expect_refusal(binary, run + ".yaml", "a target outside the vocabulary",
-                                          [f"target {vocab} is outside the vocabulary [0, {vocab})"], nproc=4)
-
+        for family in ("llama", "qwen2"):
+            model = os.path.join(zoo, family + ".pt2")
+            if not os.path.exists(model):
+                common.skip(f"{model} is not built")
+            problems += check_family(torch, binary, os.path.join(d, family), family, model)
     for p in problems:
         print("FAIL:", p)
     if problems:
