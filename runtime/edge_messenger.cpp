@@ -155,8 +155,9 @@ void EdgeMessenger::sendGrad(int e, int mb, const at::Tensor& grad) {
 
 EdgeMessenger::Send& EdgeMessenger::send(const at::Tensor& t, int dst, std::uint32_t tag, const Transfer& what) {
   const auto t0 = StepClock::now();
-  sends_.push_back(Send{comm_.isend(t, dst, tag), what, static_cast<std::int64_t>(t.nbytes())});
-  if (trace_->profiling()) trace_->record(SpanKind::kSend, what.name(), t0, StepClock::now());
+  const auto bytes = static_cast<std::int64_t>(t.nbytes());
+  sends_.push_back(Send{comm_.isend(t, dst, tag), what, bytes});
+  if (trace_->profiling()) trace_->record(SpanKind::kSend, what.name(), t0, StepClock::now(), bytes);
   return sends_.back();
 }
 

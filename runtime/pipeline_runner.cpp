@@ -156,6 +156,7 @@ class PipelineRunner::Impl {
     }
     executor_ = std::make_unique<ScheduleExecutor>(*comm_, std::move(cfg));
     checkTiedSplits();
+    shareSequenceShards();
   }
 
   // Note [Replacing the program]: setProgram leaves the runner as if it had
@@ -187,6 +188,7 @@ class PipelineRunner::Impl {
       std::vector<std::vector<int>> groups;  // created on first use
       executor_ = std::make_unique<ScheduleExecutor>(*comm_, executorConfig(groups));
       checkTiedSplits();
+      shareSequenceShards();
     });
   }
 
@@ -216,6 +218,59 @@ class PipelineRunner::Impl {
         }
       }
       if (!vocab_split_.empty()) loss_->setVocabParallel(vocab_split_, tp_rank_, tp_size_, tp_group_->group());
+    }
+  }
+
+  // Note [Sequence shards across cuts] in tensor_parallel/tp_plan.cpp: with
+  // sequence parallel, a stage output split along the sequence may leave as
+  // the rank's part when every edge carrying it ends in a module input of a
+  // later stage, which gathers it (not in the loss's inputs, which take
+  // whole tensors).
+  std::set<int> sequenceShardableOutputs(int s) const {
+    std::set<int> out;
+    if (!options_.sequence_parallel) return out;
+    const StagePlan& sp = plan_.stages.at(s);
+    for (int k = 0; k < sp.num_outputs; ++k) {
+      const auto& edges = sp.consumers.at(k);
+      const bool to_modules = !edges.empty() && std::all_of(edges.begin(), edges.end(), [&](int e) {
+        const Edge& edge = plan_.edges.at(e);
+        return edge.consumer_slot < plan_.stages.at(edge.consumer).num_module_inputs;
+      });
+      if (to_modules) out.insert(k);
+    }
+    return out;
+  }
+
+  // Each stage plans its own outputs; the stages reading them learn which
+  // arrive as sequence shards here, from one all-reduce over every rank of
+  // a table [stage, output] of dim + 1 (0: whole). Every holder of a stage
+  // (its tp group, each replica) planned it alike, so the sum is that many
+  // times the value.
+  void shareSequenceShards() {
+    if (!options_.sequence_parallel || tp_size_ == 1) return;
+    int widest = 1;
+    for (const StagePlan& sp : plan_.stages) widest = std::max(widest, sp.num_outputs);
+    at::Tensor table = at::zeros({manifest_.num_stages, widest}, at::kDouble);
+    for (PipelineStage* stage : stages_) {
+      if (stage == nullptr) continue;
+      for (const auto& [k, dim] : sequence_shards_[stage->index()]) table[stage->index()][k] = dim + 1;
+    }
+    std::vector<int> everyone(static_cast<std::size_t>(world_));
+    for (int r = 0; r < world_; ++r) everyone[static_cast<std::size_t>(r)] = r;
+    if (world_ > 1) comm_->allreduceSum(table, everyone);
+    table /= static_cast<double>(tp_size_ * options_.dp_degree);
+    for (PipelineStage* stage : stages_) {
+      if (stage == nullptr) continue;
+      std::map<int, int> dims;
+      const StagePlan& sp = plan_.stages.at(stage->index());
+      for (int i = 0; i < sp.num_module_inputs; ++i) {
+        const StageInput& in = sp.inputs.at(static_cast<std::size_t>(i));
+        if (in.kind != StageInput::Kind::kEdge) continue;
+        const Edge& edge = plan_.edges.at(in.edge);
+        const auto code = std::lround(table[edge.producer][edge.producer_output].item<double>());
+        if (code > 0) dims[i] = static_cast<int>(code) - 1;
+      }
+      stage->setSequenceShardedInputs(std::move(dims), tp_rank_, tp_size_, tp_group_->group());
     }
   }
 
@@ -278,6 +333,7 @@ class PipelineRunner::Impl {
       // With loss parallel, a tied embedding and lm_head split by vocabulary
       // in their stages (Note [Tied vocabulary]); checkTiedSplits verifies.
       tp.split_tied = options_.loss_parallel && options_.loss == LossKind::kCrossEntropy;
+      tp.sequence_shard_outputs = sequenceShardableOutputs(s);
       torch::jit::Module mine;
       try {
         mine = tensor_parallel::shardForTensorParallel(
@@ -292,6 +348,7 @@ class PipelineRunner::Impl {
       if (s == manifest_.num_stages - 1) {
         vocab_split_stage_outputs_ = {plan.vocab_split_outputs.begin(), plan.vocab_split_outputs.end()};
       }
+      sequence_shards_[s] = {plan.sequence_shard_outputs.begin(), plan.sequence_shard_outputs.end()};
       return mine;
     };
   }
@@ -607,6 +664,7 @@ class PipelineRunner::Impl {
   std::map<int, std::map<std::string, int>> tp_split_dims_;  // stage -> parameter -> the dim it is split along
   std::set<int> vocab_split_stage_outputs_;  // loss parallel: the last stage's outputs left split by vocabulary
   std::set<int> vocab_split_;                // ... as model outputs (the loss's and eval's indices)
+  std::map<int, std::map<int, int>> sequence_shards_;  // stage -> output -> dim: left as sequence shards
   std::optional<mesh::MeshLayout> mesh_;  // the run's pp × tp × dp layout (Note [Mesh order])
   StageSharding* sharding_ = nullptr;     // ZeRO stage 2 and up; not owned
   std::string device_;

@@ -97,7 +97,9 @@ struct RunnerOptions {
   // An explicit tensor-parallel plan: (module FQN glob, colwise | rowwise |
   // replicated); empty: found in each stage's graph (tensor_parallel/tp_plan.h).
   std::vector<std::pair<std::string, std::string>> tp_styles;
-  // Megatron's sequence parallel inside each stage (tp_degree > 1).
+  // Megatron's sequence parallel inside each stage (tp_degree > 1). What
+  // crosses a pipeline cut split along the sequence travels as each rank's
+  // part (with ShapeMode::kStatic, static_shapes must give the parts).
   bool sequence_parallel = false;
   // Loss parallel (tp_degree > 1, LossKind::kCrossEntropy): the last stage
   // leaves the logits split by vocabulary (lm_head's columns) and the loss

@@ -23,6 +23,7 @@
 #include "stage/file_digest.h"
 #include "stage/manifest.h"
 #include "stage/stage_segments.h"
+#include "tensor_parallel/tp_ops.h"
 
 namespace pipeforge::runtime {
 namespace {
@@ -140,8 +141,12 @@ class PipelineStage::Impl {
 
   // The module's forward on `inputs` (module inputs first), as a list of outputs.
   std::vector<at::Tensor> run(int mb, const std::vector<at::Tensor>& inputs) {
-    return runModule(module_, mb, std::vector<c10::IValue>(inputs.begin(), inputs.begin() + sig_.num_module_inputs),
-                     sig_.num_outputs, "");
+    std::vector<c10::IValue> args(inputs.begin(), inputs.begin() + sig_.num_module_inputs);
+    for (const auto& [i, dim] : sharded_inputs_) {
+      args.at(static_cast<std::size_t>(i)) =
+          tensor_parallel::gatherAlong(inputs.at(static_cast<std::size_t>(i)), dim, tp_rank_, tp_degree_, tp_group_);
+    }
+    return runModule(module_, mb, std::move(args), sig_.num_outputs, "");
   }
 
   // `module` (the stage's, or one of its segments, named by `segment`) on
@@ -522,6 +527,8 @@ class PipelineStage::Impl {
   std::string device_ = "cpu";  // the generators a forward draws from
   bool checkpointing_ = false;
   int kept_limit_ = -1;                  // Note [Partial recompute]; < 0: off
+  std::map<int, int> sharded_inputs_;    // setSequenceShardedInputs: module input -> sequence dim
+  int tp_rank_ = 0, tp_degree_ = 1, tp_group_ = 0;
   std::int64_t recomputed_forwards_ = 0;
   std::vector<torch::jit::Module> segments_;  // every_n: the stage cut at its calls
   stage::StageSegments segment_plan_;
@@ -668,6 +675,18 @@ void PipelineStage::setActivationCheckpointing(bool on, int every_n, const Stage
   s.segments_.clear();
   s.segment_plan_ = stage::StageSegments{};
   if (on && every_n > 0) s.segment_plan_ = cutIntoSegments(s.module_, s.sig_.index, every_n, cut, s.segments_);
+}
+
+void PipelineStage::setSequenceShardedInputs(std::map<int, int> dims, int rank, int degree, int group) {
+  Impl& s = *impl_;
+  PIPEFORGE_CHECK(dims.empty() || !s.segmented(), "sequence-sharded inputs on a segmented stage");
+  for (const auto& [i, dim] : dims) {
+    PIPEFORGE_CHECK(i >= 0 && i < s.sig_.num_module_inputs, "a sequence-sharded input that is not a module input");
+  }
+  s.sharded_inputs_ = std::move(dims);
+  s.tp_rank_ = rank;
+  s.tp_degree_ = degree;
+  s.tp_group_ = group;
 }
 
 void PipelineStage::setKeptMicrobatches(int k) {

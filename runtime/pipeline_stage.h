@@ -11,6 +11,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -106,6 +107,12 @@ class PipelineStage {
   // Each microbatch's backward matches its own forward, so mixing the two is
   // exact. Not with every_n (refused by the config).
   void setKeptMicrobatches(int k);
+  // Sequence parallel across a cut (Note [Sequence shards across cuts] in
+  // tensor_parallel/tp_plan.cpp): module inputs {index: dim} arrive as this
+  // rank's part of the sequence, and the stage runs on their all-gather over
+  // the tensor-parallel group `group` (rank `rank` of `degree`), whose
+  // backward gives the input's gradient as a part again. Empty: none.
+  void setSequenceShardedInputs(std::map<int, int> dims, int rank, int degree, int group);
   // Training forwards run checkpointed so far (with full, every one).
   std::int64_t recomputedMicrobatches() const;
   // Runs the recompute (forward and loss) inside `around`, e.g. the autocast

@@ -31,7 +31,8 @@ struct TimedStep {
 //              slices of its name: "1F3", "wait recv 1F3 ...", "1F3", "send ...".
 //   comm       a SEND/RECV action, which posts a receive, and "send 0F3 to
 //              rank 1": posting the send of 0F3's output, inside 0F3 (the
-//              transport may block there; the transfer then runs in the background).
+//              transport may block there; the transfer then runs in the background;
+//              args.bytes is what the send carries).
 //   wait       blocked on a peer: "wait recv 1F3 from rank 0" (the input of
 //              stage 1's forward of microbatch 3; "1F3 shape" is its shape
 //              message), "wait recv 0B3 from rank 1" (the gradient for stage
@@ -70,6 +71,7 @@ struct TimedSpan {
   std::string name;      // "wait recv 1F3 from rank 0", "optimizer step", ...
   double start_s = 0.0;  // seconds since the step began on this rank
   double end_s = 0.0;
+  std::int64_t bytes = 0;  // a send's payload (the trace's args.bytes); 0 for other spans
 };
 
 struct StepProfile {

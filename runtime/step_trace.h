@@ -28,9 +28,12 @@ class StepTrace {
   bool profiling() const { return profile_ != nullptr; }
 
   // A span from t0 to t1, in seconds since the step began; nothing when not profiling.
-  void record(SpanKind kind, std::string name, StepClock::time_point t0, StepClock::time_point t1) {
+  // `bytes`: what a send carries.
+  void record(SpanKind kind, std::string name, StepClock::time_point t0, StepClock::time_point t1,
+              std::int64_t bytes = 0) {
     if (profile_ == nullptr) return;
-    profile_->spans.push_back(TimedSpan{kind, std::move(name), secondsBetween(start_, t0), secondsBetween(start_, t1)});
+    profile_->spans.push_back(
+        TimedSpan{kind, std::move(name), secondsBetween(start_, t0), secondsBetween(start_, t1), bytes});
   }
 
   // Time blocked on peers, summed until takeWaitSeconds (once per action).

@@ -288,6 +288,10 @@ TORCH_LIBRARY(pipeforge_tp, m) {
 
 void ensureOpsRegistered() {}
 
+at::Tensor gatherAlong(const at::Tensor& x, int dim, int rank, int degree, int group) {
+  return GatherFromGroup::apply(x, dim, rank, degree, group);
+}
+
 at::Tensor vocabParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& target, int rank, int degree,
                                      int group, bool sum, int ignore_index) {
   PIPEFORGE_CHECK(logits.dim() == 2 && target.dim() == 1 && target.size(0) == logits.size(0),

@@ -60,6 +60,12 @@ using AllReduce = std::function<void(const at::Tensor& tensor)>;
 at::Tensor vocabParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& target, int rank, int degree,
                                      int group, bool sum, int ignore_index = -1);
 
+// pipeforge_tp::gather as a C++ call: the whole tensor from every rank's
+// block of `x` along `dim`; backward keeps this rank's block of the
+// gradient. A stage whose input arrives as a sequence shard (Note [Sequence
+// shards across cuts] in tp_plan.cpp) runs on its gather.
+at::Tensor gatherAlong(const at::Tensor& x, int dim, int rank, int degree, int group);
+
 // Makes the ops known to TorchScript (a no-op after the first call; linking
 // this library registers them, the call keeps the linker from dropping it).
 void ensureOpsRegistered();

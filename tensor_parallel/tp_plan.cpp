@@ -55,6 +55,9 @@ std::string TpPlan::describe() const {
   os << fmt::format("tensor parallel {}: {} split parameters, {} all-reduces forward (g), {} backward (f), {} "
                     "outputs gathered, {} sizes divided",
                     degree, parameters.size(), reduces, copies, gathers, resized);
+  if (!sequence_shard_outputs.empty()) {
+    os << fmt::format(", {} outputs left as sequence shards", sequence_shard_outputs.size());
+  }
   if (!vocab_split_outputs.empty()) {
     os << fmt::format(", {} outputs left split by vocabulary for the loss", vocab_split_outputs.size());
   }
@@ -98,7 +101,19 @@ using torch::jit::Value;
 // rank's block after an f, whose sum rebuilds its gradient; a norm weight
 // applied to a shard gets an f too, which is Megatron's all-reduce of the
 // sequence-parallel gradients. Stage outputs split along the sequence are
-// gathered whole.
+// gathered whole, but those of Note [Sequence shards across cuts].
+//
+// Note [Sequence shards across cuts]: Megatron sends the sequence shard
+// from stage to stage, 1/t of the hidden states. Here a stage output split
+// along the sequence leaves as this rank's part when every edge carrying it
+// ends in a module input of a later stage (TpOptions::sequence_shard_outputs;
+// the runner knows the edges). The stage reading it gathers it where it
+// enters (PipelineStage::setSequenceShardedInputs, tp_ops' gather: backward
+// keeps the rank's part of the gradient, which is what travels back), so
+// the all-gather moves from the sending side to the receiving one and the
+// bytes on the wire halve at t = 2. Which outputs left as parts is only
+// known to the stage that planned them: the runner shares it with one
+// all-reduce over every rank after planning (shareSequenceShards).
 enum class Kind { kRep, kShard, kBroken };
 
 struct State {
@@ -184,7 +199,7 @@ class Planner {
       : opened_(opened), graph_(opened.graph()), shapes_(std::move(shapes)), degree_(degree),
         explicit_(!options.styles.empty()), sequence_parallel_(options.sequence_parallel),
         keep_whole_(options.keep_whole), split_tied_(options.split_tied),
-        vocab_outputs_(options.vocab_parallel_outputs) {
+        vocab_outputs_(options.vocab_parallel_outputs), seq_outputs_(options.sequence_shard_outputs) {
     const TpStyles& styles = options.styles;
     countParameterReads(graph_.block());
     if (!explicit_) return;
@@ -322,6 +337,7 @@ class Planner {
     plan.sequence_gathers = static_cast<int>(gathered.size());
     plan.resized = static_cast<int>(resizes_.size());
     plan.vocab_split_outputs = vocab_split_;
+    plan.sequence_shard_outputs = seq_shards_;
     return plan;
   }
 
@@ -620,6 +636,7 @@ class Planner {
     wraps_.clear();
     gathers_.clear();
     vocab_split_.clear();
+    seq_shards_.clear();
     seq_gathers_.clear();
     embeddings_.clear();
     embedding_whole_.clear();
@@ -674,6 +691,14 @@ class Planner {
       if (!s.seq && vocab_outputs_.count(static_cast<int>(output)) &&
           s.dim == rankOf(consumer->input(input)) - 1) {
         vocab_split_.push_back(static_cast<int>(output));
+        return;
+      }
+      // Note [Sequence shards across cuts]: what crosses to the next stage is
+      // this rank's part of the sequence, 1/t of the whole; that stage
+      // gathers it where it enters (PipelineStage::setSequenceShardedInputs),
+      // the all-gather this stage would otherwise run here.
+      if (s.seq && seq_outputs_.count(static_cast<int>(output))) {
+        seq_shards_.emplace_back(static_cast<int>(output), s.dim);
         return;
       }
       if (s.seq || explicit_ || closed_.count(find(s.origin))) {  // an explicit colwise head gathers its output
@@ -1231,6 +1256,7 @@ class Planner {
   bool split_tied_;
   std::set<const void*> tied_whole_;  // across passes: tied tensors not split alike by every use, kept whole
   std::set<int> vocab_outputs_;  // outputs the loss may read split by vocabulary (TpOptions)
+  std::set<int> seq_outputs_;    // outputs that may leave as sequence shards (TpOptions)
   std::unordered_map<const Node*, std::pair<bool, std::string>> styled_embeddings_;  // explicit: split?, why
   std::vector<Node*> embeddings_;                                  // vocab-parallel lookups
   std::unordered_map<const Node*, std::string> embedding_whole_;  // embeddings kept whole, and why
@@ -1250,6 +1276,7 @@ class Planner {
   std::vector<Wrap> wraps_;
   std::vector<Wrap> gathers_;  // split values leaving the stage: {consumer, input, the dim to gather}
   std::vector<int> vocab_split_;  // ... and those that are
+  std::vector<std::pair<int, int>> seq_shards_;  // outputs left as sequence shards: (output, dim)
   std::vector<Resize> resizes_;
 };
 

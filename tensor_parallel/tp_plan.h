@@ -72,6 +72,10 @@ struct TpPlan {
   // cross-entropy (TpOptions::vocab_parallel_outputs): each rank returns its
   // block of the vocabulary, in rank order.
   std::vector<int> vocab_split_outputs;
+  // Sequence parallel: stage outputs left as this rank's part of the
+  // sequence, (output, dim), for the next stage to gather
+  // (TpOptions::sequence_shard_outputs).
+  std::vector<std::pair<int, int>> sequence_shard_outputs;
 
   // {module FQN: "colwise" | "rowwise" | "embedding_rowwise"}, what is split.
   std::map<std::string, std::string> styles() const;
@@ -103,6 +107,10 @@ struct TpOptions {
   // its last dim (lm_head's columns) leaves the stage split instead of
   // making its columns whole; TpPlan::vocab_split_outputs lists them.
   std::set<int> vocab_parallel_outputs;
+  // Sequence parallel: the stage outputs (flat indices) that may leave as
+  // the rank's part of the sequence instead of gathered whole (the next
+  // stage's inputs, which it gathers: Note [Sequence shards across cuts]).
+  std::set<int> sequence_shard_outputs;
 };
 
 // Plans `stage` for `degree` ranks. `example_inputs` are the forward's

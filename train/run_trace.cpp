@@ -18,7 +18,7 @@ namespace {
 
 nlohmann::json spansToJson(const std::vector<runtime::TimedSpan>& spans) {
   nlohmann::json out = nlohmann::json::array();
-  for (const auto& s : spans) out.push_back({runtime::spanKindName(s.kind), s.name, s.start_s, s.end_s});
+  for (const auto& s : spans) out.push_back({runtime::spanKindName(s.kind), s.name, s.start_s, s.end_s, s.bytes});
   return out;
 }
 
@@ -34,7 +34,7 @@ std::vector<runtime::TimedSpan> spansFromJson(const nlohmann::json& j) {
   std::vector<runtime::TimedSpan> out;
   for (const auto& s : j) {
     out.push_back(runtime::TimedSpan{parseSpanKind(s.at(0).get<std::string>()), s.at(1).get<std::string>(),
-                                     s.at(2).get<double>(), s.at(3).get<double>()});
+                                     s.at(2).get<double>(), s.at(3).get<double>(), s.at(4).get<std::int64_t>()});
   }
   return out;
 }
@@ -152,6 +152,7 @@ std::string measuredTraceText(const std::vector<RankStepProfile>& profiles, int 
     for (const auto& s : waits) {
       spans.push_back(slice(s.name, runtime::spanKindName(s.kind), p->rank, pipeline + s.start_s,
                             pipeline + s.end_s, p->step));
+      if (s.bytes > 0) spans.back()["args"]["bytes"] = s.bytes;  // a send's payload
       sim.makespan = std::max(sim.makespan, pipeline + s.end_s);
     }
     for (const auto& s : p->phases) {

@@ -26,6 +26,7 @@ struct Slice {
   int rank = 0;
   double ts = 0.0, end = 0.0;  // microseconds
   std::int64_t step = -1;      // the training step whose step slice holds it
+  std::int64_t bytes = 0;      // args.bytes: a send's payload
 };
 
 bool isCompute(const std::string& cat) {
@@ -62,6 +63,7 @@ Trace readTrace(const std::string& path, int ranks) {
     s.cat = e.at("cat").get<std::string>();
     s.rank = e.at("tid").get<int>();
     s.ts = e.at("ts").get<double>();
+    if (e.contains("args") && e.at("args").contains("bytes")) s.bytes = e.at("args").at("bytes").get<std::int64_t>();
     EXPECT_GE(s.rank, 0);
     EXPECT_LT(s.rank, ranks);
     const double dur = e.at("dur").get<double>();
@@ -176,6 +178,10 @@ TEST(MeasuredTrace, TwoRank1F1BShowsItsWaits) {
     }
     ASSERT_NE(send, nullptr) << "step " << step;
     EXPECT_GE(wait->end, send->ts) << "step " << step;
+    // The send says what it carries: the hidden states, 4 bytes an element; a wait carries nothing.
+    EXPECT_GT(send->bytes, 0) << "step " << step;
+    EXPECT_EQ(send->bytes % 4, 0) << "step " << step;
+    EXPECT_EQ(wait->bytes, 0) << "step " << step;
     bool computed = false;
     for (const Slice* f : t.of(first, step, "F")) {
       computed |= f->name == "0F0" && std::abs(f->end - send->ts) <= kRoundingUs;

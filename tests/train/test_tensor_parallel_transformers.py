@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
-"""pipeline.loss_parallel (issue 44): the vocab-parallel cross-entropy on transformers Llama and Qwen2.
+"""Tensor parallel on transformers Llama and Qwen2 (issue 44): loss parallel, a tied vocabulary, sequence shards.
 
 With tensor parallel, lm_head is split by vocabulary and its logits are left
 split; the loss is Megatron's vocab-parallel cross-entropy (Note
 [Vocab-parallel cross-entropy] in tensor_parallel/tp_ops.cpp), so no rank
 holds [N, V]. Qwen2 ties lm_head to the embedding, in another stage: both
 stages split the one weight by vocabulary rows (Note [Tied vocabulary] in
-tensor_parallel/tp_plan.cpp). Each family trains three ways on pp2, 4 steps
+tensor_parallel/tp_plan.cpp). Each family trains four ways on pp2, 4 steps
 with a held-out evaluation every 2:
   * tp1 (the reference);
   * pp2 x tp2 with loss_parallel (the default);
-  * pp2 x tp2 with loss_parallel: false (lm_head whole on every rank).
+  * pp2 x tp2 with loss_parallel: false (lm_head whole on every rank);
+  * pp2 x tp2 with sequence_parallel.
 and the test checks:
-  * per-step training and held-out losses of both tp2 runs equal tp1's
+  * per-step training and held-out losses of the tp2 runs equal tp1's
     (rtol 1e-5: the split sums add in another order);
+  * with sequence parallel, what crosses the pipeline cut is each rank's
+    part of the sequence (Note [Sequence shards across cuts] in
+    tensor_parallel/tp_plan.cpp): in the trace (args.bytes of the send
+    slices), the hidden states the first stage sends, and their gradients
+    the second sends back, are half the bytes of the run without it;
   * the last stage's ranks hold half of lm_head with loss parallel: their
     `model_state` param_bytes are vocab x hidden x 4 / 2 fewer; for Qwen2
     the first stage's ranks too (the tied embedding); for Llama the first
@@ -29,7 +35,7 @@ and Qwen2:
     style for lm_head splits one copy of the tied weight and not the other:
     refused before training, naming the tied parameter and the fix.
 
-Usage: test_loss_parallel.py PIPEFORGE_BINARY HF_ZOO_DIR
+Usage: test_tensor_parallel_transformers.py PIPEFORGE_BINARY HF_ZOO_DIR
 """
 import json
 import os
@@ -45,7 +51,8 @@ RTOL, ATOL = 1e-5, 1e-6
 SEQ, ROWS = 20, 48
 ENV = {"OMP_NUM_THREADS": "1"}
 # label -> (tensor parallel, extra pipeline keys)
-RUNS = {"tp1": (1, ""), "tp2": (2, ""), "tp2 whole head": (2, ", loss_parallel: false")}
+RUNS = {"tp1": (1, ""), "tp2": (2, ""), "tp2 whole head": (2, ", loss_parallel: false"),
+        "tp2 sp": (2, ", sequence_parallel: true")}
 
 
 def write_config(path, run, model, data, tp, extra):
@@ -60,7 +67,7 @@ data: {{format: tensors, path: {data}, val_fraction: 0.25}}
 training: {{steps: {STEPS}, global_batch_size: {ROWS_PER_MB * MICROBATCHES}, seed: {SEED}, eval_every: 2, eval_batches: 1}}
 checkpoint: {{dir: {run}/ckpt, every: {STEPS}}}
 distributed: {{timeout_s: 60}}
-output: {{dir: {run}/out}}
+output: {{dir: {run}/out, trace: true, trace_steps: 1}}
 """)
 
 
@@ -74,8 +81,20 @@ def within(a, b) -> bool:
     return len(a) == len(b) and all(abs(x - y) <= ATOL + RTOL * abs(y) for x, y in zip(a, b))
 
 
-def train_three_ways(torch, binary, d, family, model, tokens):
-    """tp1, tp2, tp2 with loss_parallel: false; returns {label: (losses by event, param_bytes by rank)}."""
+def largest_sends(run) -> dict:
+    """{(rank, 'F' or 'B'): the largest payload that rank sent}, from the run's trace."""
+    with open(os.path.join(run, "out", "trace.json")) as f:
+        trace = json.load(f)
+    out = {}
+    for e in trace["traceEvents"] if isinstance(trace, dict) else trace:
+        if e.get("cat") == "comm" and "bytes" in e.get("args", {}):
+            key = (e["tid"], e["name"].split()[1][1])  # "send 0F3 to rank 2" -> (rank, "F")
+            out[key] = max(out.get(key, 0), e["args"]["bytes"])
+    return out
+
+
+def train_four_ways(torch, binary, d, family, model, tokens):
+    """The runs of RUNS; returns {label: (losses by event, param_bytes by rank, largest sends)}."""
     data = os.path.join(d, "data.pt")
     torch.save({"inputs": tokens[:, :-1].contiguous(), "targets": tokens[:, 1:].contiguous()}, data)
     results = {}
@@ -88,7 +107,7 @@ def train_three_ways(torch, binary, d, family, model, tokens):
         series = {e: [r["loss"] for r in sorted((r for r in records if r["event"] == e), key=lambda r: r["step"])]
                   for e in ("train", "eval")}
         states = {r["rank"]: r["param_bytes"] for r in records if r["event"] == "model_state"}
-        results[label] = (series, states)
+        results[label] = (series, states, largest_sends(run))
         print(f"{family:6} {label:15} train {series['train']}  held-out {series['eval']}  param_bytes {states}")
     return results
 
@@ -102,10 +121,10 @@ def check_family(torch, binary, d, family, model) -> list:
     problems = []
     g = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, vocab, (ROWS, SEQ + 1), generator=g)
-    results = train_three_ways(torch, binary, d, family, model, tokens)
+    results = train_four_ways(torch, binary, d, family, model, tokens)
 
     ref = results["tp1"][0]
-    for label in ("tp2", "tp2 whole head"):
+    for label in ("tp2", "tp2 whole head", "tp2 sp"):
         series = results[label][0]
         for e in ("train", "eval"):
             if len(ref[e]) != (STEPS if e == "train" else STEPS // 2) or not within(series[e], ref[e]):
@@ -113,6 +132,13 @@ def check_family(torch, binary, d, family, model) -> list:
         diff = max(abs(a - b) for a, b in zip(series["train"] + series["eval"], ref["train"] + ref["eval"]))
         print(f"{family} {label}: max |loss diff| to tp1 {diff:.2e}")
     # tp is innermost: ranks 0 and 1 hold the first stage (the embedding), 2 and 3 the last (lm_head).
+    whole_sends, shard_sends = results["tp2"][2], results["tp2 sp"][2]
+    for key in ((0, "F"), (1, "F"), (2, "B"), (3, "B")):
+        print(f"{family} rank {key[0]} largest {key[1]} send: {whole_sends.get(key)} bytes, with sequence parallel "
+              f"{shard_sends.get(key)}")
+        if not whole_sends.get(key) or 2 * shard_sends.get(key, 0) != whole_sends[key]:
+            problems.append(f"{family} rank {key[0]}: the largest {key[1]} send is {shard_sends.get(key)} bytes with "
+                            f"sequence parallel, not half of {whole_sends.get(key)}")
     split, whole = results["tp2"][1], results["tp2 whole head"][1]
     half = vocab * hidden * 4 // 2
     for r in (0, 1, 2, 3):
@@ -182,7 +208,7 @@ def main() -> int:
         print("FAIL:", p)
     if problems:
         return 1
-    print("loss parallel trains, evaluates and refuses as the whole cross-entropy does")
+    print("loss parallel, the tied vocabulary and sequence shards train and evaluate as tp1, and refuse what they cannot")
     return 0
 
 
