@@ -96,6 +96,28 @@ def temp_dir(prefix: str) -> tempfile.TemporaryDirectory:
     return tempfile.TemporaryDirectory(prefix=prefix)
 
 
+# --- a `pipeforge train` run and what it leaves ------------------------------
+
+def train_records(binary: str, config: str, nproc: int, out_dir: str) -> list:
+    """`pipeforge train --config config --nproc N` (one intra-op thread per
+    rank), then every record of out_dir/metrics.jsonl."""
+    run_pipeforge(binary, "train", "--config", config, "--nproc", str(nproc), env={"OMP_NUM_THREADS": "1"})
+    import json
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def losses_of(records: list, event: str = "train") -> list:
+    """The `loss` of each `event` record ("train" or "eval"), by step."""
+    return [r["loss"] for r in sorted((r for r in records if r["event"] == event), key=lambda r: r["step"])]
+
+
+def exported_state(torch, binary: str, ckpt: str, model: str, out: str) -> dict:
+    """`pipeforge export CKPT --model MODEL --out OUT` (a TorchScript model), read back: {FQN: tensor}."""
+    run_pipeforge(binary, "export", ckpt, "--model", model, "--out", out, "--force")
+    return {k: v.detach() for k, v in torch.jit.load(out).state_dict().items()}
+
+
 # --- the batches of `data.format: tensors` (data/tensor_dataset.cpp) ---------
 #
 # Each epoch visits every training row once, in a Fisher-Yates order drawn from

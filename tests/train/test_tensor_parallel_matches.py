@@ -55,17 +55,12 @@ output: {{dir: {run}/out}}
 
 
 def train(binary, run, nproc):
-    common.run_pipeforge(binary, "train", "--config", run + ".yaml", "--nproc", str(nproc), env={"OMP_NUM_THREADS": "1"})
-    with open(os.path.join(run, "out", "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f]
-    losses = [r["loss"] for r in sorted((r for r in records if r["event"] == "train"), key=lambda r: r["step"])]
-    return losses, {r["rank"]: r for r in records if r["event"] == "model_state"}
+    records = common.train_records(binary, run + ".yaml", nproc, os.path.join(run, "out"))
+    return common.losses_of(records), {r["rank"]: r for r in records if r["event"] == "model_state"}
 
 
 def exported(torch, binary, run, model):
-    out = os.path.join(run, "trained.pt")
-    common.run_pipeforge(binary, "export", os.path.join(run, "ckpt"), "--model", model, "--out", out, "--force")
-    return {k: v.detach() for k, v in torch.jit.load(out).state_dict().items()}
+    return common.exported_state(torch, binary, os.path.join(run, "ckpt"), model, os.path.join(run, "trained.pt"))
 
 
 def check_model_state(split, whole, tp):

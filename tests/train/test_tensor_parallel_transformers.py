@@ -101,11 +101,8 @@ def train_four_ways(torch, binary, d, family, model, tokens):
     for label, (tp, extra) in RUNS.items():
         run = os.path.join(d, label.replace(" ", "-"))
         write_config(run + ".yaml", run, model, data, tp, extra)
-        common.run_pipeforge(binary, "train", "--config", run + ".yaml", "--nproc", str(2 * tp), env=ENV)
-        with open(os.path.join(run, "out", "metrics.jsonl")) as f:
-            records = [json.loads(line) for line in f]
-        series = {e: [r["loss"] for r in sorted((r for r in records if r["event"] == e), key=lambda r: r["step"])]
-                  for e in ("train", "eval")}
+        records = common.train_records(binary, run + ".yaml", 2 * tp, os.path.join(run, "out"))
+        series = {e: common.losses_of(records, e) for e in ("train", "eval")}
         states = {r["rank"]: r["param_bytes"] for r in records if r["event"] == "model_state"}
         results[label] = (series, states, largest_sends(run))
         print(f"{family:6} {label:15} train {series['train']}  held-out {series['eval']}  param_bytes {states}")

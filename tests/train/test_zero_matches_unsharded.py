@@ -83,18 +83,13 @@ output: {{dir: {run}/out}}
 
 
 def train(binary, run):
-    common.run_pipeforge(binary, "train", "--config", run + ".yaml", "--nproc", "4", env={"OMP_NUM_THREADS": "1"})
-    with open(os.path.join(run, "out", "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f]
-    losses = [r["loss"] for r in sorted((r for r in records if r["event"] == "train"), key=lambda r: r["step"])]
+    records = common.train_records(binary, run + ".yaml", 4, os.path.join(run, "out"))
     overflows = sum(r["event"] == "overflow" for r in records)
-    return losses, [r for r in records if r["event"] == "model_state"], overflows
+    return common.losses_of(records), [r for r in records if r["event"] == "model_state"], overflows
 
 
 def exported(torch, binary, run, model):
-    out = os.path.join(run, "trained.pt")
-    common.run_pipeforge(binary, "export", os.path.join(run, "ckpt"), "--model", model, "--out", out, "--force")
-    return {k: v.detach() for k, v in torch.jit.load(out).state_dict().items()}
+    return common.exported_state(torch, binary, os.path.join(run, "ckpt"), model, os.path.join(run, "trained.pt"))
 
 
 def check_model_state(records, optimizer, zero):
