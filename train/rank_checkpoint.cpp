@@ -82,8 +82,10 @@ CheckpointMeta checkpointMetaFor(const TrainConfig& config, const stage::PipeMan
   CheckpointLayout layout;
   layout.stages_per_rank = std::max(1, config.pipeline.stages_per_rank);
   layout.data_parallel = std::max(1, config.pipeline.data_parallel);
-  layout.zero_stage = config.pipeline.zero_stage;
   const int tp = std::max(1, config.pipeline.tensor_parallel);
+  // With tensor parallel the optimizer state is written whole (Note
+  // [Tensor-parallel checkpoints]): no shard files, as zero_stage 0 writes.
+  layout.zero_stage = tp > 1 ? 0 : config.pipeline.zero_stage;
   layout.pipeline_ranks =
       world_size % (layout.data_parallel * tp) == 0
           ? mesh::MeshLayout::fromWorld(world_size, tp, layout.data_parallel).size(mesh::Axis::kPp)
@@ -585,7 +587,11 @@ std::pair<at::Tensor, at::Tensor> RankCheckpoint::restoreByName(const std::strin
               saved.slice(h.name, {0, p.tensor.numel() * runner_.tensorParallel()},
                           p.tensor.numel() * runner_.tensorParallel(), whole);
           if (st) {
-            for (auto& [slot, v] : st->slots) v = tensorParallelBlock(v, *dim).contiguous();
+            // ZeRO: this rank's piece of the block it keeps.
+            for (auto& [slot, v] : st->slots) {
+              v = tensorParallelBlock(v, *dim).contiguous().reshape({-1}).narrow(0, range.begin, range.size());
+              if (sharded == sharded_.end()) v = v.reshape(p.tensor.sizes());
+            }
           }
           sliced.emplace(p.name, std::move(st));
           continue;
@@ -641,6 +647,66 @@ at::Tensor RankCheckpoint::wholeAcrossTensorParallel(int stage, const std::strin
   return at::cat(all.view(blocks).unbind(0), *dim);
 }
 
+// With ZeRO (stages 1 and 2) as well, each rank's optimizer holds its
+// replica piece of its tensor-parallel block: the pieces are gathered over
+// the replicas into the block (Note [Shards]: rank k holds elements
+// [k·c, (k+1)·c) of the flattened block, c = ceil(n / d)), the blocks over
+// the group into the whole, and the state is written as zero_stage 0 writes
+// it. A parameter the optimizer never stepped has no state on any replica.
+StageOptimizerState RankCheckpoint::wholeShardedOptimizerState(int stage, torch::optim::Optimizer& optimizer,
+                                                               const sharding::ShardedStage& pieces) {
+  std::vector<NamedParameter> named;
+  for (const auto& [name, piece] : pieces.pieces()) named.push_back({name, piece});
+  const StageOptimizerState mine = optimizerStateByName(optimizer, config_.optimizer.name, named);
+  std::vector<runtime::NamedTensor> params;
+  for (const auto& p : runner_.parameters()) {
+    if (p.stage == stage) params.push_back(p);
+  }
+  const int d = pieces.groupSize();
+  const auto n = static_cast<std::int64_t>(params.size());
+  // Which replicas keep state for each parameter, and its step count.
+  at::Tensor held = at::zeros({n, 2}, at::kDouble);
+  for (std::int64_t i = 0; i < n; ++i) {
+    auto it = mine.by_name.find(params[static_cast<std::size_t>(i)].name);
+    if (it == mine.by_name.end()) continue;
+    held[i][0] = 1.0;
+    held[i][1] = static_cast<double>(it->second.step.value_or(0));
+  }
+  at::Tensor all = at::empty({d * n * 2}, at::kDouble);
+  runner_.allgatherOverReplicas(held.reshape({-1}), all);
+  all = all.view({d, n, 2});
+  const bool adam = config_.optimizer.name != OptimizerName::kSgd;
+  const std::vector<std::string> slots =
+      adam ? std::vector<std::string>{"exp_avg", "exp_avg_sq"} : std::vector<std::string>{"momentum_buffer"};
+  StageOptimizerState out;
+  out.name = mine.name;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const runtime::NamedTensor& p = params[static_cast<std::size_t>(i)];
+    if (all.select(1, i).select(1, 0).sum().item<double>() == 0.0) continue;
+    ParameterOptimizerState st;
+    if (adam) st.step = static_cast<std::int64_t>(all.select(1, i).select(1, 1).max().item<double>());
+    const std::int64_t numel = pieces.numel(p.name);
+    const std::int64_t chunk = (numel + d - 1) / d;
+    const sharding::ElementRange own = pieces.own(p.name);
+    PIPEFORGE_CHECK(own.begin == pieces.rank() * chunk || own.empty(), "a ZeRO piece outside Note [Shards]' layout");
+    auto it = mine.by_name.find(p.name);
+    for (const std::string& slot : slots) {
+      at::Tensor padded = at::zeros({chunk}, p.tensor.options().requires_grad(false));
+      if (it != mine.by_name.end()) {
+        for (const auto& [name, value] : it->second.slots) {
+          if (name == slot) padded.narrow(0, 0, value.numel()).copy_(value.reshape({-1}));
+        }
+      }
+      at::Tensor gathered = at::empty({d * chunk}, padded.options());
+      runner_.allgatherOverReplicas(padded, gathered);
+      const at::Tensor block = gathered.narrow(0, 0, numel).view(p.tensor.sizes());
+      st.slots.emplace_back(slot, wholeAcrossTensorParallel(stage, p.name, block));
+    }
+    out.by_name.emplace(p.name, std::move(st));
+  }
+  return out;
+}
+
 // This rank's block of `whole`, the checkpoint's tensor of a parameter that
 // tensor parallel splits along `dim` (Note [Tensor-parallel checkpoints]).
 at::Tensor RankCheckpoint::tensorParallelBlock(const at::Tensor& whole, int dim) const {
@@ -676,7 +742,9 @@ std::string RankCheckpoint::save(std::int64_t done, const LossScaler* scaler) {
     for (const auto& b : runner_.buffers()) {
       if (b.stage == s) state.buffers.emplace_back(b.name, b.tensor);
     }
-    if (sharded != sharded_.end()) {
+    if (sharded != sharded_.end() && runner_.tensorParallel() > 1) {
+      state.optimizer = wholeShardedOptimizerState(s, *opt, *sharded->second);
+    } else if (sharded != sharded_.end()) {
       // Note [Sharded checkpoints]: this rank's pieces only, by FQN and range.
       const sharding::ShardedStage& pieces = *sharded->second;
       OptimizerShard shard;

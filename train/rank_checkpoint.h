@@ -32,6 +32,7 @@ class ShardedStage;
 namespace pipeforge::train {
 
 struct CheckpointMeta;  // checkpoint/checkpoint.h
+struct StageOptimizerState;  // checkpoint/checkpoint.h
 
 // One optimizer per local stage, so each stage's checkpoint stands alone.
 using StageOptimizers = std::map<int, std::unique_ptr<torch::optim::Optimizer>>;
@@ -85,6 +86,8 @@ class RankCheckpoint {
   // the parameter is not split.
   at::Tensor wholeAcrossTensorParallel(int stage, const std::string& name, const at::Tensor& mine);
   at::Tensor tensorParallelBlock(const at::Tensor& whole, int dim) const;
+  StageOptimizerState wholeShardedOptimizerState(int stage, torch::optim::Optimizer& optimizer,
+                                                 const sharding::ShardedStage& pieces);
 
   const TrainConfig& config_;
   const runtime::DistEnv& env_;

@@ -13,9 +13,13 @@ on the same pipeline and data-parallel layout, and compares:
   - every rank's `model_state` record: parameters, gradients and AdamW state
     of a tp rank are about 1/t of the same pipeline rank's without it.
 The cases: pp2 x tp2 (1F1B), pp2 x tp2 with 2 stages per rank (ZBVZeroBubble,
-whose split backward keeps f's all-reduce in I), tp2 x dp2, and tp4 on one
-pipeline rank. Then the tp2 run's step-3 checkpoint (whole tensors) resumes
-on tp1 and the tp1 run's on tp2 and tp4, as the straight runs go on.
+whose split backward keeps f's all-reduce in I), tp2 x dp2, tp4 on one
+pipeline rank, and with ZeRO: tp2 x dp2 at zero 2 and pp2 x tp2 x dp2 at
+zero 1 (against the same zero stage without tp; with clipping at 0.5, so
+the global gradient norm over pieces and blocks must be right). Then the tp2 run's step-3
+checkpoint (whole tensors) resumes on tp1 and the tp1 run's on tp2 and tp4,
+and at zero 2 the tp2 run's (the replicas' pieces gathered whole) on tp1's
+pieces and tp1's shard files on tp2, as the straight runs go on.
 
 Usage: test_tensor_parallel_matches.py PIPEFORGE_BINARY ZOO_DIR
 """
@@ -30,21 +34,24 @@ import interop_common as common  # noqa: E402
 
 STEPS, MICROBATCHES, ROWS_PER_MB, SEED = 6, 4, 2, 11
 RTOL, ATOL = 1e-5, 1e-6
-# label -> (stages, stages per rank, schedule, data parallel, tensor parallel)
+# label -> (stages, stages per rank, schedule, data parallel, tensor parallel[, zero stage])
 CASES = {
     "pp2 x tp2 1F1B": (2, 1, "1F1B", 1, 2),
     "pp2 x tp2 ZBV": (4, 2, "ZBVZeroBubble", 1, 2),
     "tp2 x dp2": (1, 1, "1F1B", 2, 2),
     "tp4": (1, 1, "1F1B", 1, 4),
+    # ZeRO over the replicas of each rank's blocks, against the same ZeRO stage without tp.
+    "tp2 x dp2 ZeRO-2": (1, 1, "1F1B", 2, 2, 2),
+    "pp2xtp2xdp2 ZeRO-1": (2, 1, "1F1B", 2, 2, 1),
 }
 
 
-def write_config(path, run, model, data, stages, per_rank, schedule, dp, tp, steps=STEPS):
+def write_config(path, run, model, data, stages, per_rank, schedule, dp, tp, zero=0, steps=STEPS):
     with open(path, "w") as f:
         f.write(f"""model: {{path: {model}, num_stages: {stages}, policy: parameters, example_inputs: [{{shape: [{ROWS_PER_MB}, 8], dtype: float32}}]}}
-pipeline: {{schedule: {schedule}, microbatches: {MICROBATCHES}, stages_per_rank: {per_rank}, data_parallel: {dp}, tensor_parallel: {tp}}}
+pipeline: {{schedule: {schedule}, microbatches: {MICROBATCHES}, stages_per_rank: {per_rank}, data_parallel: {dp}, tensor_parallel: {tp}, zero_stage: {zero}}}
 loss: mse
-optimizer: {{name: adamw, lr: 3.0e-3, weight_decay: 0.1}}
+optimizer: {{name: adamw, lr: 3.0e-3, weight_decay: 0.1{", clip_grad_norm: 0.5" if zero else ""}}}
 lr_schedule: {{decay: constant, warmup_steps: 0}}
 data: {{format: tensors, path: {data}, val_fraction: 0.0}}
 training: {{steps: {steps}, global_batch_size: {dp * ROWS_PER_MB * MICROBATCHES}, seed: {SEED}, eval_every: 0}}
@@ -91,11 +98,11 @@ def main():
         torch.save({"inputs": torch.randn(64, 8, generator=g), "targets": torch.randn(64, 4, generator=g)}, data)
         initial = {k: v.detach() for k, v in torch.jit.load(model).state_dict().items()}
         runs = {}
-        for name, (stages, per_rank, schedule, dp, tp) in CASES.items():
+        for name, (stages, per_rank, schedule, dp, tp, *zero) in CASES.items():
             results = []
             for t in (1, tp):
                 run = os.path.join(d, f"{name.replace(' ', '_')}-tp{t}")
-                write_config(run + ".yaml", run, model, data, stages, per_rank, schedule, dp, t)
+                write_config(run + ".yaml", run, model, data, stages, per_rank, schedule, dp, t, *zero)
                 losses, states = train(binary, run, stages // per_rank * dp * t)
                 results.append((losses, exported(torch, binary, run, model), states))
                 runs[(name, t)] = run
@@ -109,22 +116,24 @@ def main():
             failures += [f"{name}: {p}" for p in problems]
 
         # Step-3 checkpoints resume on another degree, as the straight run goes on.
-        for case, source_tp, target_tp in (("pp2 x tp2 1F1B", 2, 1), ("pp2 x tp2 1F1B", 1, 2), ("tp4", 1, 4)):
+        # With ZeRO: tp2's whole optimizer state onto tp1's pieces, and tp1's shard files onto tp2's.
+        for case, source_tp, target_tp in (("pp2 x tp2 1F1B", 2, 1), ("pp2 x tp2 1F1B", 1, 2), ("tp4", 1, 4),
+                                           ("tp2 x dp2 ZeRO-2", 2, 1), ("tp2 x dp2 ZeRO-2", 1, 2)):
             src = runs[(case, source_tp)]
-            stages, per_rank, schedule, dp, _ = CASES[case]
+            stages, per_rank, schedule, dp, _, *zero = CASES[case]
             with open(os.path.join(src, "out", "metrics.jsonl")) as f:
                 straight = [json.loads(line)["loss"] for line in f if '"event":"train"' in line.replace(" ", "")]
             straight_params = exported(torch, binary, src, model)
-            run = os.path.join(d, f"resume-tp{source_tp}-to-tp{target_tp}")
+            run = os.path.join(d, f"resume-{case.replace(' ', '_')}-tp{source_tp}-to-tp{target_tp}")
             os.makedirs(os.path.join(run, "ckpt"))
             shutil.copytree(os.path.join(src, "ckpt", "step_00000003"), os.path.join(run, "ckpt", "step_00000003"))
             with open(os.path.join(run, "ckpt", "latest"), "w") as f:
                 f.write("step_00000003\n")
-            write_config(run + ".yaml", run, model, data, stages, per_rank, schedule, dp, target_tp)
+            write_config(run + ".yaml", run, model, data, stages, per_rank, schedule, dp, target_tp, *zero)
             losses, _ = train(binary, run, stages // per_rank * dp * target_tp)
             problems, loss_diff, diff = common.compare_training(
                 torch, losses, straight[3:], exported(torch, binary, run, model), straight_params, RTOL, ATOL, initial)
-            print(f"resume tp{source_tp} -> tp{target_tp}: steps 4-6 max |loss diff| {loss_diff:.2e}, max |param diff| "
+            print(f"resume {case} tp{source_tp} -> tp{target_tp}: steps 4-6 max |loss diff| {loss_diff:.2e}, max |param diff| "
                   f"{diff:.2e}  {'ok' if not problems else 'MISMATCH'}", flush=True)
             failures += [f"resume tp{source_tp} -> tp{target_tp}: {p}" for p in problems]
     if failures:
