@@ -19,13 +19,16 @@ zero 1 (against the same zero stage without tp; with clipping at 0.5, so
 the global gradient norm over pieces and blocks must be right). Then the tp2 run's step-3
 checkpoint (whole tensors) resumes on tp1 and the tp1 run's on tp2 and tp4,
 and at zero 2 the tp2 run's (the replicas' pieces gathered whole) on tp1's
-pieces and tp1's shard files on tp2, as the straight runs go on.
+pieces and tp1's shard files on tp2, as the straight runs go on. Last, the
+tp2 x dp2 zero 2 run started by torchrun (4 workers) and by hand as SLURM
+starts tasks (SLURM_PROCID, ...) equals the one `--nproc 4` started.
 
 Usage: test_tensor_parallel_matches.py PIPEFORGE_BINARY ZOO_DIR
 """
 import json
 import os
 import shutil
+import subprocess
 import sys
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
@@ -83,6 +86,55 @@ def check_model_state(split, whole, tp):
     return problems
 
 
+def check_other_launchers(torch, binary, model, data, d, runs, initial):
+    """The tp2 x dp2 zero-2 run again, started by torchrun and as SLURM starts
+    tasks: the mesh comes from the world each gives, so both must equal it."""
+    case = "tp2 x dp2 ZeRO-2"
+    stages, per_rank, schedule, dp, tp, zero = CASES[case]
+    ref_run = runs[(case, tp)]
+    with open(os.path.join(ref_run, "out", "metrics.jsonl")) as f:
+        ref_losses = common.losses_of([json.loads(line) for line in f])
+    ref_params = exported(torch, binary, ref_run, model)
+    world = stages // per_rank * dp * tp
+    failures = []
+    for how in ("torchrun", "slurm"):
+        if how == "torchrun" and subprocess.run(
+                [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+                 "--no_python", "/bin/true"], capture_output=True).returncode != 0:
+            # Debian's torch 1.13 ships a torchrun that cannot start even /bin/true (torchrun_test.cpp skips too).
+            print(f"{case} started by torchrun: skipped, {sys.executable} -m torch.distributed.run cannot start "
+                  f"/bin/true", flush=True)
+            continue
+        run = os.path.join(d, f"launch-{how}")
+        write_config(run + ".yaml", run, model, data, stages, per_rank, schedule, dp, tp, zero)
+        train = [binary, "train", "--config", run + ".yaml"]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        if how == "torchrun":
+            procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                       "--nproc_per_node", str(world), "--no_python", *train],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)]
+        else:
+            port = str(common.free_port())
+            procs = [subprocess.Popen(train, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      env=dict(env, SLURM_PROCID=str(r), SLURM_NTASKS=str(world), SLURM_LOCALID=str(r),
+                                               SLURM_JOB_ID="4242", SLURM_STEP_ID="0",
+                                               SLURM_LAUNCH_NODE_IPADDR="127.0.0.1", MASTER_PORT=port))
+                     for r in range(world)]
+        outputs = [p.communicate(timeout=240)[0] for p in procs]  # a hang fails the test (TimeoutExpired)
+        if any(p.returncode != 0 for p in procs):
+            failures.append(f"{how}: exit codes {[p.returncode for p in procs]}:\n" + "\n".join(outputs))
+            continue
+        with open(os.path.join(run, "out", "metrics.jsonl")) as f:
+            losses = common.losses_of([json.loads(line) for line in f])
+        problems, loss_diff, diff = common.compare_training(torch, losses, ref_losses,
+                                                            exported(torch, binary, run, model), ref_params,
+                                                            RTOL, ATOL, initial)
+        print(f"{case} started by {how}: vs --nproc {world}: max |loss diff| {loss_diff:.2e}, max |param diff| "
+              f"{diff:.2e}  {'ok' if not problems else 'MISMATCH'}", flush=True)
+        failures += [f"{case} by {how}: {p}" for p in problems]
+    return failures
+
+
 def main():
     binary, zoo = sys.argv[1], sys.argv[2]
     try:
@@ -136,6 +188,7 @@ def main():
             print(f"resume {case} tp{source_tp} -> tp{target_tp}: steps 4-6 max |loss diff| {loss_diff:.2e}, max |param diff| "
                   f"{diff:.2e}  {'ok' if not problems else 'MISMATCH'}", flush=True)
             failures += [f"resume tp{source_tp} -> tp{target_tp}: {p}" for p in problems]
+        failures += check_other_launchers(torch, binary, model, data, d, runs, initial)
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
         sys.exit(1)
