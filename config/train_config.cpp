@@ -765,12 +765,6 @@ void checkCrossKeys(const TrainConfig& c) {
       throw ConfigError(fmt::format("{}: pipeline.tensor_parallel {} does not run with {} yet; {}", o,
                                     p.tensor_parallel, what, fix));
     };
-    // ZeRO 1 and 2 shard each rank's tensor-parallel blocks over the
-    // replicas; stage 3's parameter pieces would need UNSHARD over both.
-    if (p.zero_stage >= 3) {
-      refuse("pipeline.zero_stage 3 (its parameter pieces are not gathered across the tensor-parallel group)",
-             "set pipeline.zero_stage to 1 or 2");
-    }
     // Full and per-microbatch recompute run the rewritten stage again, its
     // collectives with it (every rank of the group recomputes in step).
     // every_n counts the stage's submodule calls, which the tensor-parallel

@@ -634,7 +634,10 @@ bool stopInCheckpoint(std::int64_t step) {
 // optimizer slots, shaped as it is) and the first writes it; at a resume each
 // rank takes its block of the whole tensor along the dim its plan splits. So
 // `pipeforge export` reads it as any other, and a run resumes on another
-// tensor_parallel (or none).
+// tensor_parallel (or none). With ZeRO the replicas first gather their
+// pieces into each block (wholeShardedOptimizerState; stage 3's parameters
+// through an unshard for the save), and the checkpoint is written as
+// zero_stage 0 writes it, so it too resumes on any degree and zero stage.
 at::Tensor RankCheckpoint::wholeAcrossTensorParallel(int stage, const std::string& name, const at::Tensor& mine) {
   const std::optional<int> dim = runner_.tensorParallelDim(stage, name);
   if (!dim) return mine;
@@ -647,12 +650,13 @@ at::Tensor RankCheckpoint::wholeAcrossTensorParallel(int stage, const std::strin
   return at::cat(all.view(blocks).unbind(0), *dim);
 }
 
-// With ZeRO (stages 1 and 2) as well, each rank's optimizer holds its
+// With ZeRO as well, each rank's optimizer holds its
 // replica piece of its tensor-parallel block: the pieces are gathered over
 // the replicas into the block (Note [Shards]: rank k holds elements
 // [k·c, (k+1)·c) of the flattened block, c = ceil(n / d)), the blocks over
 // the group into the whole, and the state is written as zero_stage 0 writes
 // it. A parameter the optimizer never stepped has no state on any replica.
+// Zero stage 3's parameters are gathered whole for the save (save()).
 StageOptimizerState RankCheckpoint::wholeShardedOptimizerState(int stage, torch::optim::Optimizer& optimizer,
                                                                const sharding::ShardedStage& pieces) {
   std::vector<NamedParameter> named;
@@ -726,6 +730,11 @@ std::string RankCheckpoint::save(std::int64_t done, const LossScaler* scaler) {
   }
   runner_.barrier();
   const runtime::RngState rng = runtime::captureRng(runner_.device());
+  // With tensor parallel, zero_stage 3's pieces are written whole too
+  // (Note [Tensor-parallel checkpoints]): the replicas gather each block for
+  // the save, as UNSHARD does for a step, and release it after.
+  std::optional<sharding::WholeParameters> unsharded;
+  if (runner_.tensorParallel() > 1 && !sharded_.empty()) unsharded.emplace(stagesOf(sharded_));
   bool first = true;
   for (const auto& [s, opt] : optimizers_) {
     StageCheckpoint state;
@@ -735,7 +744,7 @@ std::string RankCheckpoint::save(std::int64_t done, const LossScaler* scaler) {
     state.rng_state = rng.cpu;
     state.device_rng_state = rng.device;
     auto sharded = sharded_.find(s);
-    const bool pieces_only = sharded != sharded_.end() && sharded->second->shardsParameters();
+    const bool pieces_only = sharded != sharded_.end() && sharded->second->shardsParameters() && !unsharded;
     for (const auto& p : runner_.parameters()) {
       if (p.stage == s && !pieces_only) state.parameters.emplace_back(p.name, wholeAcrossTensorParallel(s, p.name, p.tensor));
     }

@@ -737,9 +737,7 @@ TEST_F(TrainConfigTest, TensorParallel) {
   refused("  tensor_parallel_plan: {lm_head: sideways}\n",
           {"tensor_parallel_plan.lm_head", "colwise, rowwise, replicated or vocab"});
   refused("  tensor_parallel_plan: megatron\n", {"'megatron' is not a plan", "use auto"});
-  refused("  tensor_parallel: 2\n  data_parallel: 2\n  zero_stage: 3\n",
-          {"pipeline.zero_stage 3", "set pipeline.zero_stage to 1 or 2"});
-  EXPECT_EQ(with("  tensor_parallel: 2\n  data_parallel: 2\n  zero_stage: 2\n").pipeline.zero_stage, 2);
+  EXPECT_EQ(with("  tensor_parallel: 2\n  data_parallel: 2\n  zero_stage: 3\n").pipeline.zero_stage, 3);
   refused("  tensor_parallel: 2\n  activation_checkpointing: {every_n: 2}\n",
           {"{every_n: k}", "no call to count", "activation_checkpointing: full, or {microbatches: k}"});
   // Full and per-microbatch recompute run the rewritten stage again.

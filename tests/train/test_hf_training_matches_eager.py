@@ -79,6 +79,7 @@ LAYOUTS = {
     # ZeRO over each rank's tensor-parallel blocks: 4 and 8 ranks.
     "TP2xDP2 ZeRO-1": ("1F1B", 1, 1, 2, ADAMW, 1, {"llama"}, 2),
     "PP2xTP2xDP2 Z2": ("ZBVZeroBubble", 2, 2, 2, ADAMW, 2, {"llama"}, 2),
+    "PP2xTP2xDP2 Z3": ("Interleaved1F1B", 2, 2, 2, ADAMW, 3, {"llama"}, 2),
     # Sequence parallel: norms and residual adds on each rank's part of the
     # sequence, a gather before each column and a reduce-scatter after each row.
     "PP2 x TP2 SP": ("1F1B", 2, 1, 1, ADAMW, 0, {"llama", "qwen2", "mistral", "gemma"}, 2,

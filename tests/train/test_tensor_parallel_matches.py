@@ -15,11 +15,11 @@ on the same pipeline and data-parallel layout, and compares:
 The cases: pp2 x tp2 (1F1B), pp2 x tp2 with 2 stages per rank (ZBVZeroBubble,
 whose split backward keeps f's all-reduce in I), tp2 x dp2, tp4 on one
 pipeline rank, and with ZeRO: tp2 x dp2 at zero 2 and pp2 x tp2 x dp2 at
-zero 1 (against the same zero stage without tp; with clipping at 0.5, so
+zero 1 and 3 (against the same zero stage without tp; with clipping at 0.5, so
 the global gradient norm over pieces and blocks must be right). Then the tp2 run's step-3
 checkpoint (whole tensors) resumes on tp1 and the tp1 run's on tp2 and tp4,
-and at zero 2 the tp2 run's (the replicas' pieces gathered whole) on tp1's
-pieces and tp1's shard files on tp2, as the straight runs go on. Last, the
+and at zero 2 and 3 the tp2 run's (the replicas' pieces gathered whole) on
+tp1's pieces and tp1's shard files on tp2, as the straight runs go on. Last, the
 tp2 x dp2 zero 2 run started by torchrun (4 workers) and by hand as SLURM
 starts tasks (SLURM_PROCID, ...) equals the one `--nproc 4` started.
 
@@ -46,6 +46,7 @@ CASES = {
     # ZeRO over the replicas of each rank's blocks, against the same ZeRO stage without tp.
     "tp2 x dp2 ZeRO-2": (1, 1, "1F1B", 2, 2, 2),
     "pp2xtp2xdp2 ZeRO-1": (2, 1, "1F1B", 2, 2, 1),
+    "pp2xtp2xdp2 ZeRO-3": (4, 2, "ZBVZeroBubble", 2, 2, 3),
 }
 
 
@@ -170,7 +171,8 @@ def main():
         # Step-3 checkpoints resume on another degree, as the straight run goes on.
         # With ZeRO: tp2's whole optimizer state onto tp1's pieces, and tp1's shard files onto tp2's.
         for case, source_tp, target_tp in (("pp2 x tp2 1F1B", 2, 1), ("pp2 x tp2 1F1B", 1, 2), ("tp4", 1, 4),
-                                           ("tp2 x dp2 ZeRO-2", 2, 1), ("tp2 x dp2 ZeRO-2", 1, 2)):
+                                           ("tp2 x dp2 ZeRO-2", 2, 1), ("tp2 x dp2 ZeRO-2", 1, 2),
+                                           ("pp2xtp2xdp2 ZeRO-3", 2, 1), ("pp2xtp2xdp2 ZeRO-3", 1, 2)):
             src = runs[(case, source_tp)]
             stages, per_rank, schedule, dp, _, *zero = CASES[case]
             with open(os.path.join(src, "out", "metrics.jsonl")) as f:
