@@ -711,6 +711,10 @@ void parseDistributed(const Section& top, const YAML::Node& node, TrainConfig& c
            [&](const YAML::Node& v) {
              c.backend = s.choice<std::string>(v, "backend", {{"auto", "auto"}, {"gloo", "gloo"}, {"nccl", "nccl"}});
            }},
+          {"cpu_affinity",
+           [&](const YAML::Node& v) {
+             c.cpu_affinity = s.choice<bool>(v, "cpu_affinity", {{"auto", true}, {"none", false}});
+           }},
           {"timeout_s", [&](const YAML::Node& v) { c.timeout_s = s.number(v, "timeout_s", 0.0, false); }}});
   if (c.backend == "nccl" && c.device == "cpu") {
     throw ConfigError(fmt::format("{}: distributed.backend nccl needs distributed.device cuda; use gloo on cpu",

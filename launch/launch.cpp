@@ -130,11 +130,15 @@ int runTrainRequest(const TrainRequest& request) {
   if (request.launch.nproc > 0) return launch(request, config);
 
   const runtime::DistEnv env = runtime::resolveDistEnv({});
+  // Note [One core range per rank]: before any thread pool or transport thread starts.
+  std::optional<CpuPinning> cpu_pinning;
+  if (config.cpu_affinity && config.device == "cpu") cpu_pinning = pinRankToCpus();
   // A job without our launcher (torchrun, srun, one process): its rank 0 holds them.
   std::vector<FolderLock> locks;
   if (env.rank == 0 && std::getenv(kLocksHeldVariable) == nullptr) locks = lockRunFolders(config);
   checkDevice(config, env.local_rank + 1);
   TrainerOptions options;
+  options.cpu_pinning = cpu_pinning;
   options.stop_after = request.stop_after;
   std::string split_dir = request.split_dir.empty() ? config.model.split_dir : request.split_dir;
   const bool private_split = split_dir.empty();

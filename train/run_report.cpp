@@ -80,6 +80,10 @@ void RunReport::printBanner(const RunStart& start) {
                            {"precision", precisionName(config_.precision)},
                            {"resumed_from", start.resumed_from}};
   if (start.auto_choice != nullptr) record["auto_schedule"] = auto_record;
+  if (options_.cpu_pinning) {  // Note [One core range per rank]: rank 0's
+    record["cpu_affinity"] = {{"cpus", cpuListText(options_.cpu_pinning->cpus)},
+                              {"reason", options_.cpu_pinning->reason}};
+  }
   metrics_->write(record);
 }
 

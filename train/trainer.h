@@ -11,6 +11,7 @@
 #include <ostream>
 #include <string>
 
+#include "common/cpu_affinity.h"
 #include "config/train_config.h"
 #include "train/run_plan.h"
 
@@ -21,6 +22,8 @@ struct TrainerOptions {
   // the LR schedule still follows training.steps.
   std::optional<std::int64_t> stop_after;
   std::ostream* out = nullptr;  // rank 0's progress and summary; nullptr: std::cout
+  // What this rank's CPU pinning did (Note [One core range per rank]); nullopt: not asked.
+  std::optional<CpuPinning> cpu_pinning;
 };
 
 struct TrainSummary {

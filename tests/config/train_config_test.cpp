@@ -540,6 +540,7 @@ TEST_F(TrainConfigTest, ExampleShowsEveryKeyWithTheCodesDefault) {
   EXPECT_EQ(e.device, d.device);
   EXPECT_EQ(e.backend, d.backend);
   EXPECT_EQ(e.timeout_s, d.timeout_s);
+  EXPECT_EQ(e.cpu_affinity, d.cpu_affinity);
   EXPECT_EQ(e.log_every, d.log_every);
   EXPECT_EQ(e.trace, d.trace);
   EXPECT_EQ(e.trace_steps, d.trace_steps);
@@ -563,6 +564,11 @@ TEST_F(TrainConfigTest, TrainingOptionKeys) {
   refuse("optimizer: {clip_grad_norm: -1}\n", "optimizer.clip_grad_norm must be a number >= 0");
   refuse("optimizer: {no_decay: \"*.bias\"}\n", "optimizer.no_decay must be a list of parameter-name globs");
   refuse("loss_normalization: per_row\n", "loss_normalization must be one of per_microbatch, per_token");
+  // Note [One core range per rank]: on by default, off by name.
+  EXPECT_TRUE(parse("").cpu_affinity);
+  EXPECT_FALSE(parse("distributed: {cpu_affinity: none}\n").cpu_affinity);
+  EXPECT_TRUE(parse("distributed: {cpu_affinity: auto}\n").cpu_affinity);
+  refuse("distributed: {cpu_affinity: true}\n", "distributed.cpu_affinity must be one of auto, none");
   refuse("loss: {module: " + dir_ + "/missing.pt}\n", "loss.module: '");
   refuse("loss: {modul: x.pt}\n", "unknown key 'loss.modul'");
   const std::string module = dir_ + "/loss.pt";

@@ -73,11 +73,11 @@ std::string TrainWorkspace::writeConfig(const std::string& name, const RunSpec& 
       "data: {}\n"
       "training: {{steps: {}, global_batch_size: {}, seed: 11}}\n"
       "checkpoint: {{dir: {}, every: {}}}\n"
-      "distributed: {{timeout_s: {}}}\n"
+      "distributed: {{timeout_s: {}{}}}\n"
       "output: {{dir: {}{}}}\n{}",
       s.model_path.empty() ? zooModelPath(s.model) : s.model_path, s.split, s.schedule, s.microbatches, s.stages_per_rank, s.data_parallel, s.pipeline,
       gpt ? "cross_entropy" : "mse", s.optimizer, data, s.steps, s.batch, checkpointDir(name), s.checkpoint_every,
-      s.timeout_s, outDir(name), s.output, s.extra);
+      s.timeout_s, s.distributed, outDir(name), s.output, s.extra);
   const std::string path = dir_ + "/" + name + ".yaml";
   std::ofstream(path) << text;
   return path;

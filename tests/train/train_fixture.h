@@ -32,6 +32,7 @@ struct RunSpec {
   std::string extra;  // more top-level YAML
   std::string pipeline;  // more keys of pipeline:, e.g. ", microbatch_group_size: 3"
   std::string output;  // more keys of output:, e.g. ", trace: true"
+  std::string distributed;  // more keys of distributed:, e.g. ", cpu_affinity: none"
 };
 
 class TrainWorkspace {
