@@ -127,13 +127,10 @@ at::Tensor LossFunction::operator()(const std::vector<at::Tensor>& outputs, cons
                                          k, fmt::join(out.sizes(), ","), k, fmt::join(tgt.sizes(), ",")));
         }
         if (impl_->vocab_split.count(static_cast<int>(k))) {
-          try {
-            term = tensor_parallel::vocabParallelCrossEntropy(out.reshape({-1, out.size(-1)}), tgt.reshape({-1}),
-                                                              impl_->tp_rank, impl_->tp_degree, impl_->tp_group,
-                                                              reduction == LossReduction::kSum, /*ignore_index=*/-1);
-          } catch (const Error& e) {
-            throw RuntimeError(e.what(), e.code());
-          }
+          // Its refusals are pipeforge::Errors, with their codes, as ours are.
+          term = tensor_parallel::vocabParallelCrossEntropy(out.reshape({-1, out.size(-1)}), tgt.reshape({-1}),
+                                                            impl_->tp_rank, impl_->tp_degree, impl_->tp_group,
+                                                            reduction == LossReduction::kSum, /*ignore_index=*/-1);
           break;
         }
         term = at::cross_entropy_loss(out.reshape({-1, out.size(-1)}), tgt.reshape({-1}).to(at::kLong), {}, r,

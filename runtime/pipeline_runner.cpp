@@ -305,11 +305,11 @@ class PipelineRunner::Impl {
 
   // Loss parallel: the last stage's outputs its loss reads as logits, which
   // may stay split by vocabulary (Note [Vocab-parallel cross-entropy]).
+  bool lossParallel() const { return options_.loss_parallel && options_.loss == LossKind::kCrossEntropy; }
+
   std::set<int> vocabParallelOutputs(int s) const {
     std::set<int> out;
-    if (!options_.loss_parallel || options_.loss != LossKind::kCrossEntropy || s != manifest_.num_stages - 1) {
-      return out;
-    }
+    if (!lossParallel() || s != manifest_.num_stages - 1) return out;
     for (const ModelOutput& mo : plan_.model_outputs) {
       if (mo.kind == ModelOutput::Kind::kOwn) out.insert(mo.index);
     }
@@ -332,7 +332,7 @@ class PipelineRunner::Impl {
       tp.vocab_parallel_outputs = vocabParallelOutputs(s);
       // With loss parallel, a tied embedding and lm_head split by vocabulary
       // in their stages (Note [Tied vocabulary]); checkTiedSplits verifies.
-      tp.split_tied = options_.loss_parallel && options_.loss == LossKind::kCrossEntropy;
+      tp.split_tied = lossParallel();
       tp.sequence_shard_outputs = sequenceShardableOutputs(s);
       torch::jit::Module mine;
       try {

@@ -121,7 +121,13 @@ def check_other_launchers(torch, binary, model, data, d, runs, initial):
                                                SLURM_JOB_ID="4242", SLURM_STEP_ID="0",
                                                SLURM_LAUNCH_NODE_IPADDR="127.0.0.1", MASTER_PORT=port))
                      for r in range(world)]
-        outputs = [p.communicate(timeout=240)[0] for p in procs]  # a hang fails the test (TimeoutExpired)
+        try:
+            outputs = [p.communicate(timeout=240)[0] for p in procs]  # a hang fails the test (TimeoutExpired)
+        except subprocess.TimeoutExpired:
+            for p in procs:  # torchrun's agent takes its workers with it
+                p.kill()
+                p.wait()
+            raise
         if any(p.returncode != 0 for p in procs):
             failures.append(f"{how}: exit codes {[p.returncode for p in procs]}:\n" + "\n".join(outputs))
             continue
