@@ -13,11 +13,16 @@
 // Printed side by side: real / simulated (goal <= 1.05), speedup over one
 // process vs 0.9 * m*p/(m+p-1), and (I+W)/B (goal <= 1.15); and how many
 // processes this machine really runs at once, which bounds the speedup.
+// Each rank's last step is broken down into compute, waits and all-reduce
+// (PIPEFORGE_BENCH_TIMELINE=1 also prints every action's span). The ranks
+// pin themselves as training ranks do (Note [One core range per rank]);
+// PIPEFORGE_BENCH_NO_PIN=1 leaves them to the kernel, to measure the difference.
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <torch/script.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -25,12 +30,14 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "common/cpu_affinity.h"
 #include "common/host_memory.h"
 #include "runtime/c10d_comm.h"
 #include "runtime/comm_plan.h"
 #include "runtime/local_launcher.h"
 #include "runtime/pipeline_runner.h"
 #include "runtime/pipeline_stage.h"
+#include "runtime/step_profile.h"
 #include "schedules/cost_model.h"
 #include "schedules/generate.h"
 #include "schedules/lower.h"
@@ -178,6 +185,10 @@ void printSplitCosts(const std::string& what, const std::vector<SplitCost>& cost
 // ---- 3. one rank of the two-rank run -------------------------------------------
 
 int rankWorker(const Args& a) {
+  // As every training rank on the CPU does (launch/launch.cpp), unless
+  // PIPEFORGE_BENCH_NO_PIN is set: Note [One core range per rank].
+  CpuPinning pin;
+  if (std::getenv("PIPEFORGE_BENCH_NO_PIN") == nullptr) pin = pinRankToCpus();
   at::set_num_threads(1);
   runtime::C10dCommOptions co;
   co.env = runtime::resolveDistEnv({});
@@ -202,6 +213,8 @@ int rankWorker(const Args& a) {
 
   json out;
   out["rank"] = comm->rank();
+  out["cpus"] = pin.cpus.empty() ? "any (" + (pin.reason.empty() ? std::string("not pinned") : pin.reason) + ")"
+                                 : cpuListText(pin.cpus);
   out["latency_s"] = median(rtt) / 2;
   out["steps"] = stepTimes(runner, a, [&] { comm->barrier(); });
   json actions = json::array();
@@ -209,6 +222,20 @@ int rankWorker(const Args& a) {
     actions.push_back({{"action", schedules::formatAction(t.action)}, {"s", t.end_s - t.start_s - t.wait_s}});
   }
   out["actions"] = actions;
+  // Where the last step's time went on this rank (Note [Trace slice kinds]).
+  const runtime::StepProfile& last = runner.lastProfile();
+  double compute = 0;
+  for (const auto& t : last.steps) compute += t.end_s - t.start_s - t.wait_s;
+  json spans = json::object();
+  for (const auto& sp : last.spans) {
+    std::string kind = runtime::spanKindName(sp.kind);
+    spans[kind] = spans.value(kind, 0.0) + (sp.end_s - sp.start_s);
+  }
+  out["breakdown"] = {{"step_s", last.step_s}, {"compute_s", compute}, {"spans_s", spans}};
+  json tl = json::array();
+  for (const auto& t : last.steps)
+    tl.push_back({schedules::formatAction(t.action), t.start_s * 1e3, t.end_s * 1e3, t.wait_s * 1e3});
+  out["timeline"] = tl;
   std::cout << "PROFILE " << out.dump() << std::endl;
   runner.barrier();
   return 0;
@@ -327,6 +354,23 @@ int run(const Args& a, const char* self) {
     costs.stages.push_back(c);
     fmt::print("   stage {}: F {:.3f} ms, B {:.3f} ms{}\n", s, c.forward, c.fullBackward(),
                i > 0 ? fmt::format(", I {:.3f}, W {:.3f}", i, w) : "");
+  }
+  // Where each rank's last step went. Sends are posted inside the action
+  // that made the value, so their time is part of its compute; waits are not.
+  for (const auto& pr : profiles) {
+    const json& b = pr["breakdown"];
+    auto span = [&](const char* kind) { return b["spans_s"].value(kind, 0.0) * 1e3; };
+    const double step = b["step_s"].get<double>() * 1e3, compute = b["compute_s"].get<double>() * 1e3;
+    fmt::print("   rank {} (CPUs {}), last step {:.2f} ms: compute {:.2f} (posting sends {:.2f} of it), waits {:.2f}, "
+               "all-reduce {:.2f}, the rest {:.2f}\n",
+               pr["rank"].get<int>(), pr["cpus"].get<std::string>(), step, compute, span("comm"), span("wait"),
+               span("all-reduce"), step - compute - span("wait") - span("all-reduce"));
+    if (std::getenv("PIPEFORGE_BENCH_TIMELINE")) {
+      for (const auto& t : pr["timeline"]) {
+        fmt::print("      {:>10} {:8.2f} .. {:8.2f} ms, waiting {:6.2f}\n", t[0].get<std::string>(), t[1].get<double>(),
+                   t[2].get<double>(), t[3].get<double>());
+      }
+    }
   }
   double latency = 0;
   for (const auto& pr : profiles) latency = std::max(latency, pr["latency_s"].get<double>());
