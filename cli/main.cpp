@@ -11,9 +11,11 @@
 #include <fmt/ranges.h>
 
 #include "cli/commands.h"
+#include "common/fatal_signal.h"
 
 int main(int argc, char** argv) {
   using namespace pipeforge::cli;
+  pipeforge::installFatalSignalHandlers();  // Note [Fatal signals]: a crash says where
   CLI::App app{
       "Pipeforge: turn a PyTorch model, TorchScript (.pt, from torch.jit.script/trace) or torch.export "
       "(.pt2, from torch.export.save), into pipeline-parallel stages and train them.\n"

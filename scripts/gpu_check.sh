@@ -189,6 +189,16 @@ say "- \`pipeforge train --nproc 2\` on the CPU: exit $lrc"
 if [ $lrc -ne 0 ]; then
   grep -v "^frame #\|^\[W" "$WORK/launcher.log" | tail -8 | sed 's/^/    /' | tee -a "$R"; keep_log "$WORK/launcher.log"
 fi
+# A crash prints its stack (Note [Fatal signals]): our own frames, as
+# "pipeforge(+0xOFFSET)", become functions and lines here.
+resolve_stack() {  # LOG
+  grep -q "pipeforge: fatal signal" "$1" || return 0
+  say "  the crash's stack ($(grep -m1 'pipeforge: fatal signal' "$1" | cut -c1-160)):"
+  grep -o "pipeforge(+0x[0-9a-f]*)" "$1" | grep -o "0x[0-9a-f]*" | head -24 |
+    xargs -r addr2line -f -C -i -e "$PF" 2>&1 | paste - - | sed 's/^/    /' | tee -a "$R"
+  grep "^/.*\[0x" "$1" | grep -v "pipeforge(+" | head -12 | sed 's/^/    /' | tee -a "$R"
+}
+resolve_stack "$WORK/launcher.log"
 
 # --- 4. bf16 against fp32 on one GPU -------------------------------------------
 say ""
