@@ -185,10 +185,9 @@ void printSplitCosts(const std::string& what, const std::vector<SplitCost>& cost
 // ---- 3. one rank of the two-rank run -------------------------------------------
 
 int rankWorker(const Args& a) {
-  // As every training rank on the CPU does (launch/launch.cpp), unless
-  // PIPEFORGE_BENCH_NO_PIN is set: Note [One core range per rank].
-  CpuPinning pin;
-  if (std::getenv("PIPEFORGE_BENCH_NO_PIN") == nullptr) pin = pinRankToCpus();
+  // As every training rank on the CPU does (launch/launch.cpp), on the
+  // CPUs the driver reserved: Note [One core range per rank].
+  const CpuPinning pin = pinRankToCpus();
   at::set_num_threads(1);
   runtime::C10dCommOptions co;
   co.env = runtime::resolveDistEnv({});
@@ -213,8 +212,7 @@ int rankWorker(const Args& a) {
 
   json out;
   out["rank"] = comm->rank();
-  out["cpus"] = pin.cpus.empty() ? "any (" + (pin.reason.empty() ? std::string("not pinned") : pin.reason) + ")"
-                                 : cpuListText(pin.cpus);
+  out["cpus"] = pin.cpus.empty() ? std::string("any") : cpuListText(pin.cpus);
   out["latency_s"] = median(rtt) / 2;
   out["steps"] = stepTimes(runner, a, [&] { comm->barrier(); });
   json actions = json::array();
@@ -235,6 +233,11 @@ int rankWorker(const Args& a) {
   json tl = json::array();
   for (const auto& t : last.steps)
     tl.push_back({schedules::formatAction(t.action), t.start_s * 1e3, t.end_s * 1e3, t.wait_s * 1e3});
+  for (const auto& sp : last.spans) {
+    if (sp.kind != runtime::SpanKind::kSend && sp.kind != runtime::SpanKind::kWait) continue;
+    tl.push_back({sp.name, sp.start_s * 1e3, sp.end_s * 1e3, 0.0});
+  }
+  std::sort(tl.begin(), tl.end(), [](const json& x, const json& y) { return x[1].get<double>() < y[1].get<double>(); });
   out["timeline"] = tl;
   std::cout << "PROFILE " << out.dump() << std::endl;
   runner.barrier();
@@ -305,6 +308,14 @@ int run(const Args& a, const char* self) {
              "--microbatches", std::to_string(m), "--steps", std::to_string(a.steps), "--model", a.model};
   lo.num_ranks = p;
   lo.env = {{"OMP_NUM_THREADS", "1"}};
+  // A core per rank, as `pipeforge train --nproc` reserves them, unless
+  // PIPEFORGE_BENCH_NO_PIN is set (to measure the difference).
+  CpuReservation cpus;
+  if (std::getenv("PIPEFORGE_BENCH_NO_PIN") == nullptr) {
+    cpus = CpuReservation::take(allowedCpus(), p);
+    lo.env.push_back({kRankCpusVariable, cpuListText(cpus.cpus())});
+    lo.env.push_back({kRankCpusReasonVariable, cpus.reason()});
+  }
   runtime::LaunchResult lr = runtime::launchLocal(lo);
   if (!lr.ok()) {
     std::cerr << "two-rank run failed:\n" << lr.summary();
@@ -367,7 +378,7 @@ int run(const Args& a, const char* self) {
                span("all-reduce"), step - compute - span("wait") - span("all-reduce"));
     if (std::getenv("PIPEFORGE_BENCH_TIMELINE")) {
       for (const auto& t : pr["timeline"]) {
-        fmt::print("      {:>10} {:8.2f} .. {:8.2f} ms, waiting {:6.2f}\n", t[0].get<std::string>(), t[1].get<double>(),
+        fmt::print("      {:>30} {:8.2f} .. {:8.2f} ms, waiting {:6.2f}\n", t[0].get<std::string>(), t[1].get<double>(),
                    t[2].get<double>(), t[3].get<double>());
       }
     }

@@ -238,7 +238,7 @@ struct TrainConfig {
 
   std::string device = "cpu";    // cpu | cuda | cuda:N
   std::string backend = "auto";  // auto | gloo | nccl
-  bool cpu_affinity = true;      // auto: each CPU rank on its own cores (Note [One core range per rank]) | none
+  bool cpu_affinity = true;      // auto: --nproc ranks on reserved cores (Note [One core range per rank]) | none
   double timeout_s = 120.0;
 
   std::string output_dir;        // metrics.jsonl, trace.json, stages/

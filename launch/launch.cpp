@@ -4,9 +4,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <thread>
 
 #include <fmt/format.h>
 
+#include "common/cpu_affinity.h"
 #include "common/error.h"
 #include "common/folder_lock.h"
 #include "common/interrupt.h"
@@ -89,6 +91,18 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
     return interruptedExitStatus(signal);
   };
   if (const int signal = interruptSignal(); signal != 0) return interrupted_before_training(signal);
+  // Note [One core range per rank]: the CPUs this run's ranks take, held until they are done.
+  CpuReservation cpus;
+  ::unsetenv(kRankCpusVariable);
+  ::unsetenv(kRankCpusReasonVariable);
+  if (config.cpu_affinity && config.device == "cpu") {
+    const char* omp = std::getenv("OMP_NUM_THREADS");  // the user's, else the launcher's share (Note [Threads per rank])
+    int threads = omp != nullptr ? std::atoi(omp) : 0;
+    if (threads < 1) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks.num_ranks);
+    cpus = CpuReservation::take(allowedCpus(), ranks.num_ranks * threads);
+    ::setenv(kRankCpusVariable, cpuListText(cpus.cpus()).c_str(), 1);
+    ::setenv(kRankCpusReasonVariable, cpus.reason().c_str(), 1);
+  }
   // Rank 0 draws the progress bar on our terminal, where every rank prints
   // (Note [One report per terminal]).
   ::setenv(runtime::kBriefPeerReportsVariable, "1", 1);
