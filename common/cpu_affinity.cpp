@@ -190,7 +190,7 @@ CpuPinning pinRankToCpus() {
   CpuPinning out;
   const char* list = std::getenv(kRankCpusVariable);
   if (list == nullptr) {
-    out.reason = "not started by pipeforge train --nproc (torchrun and srun place their ranks themselves)";
+    out.reason = "not started by pipeforge train --nproc (one process, or ranks torchrun or srun placed)";
     return out;
   }
   const std::optional<std::vector<int>> reserved = parseCpuList(list);
