@@ -9,7 +9,8 @@
 # Installs clang with libFuzzer when missing (quiet, idempotent), builds the
 # targets with clang into build-fuzz/ (never part of the main g++ build),
 # replays fuzz/regressions/<target>/* and the seed corpora, then runs each
-# target for SECONDS_PER_TARGET seconds, one at a time. The corpus a run grows
+# target for SECONDS_PER_TARGET seconds, one per core at a time
+# (PIPEFORGE_FUZZ_PARALLEL sets how many). The corpus a run grows
 # is kept in build-fuzz/corpus/<target>/ for the next run.
 # Prints executions, exec/s and coverage per target; exits 1 on any crash, hang,
 # memory blow-up or undocumented exception and names the reproducer, which
@@ -159,27 +160,46 @@ fi
 echo "pipeforge fuzz: replayed the seeds and fuzz/regressions/ of ${#TARGETS[@]} targets"
 [ "$SECONDS_PER_TARGET" -eq 0 ] && exit 0
 
-# --- fuzz, one target at a time ----------------------------------------------------------
+# --- fuzz, one target per core at a time ------------------------------------------------
+# Each fuzzer is one process on one core: the targets run PARALLEL at a time
+# (default: the cores), each for SECONDS_PER_TARGET, so a 2-core CI spends half
+# the wall time on the same fuzzing.
 stat_of() { grep -o "^stat::$1: *[0-9]*" "$2" | tail -n 1 | grep -o '[0-9]*$' || echo "?"; }
-summary=()
-for t in "${TARGETS[@]}"; do
-  log="$BUILD/logs/$t.log"
-  echo "pipeforge fuzz: $t for ${SECONDS_PER_TARGET} s ..."
-  rc=0
+PARALLEL=${PIPEFORGE_FUZZ_PARALLEL:-$(nproc)}
+fuzz_one() {  # TARGET; its exit status goes to logs/TARGET.rc
+  local t=$1 rc=0
   "$BUILD/fuzz_$t" -max_total_time="$SECONDS_PER_TARGET" "${COMMON_FLAGS[@]}" -max_len="$(max_len_of "$t")" \
     -dict="fuzz/dict/$t.dict" \
-    -artifact_prefix="$BUILD/artifacts/$t/" "$BUILD/corpus/$t" "$BUILD/seeds/$t" < /dev/null > "$log" 2>&1 || rc=$?
-  execs=$(stat_of number_of_executed_units "$log")
-  rate=$(stat_of average_exec_per_sec "$log")
-  cov=$(grep -o 'cov: [0-9]* ft: [0-9]*' "$log" | tail -n 1 || true)
-  corpus=$(find "$BUILD/corpus/$t" -type f | wc -l)
-  line=$(printf '%-13s %10s execs %7s exec/s  %-22s corpus %s' "$t" "$execs" "$rate" "${cov:-cov: ?}" "$corpus")
-  if [ "$rc" -ne 0 ]; then
-    line+="  CRASH"
-    report_crash "$t" "$log" "fuzzing"
-  fi
-  echo "  $line"
-  summary+=("$line")
+    -artifact_prefix="$BUILD/artifacts/$t/" "$BUILD/corpus/$t" "$BUILD/seeds/$t" < /dev/null \
+    > "$BUILD/logs/$t.log" 2>&1 || rc=$?
+  echo "$rc" > "$BUILD/logs/$t.rc"
+}
+summary=()
+batches=()
+for ((i = 0; i < ${#TARGETS[@]}; i += PARALLEL)); do batches+=("${TARGETS[*]:i:PARALLEL}"); done
+for batch in "${batches[@]}"; do
+  read -r -a running <<< "$batch"
+  echo "pipeforge fuzz: ${running[*]} for ${SECONDS_PER_TARGET} s ..."
+  for t in "${running[@]}"; do
+    rm -f "$BUILD/logs/$t.rc"
+    fuzz_one "$t" &
+  done
+  wait
+  for t in "${running[@]}"; do
+    log="$BUILD/logs/$t.log"
+    rc=$(cat "$BUILD/logs/$t.rc" 2>/dev/null || echo 1)
+    execs=$(stat_of number_of_executed_units "$log")
+    rate=$(stat_of average_exec_per_sec "$log")
+    cov=$(grep -o 'cov: [0-9]* ft: [0-9]*' "$log" | tail -n 1 || true)
+    corpus=$(find "$BUILD/corpus/$t" -type f | wc -l)
+    line=$(printf '%-13s %10s execs %7s exec/s  %-22s corpus %s' "$t" "$execs" "$rate" "${cov:-cov: ?}" "$corpus")
+    if [ "$rc" -ne 0 ]; then
+      line+="  CRASH"
+      report_crash "$t" "$log" "fuzzing"
+    fi
+    echo "  $line"
+    summary+=("$line")
+  done
 done
 
 echo "pipeforge fuzz: ${SECONDS_PER_TARGET} s per target, $((SECONDS - started)) s in all"
