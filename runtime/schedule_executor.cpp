@@ -128,10 +128,13 @@ class ScheduleExecutor::Impl {
     out_.losses.assign(req.targets.empty() ? 0 : req.inputs.size(), 0.0);
     if (!req.train) out_.outputs.assign(req.inputs.size(), {});
     const auto step_start = StepClock::now();
+    // Read with step_start, not after the set-up below: the trace places
+    // this step's spans by it, against the trainer's own spans (a gap here
+    // showed as an all-reduce overlapping the gradient check after it).
+    if (profile) out_.profile.begin_unix_s = unixSecondsNow();
     trace_.begin(profile ? &out_.profile : nullptr, step_start);
     messenger_.beginStep(static_cast<int>(req.inputs.size()), req.batch_signature, trace_, req.train);
     reducer_.beginStep();
-    if (profile) out_.profile.begin_unix_s = unixSecondsNow();
     const auto& actions = cfg_.program->actions.at(cfg_.pipeline_rank);
     int step = 0;
     const Action* current = nullptr;
