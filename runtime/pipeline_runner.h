@@ -212,6 +212,9 @@ class PipelineRunner {
   void barrier();
   // The host `rank` runs on (Communicator::hostOf); empty when unknown.
   std::string hostOf(int rank) const;
+  // "rank 3 (host b, 10.0.0.2)", or "rank 3" when the host is unknown: how
+  // errors name a peer.
+  std::string describeRank(int rank) const;
 
   // Runs `program` (compute-only or lowered, as a RunnerOptions::schedule program) from
   // the next step on, as if the runner had been constructed with it: this

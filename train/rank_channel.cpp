@@ -31,16 +31,23 @@ class RankChannel::Store {
     store_->set(key, std::vector<std::uint8_t>(value.begin(), value.end()));
   }
 
-  std::string take(const std::string& key) {
+  // `from`: who was to write it, or empty when any rank might have.
+  std::string take(const std::string& key, const std::string& from) {
     try {
       store_->wait({key}, timeout_);
       auto bytes = store_->get(key);
       store_->deleteKey(key);
       return std::string(bytes.begin(), bytes.end());
     } catch (const c10::Error& e) {
+      if (from.empty()) {
+        throw Error(ErrorCode::kPeerFailure,
+                    fmt::format("no value for '{}' from the other ranks within {} s (store {}): {}", key,
+                                timeout_.count() / 1000.0, where_, e.what_without_backtrace()));
+      }
       throw Error(ErrorCode::kPeerFailure,
-                  fmt::format("no value for '{}' from the other ranks within {} s (store {}): {}", key,
-                              timeout_.count() / 1000.0, where_, e.what_without_backtrace()));
+                  fmt::format("{} wrote no '{}' within {} s: it has stopped, or lost its link to the store {} "
+                              "(its own output says why): {}",
+                              from, key, timeout_.count() / 1000.0, where_, e.what_without_backtrace()));
     }
   }
 
@@ -51,7 +58,9 @@ class RankChannel::Store {
   std::string where_;
 };
 
-RankChannel::RankChannel(const runtime::DistEnv& env, std::chrono::milliseconds timeout) {
+RankChannel::RankChannel(const runtime::DistEnv& env, std::chrono::milliseconds timeout,
+                         std::function<std::string(int)> describe_rank)
+    : describe_rank_(std::move(describe_rank)) {
   if (env.world_size > 1) store_ = std::make_unique<Store>(env, timeout);
 }
 
@@ -69,8 +78,17 @@ std::string RankChannel::keyName(const std::string& key) const {
   return store_ ? store_->prefix() + "/" + key : key;
 }
 
+std::string RankChannel::describe(int rank) const {
+  return describe_rank_ ? describe_rank_(rank) : fmt::format("rank {}", rank);
+}
+
+std::string RankChannel::takeFrom(int from, const std::string& key) {
+  if (store_) return store_->take(key, describe(from));
+  return take(key);
+}
+
 std::string RankChannel::take(const std::string& key) {
-  if (store_) return store_->take(key);
+  if (store_) return store_->take(key, "");
   auto it = local_.find(key);
   PIPEFORGE_CHECK(it != local_.end(), fmt::format("no value for '{}' (single process)", key));
   std::string value = std::move(it->second);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -19,7 +20,10 @@ class RankChannel {
  public:
   // Connects to the store (a single-process job keeps messages in memory).
   // Construct after the PipelineRunner, whose rank 0 starts the store.
-  RankChannel(const runtime::DistEnv& env, std::chrono::milliseconds timeout);
+  // `describe_rank` names a rank for errors ("rank 1 (host b)"); without one
+  // they say "rank 1".
+  RankChannel(const runtime::DistEnv& env, std::chrono::milliseconds timeout,
+              std::function<std::string(int)> describe_rank = {});
   ~RankChannel();
   RankChannel(const RankChannel&) = delete;
   RankChannel& operator=(const RankChannel&) = delete;
@@ -28,6 +32,9 @@ class RankChannel {
   // Waits for `key` (bounded by the timeout), returns it and deletes it.
   // Throws pipeforge::Error (kPeerFailure) naming the key when it does not come.
   std::string take(const std::string& key);
+  // take() of a key only rank `from` writes: when it does not come, the error
+  // names that rank and its host, the one that stopped or lost its link.
+  std::string takeFrom(int from, const std::string& key);
   // take() of a number written with publish(); throws pipeforge::Error
   // (kPeerFailure) naming the key when the value is not one (Note [Checked
   // store values]).
@@ -37,7 +44,10 @@ class RankChannel {
 
  private:
   class Store;
+  std::string describe(int rank) const;
+
   std::unique_ptr<Store> store_;
+  std::function<std::string(int)> describe_rank_;
   std::map<std::string, std::string> local_;
 };
 

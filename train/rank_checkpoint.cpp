@@ -306,18 +306,15 @@ std::int64_t RankCheckpoint::agreeOnStep(std::int64_t mine, const std::string& w
   std::string verdict;
   if (rank != 0) {
     channel_.publish(fmt::format("resume/from/{}", rank), said_here.dump());
-    verdict = channel_.take(fmt::format("resume/agreed/{}", rank));
+    verdict = channel_.takeFrom(0, fmt::format("resume/agreed/{}", rank));
   } else {
     nlohmann::json v;
     try {
       std::vector<nlohmann::json> said{said_here};
       for (int r = 1; r < env_.world_size; ++r) {
-        said.push_back(nlohmann::json::parse(channel_.take(fmt::format("resume/from/{}", r))));
+        said.push_back(nlohmann::json::parse(channel_.takeFrom(r, fmt::format("resume/from/{}", r))));
       }
-      auto who = [&](int r) {
-        const std::string host = runner_.hostOf(r);
-        return host.empty() ? fmt::format("rank {}", r) : fmt::format("rank {} (host {})", r, host);
-      };
+      auto who = [&](int r) { return runner_.describeRank(r); };
       std::int64_t agreed = std::numeric_limits<std::int64_t>::max(), newest = -1;
       for (int r = 0; r < env_.world_size; ++r) {
         if (said[r].contains("error")) {
@@ -796,7 +793,7 @@ std::string RankCheckpoint::save(std::int64_t done, const LossScaler* scaler) {
     const std::string key = fmt::format("checkpoint/{}", done);
     if (env_.world_size > 1 && rank != 0) {
       channel_.publish(fmt::format("{}/folder/{}", key, rank), folderContentsToJson(own));
-      const nlohmann::json all = nlohmann::json::parse(channel_.take(fmt::format("{}/all/{}", key, rank)));
+      const nlohmann::json all = nlohmann::json::parse(channel_.takeFrom(0, fmt::format("{}/all/{}", key, rank)));
       for (const auto& text : all) {
         others.push_back(folderContentsFromJson(text.get<std::string>(), "rank 0's checkpoint folder list"));
       }
@@ -807,7 +804,7 @@ std::string RankCheckpoint::save(std::int64_t done, const LossScaler* scaler) {
       }
       nlohmann::json all = nlohmann::json::array({folderContentsToJson(own)});
       for (int r : leaders) {
-        const std::string text = channel_.take(fmt::format("{}/folder/{}", key, r));
+        const std::string text = channel_.takeFrom(r, fmt::format("{}/folder/{}", key, r));
         others.push_back(folderContentsFromJson(text, fmt::format("rank {}'s checkpoint folder list", r)));
         all.push_back(text);
       }

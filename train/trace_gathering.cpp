@@ -27,7 +27,7 @@ bool TraceGathering::write(const std::string& path) {
   std::vector<RankStepProfile> all;
   for (int r = 0; r < world_size_; ++r) {
     const std::string key = traceKey(r);
-    const std::string text = channel_.take(key);
+    const std::string text = channel_.takeFrom(r, key);
     try {
       for (const auto& p : nlohmann::json::parse(text)) all.push_back(profileFromJson(p));
     } catch (const std::exception& e) {  // bad JSON, action text or span kind

@@ -74,7 +74,8 @@ class RankTrainer {
     runtime::RunnerOptions ro = runnerOptionsFor(config, plan);
     ro.profile = config.trace || auto_schedule;
     runner_ = std::make_unique<runtime::PipelineRunner>(ro);
-    channel_ = std::make_unique<RankChannel>(plan_.env, timeout_);
+    channel_ = std::make_unique<RankChannel>(plan_.env, timeout_,
+                                             [this](int r) { return runner_->describeRank(r); });
     if (config.trace) trace_.emplace(*channel_, runner_->rank(), plan_.env.world_size);
     dataset_ = openDataset(config.data, config.seed, plan.data);
     if (auto_schedule) {
@@ -254,7 +255,7 @@ class RankTrainer {
     std::vector<std::int64_t> peaks;
     std::vector<int> pipeline_ranks;
     for (int r = 0; r < plan_.env.world_size; ++r) {
-      const std::string text = channel_->take("activation_memory/" + std::to_string(r));
+      const std::string text = channel_->takeFrom(r, "activation_memory/" + std::to_string(r));
       std::istringstream in(text);
       std::int64_t peak = 0;
       int p = -1;
@@ -287,7 +288,7 @@ class RankTrainer {
     if (rank() != 0) return;
     for (int r = 0; r < plan_.env.world_size; ++r) {
       const std::string key = "model_state/" + std::to_string(r);
-      const std::string text = channel_->take(key);
+      const std::string text = channel_->takeFrom(r, key);
       try {
         report_->modelState(modelStateFromRecord(nlohmann::json::parse(text)));
       } catch (const nlohmann::json::exception& e) {
