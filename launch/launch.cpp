@@ -4,7 +4,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -18,6 +17,7 @@
 #include "launch/launch_checks.h"
 #include "runtime/dist_env.h"
 #include "runtime/failure_report.h"
+#include "runtime/local_launcher.h"
 #include "stage/manifest.h"
 #include "train/trainer.h"
 
@@ -96,10 +96,9 @@ int launch(const TrainRequest& request, const TrainConfig& config) {
   ::unsetenv(kRankCpusVariable);
   ::unsetenv(kRankCpusReasonVariable);
   if (config.cpu_affinity && config.device == "cpu") {
-    const char* omp = std::getenv("OMP_NUM_THREADS");  // the user's, else the launcher's share (Note [Threads per rank])
-    int threads = omp != nullptr ? std::atoi(omp) : 0;
-    if (threads < 1) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks.num_ranks);
-    cpus = CpuReservation::take(allowedCpus(), ranks.num_ranks * threads);
+    runtime::LaunchOptions shares;  // what startRanks gives each rank (Note [Threads per rank])
+    shares.num_ranks = ranks.num_ranks;
+    cpus = CpuReservation::take(allowedCpus(), ranks.num_ranks * runtime::threadsPerRank(shares));
     ::setenv(kRankCpusVariable, cpuListText(cpus.cpus()).c_str(), 1);
     ::setenv(kRankCpusReasonVariable, cpus.reason().c_str(), 1);
   }

@@ -30,6 +30,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The OMP_NUM_THREADS the user chose for the ranks, if any.
+const char* userThreads(const LaunchOptions& o) {
+  for (const auto& [name, value] : o.env) {
+    if (name == "OMP_NUM_THREADS") return value.c_str();
+  }
+  return std::getenv("OMP_NUM_THREADS");
+}
+
 // The environment of one rank: ours, minus what we set, plus what we set.
 std::vector<std::string> rankEnv(const LaunchOptions& o, int rank, int port, const std::string& run_id,
                                  const std::string& private_dir) {
@@ -46,12 +54,7 @@ std::vector<std::string> rankEnv(const LaunchOptions& o, int rank, int port, con
   // Note [Threads per rank]: N ranks on one host each default to every core,
   // which oversubscribes it N times over (torchrun sets 1). Unless the user
   // chose, each rank gets its share of the cores.
-  const bool chosen = std::getenv("OMP_NUM_THREADS") != nullptr ||
-                      std::any_of(o.env.begin(), o.env.end(), [](const auto& kv) { return kv.first == "OMP_NUM_THREADS"; });
-  if (!chosen) {
-    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    set.emplace_back("OMP_NUM_THREADS", std::to_string(std::max(1u, cores / static_cast<unsigned>(o.num_ranks))));
-  }
+  if (!userThreads(o)) set.emplace_back("OMP_NUM_THREADS", std::to_string(threadsPerRank(o)));
   set.insert(set.end(), o.env.begin(), o.env.end());
   std::vector<std::string> out;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -271,6 +274,15 @@ void superviseRanks(const LaunchOptions& o, std::vector<pid_t>& pids, Clock::tim
 }
 
 }  // namespace
+
+int threadsPerRank(const LaunchOptions& options) {
+  if (const char* chosen = userThreads(options)) {
+    const int threads = std::atoi(chosen);
+    if (threads >= 1) return threads;
+  }
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, options.num_ranks));
+}
 
 LaunchResult launchLocal(const LaunchOptions& o) {
   if (o.num_ranks < 1) {

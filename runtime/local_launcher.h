@@ -87,6 +87,11 @@ struct LaunchResult {
 // Throws LaunchError when the executable cannot be started.
 LaunchResult launchLocal(const LaunchOptions& options);
 
+// Note [Threads per rank]: the OMP_NUM_THREADS each rank runs with: the one
+// in `options.env` or this process's environment, else this host's cores
+// shared among the ranks (at least 1).
+int threadsPerRank(const LaunchOptions& options);
+
 // A TCP port on `addr` that was free a moment ago.
 int findFreePort(const std::string& addr = "127.0.0.1");
 

@@ -2,6 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <thread>
+
 namespace pipeforge::runtime {
 namespace {
 
@@ -72,6 +78,45 @@ TEST(LocalLauncherTest, FindsAFreePort) {
   int port = findFreePort();
   EXPECT_GT(port, 0);
   EXPECT_LT(port, 65536);
+}
+
+// Note [Threads per rank]: unless the user chose OMP_NUM_THREADS, each rank
+// gets its share of the cores, and the ranks see the same number that the
+// CPU reservation counts with (threadsPerRank).
+TEST(LocalLauncherTest, EachRankGetsItsShareOfTheCoresUnlessTheUserChose) {
+  const char* outer = std::getenv("OMP_NUM_THREADS");
+  const std::optional<std::string> saved = outer ? std::optional<std::string>(outer) : std::nullopt;
+  ::unsetenv("OMP_NUM_THREADS");
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+
+  LaunchOptions o = shell("echo $OMP_NUM_THREADS", 2);
+  EXPECT_EQ(threadsPerRank(o), std::max(1, cores / 2));
+  LaunchResult r = launchLocal(o);
+  ASSERT_TRUE(r.ok()) << r.summary();
+  for (const auto& rank : r.ranks) EXPECT_EQ(rank.output, std::to_string(threadsPerRank(o)) + "\n");
+
+  o.num_ranks = 4 * cores;  // more ranks than cores: still one thread each
+  EXPECT_EQ(threadsPerRank(o), 1);
+
+  o.num_ranks = 2;
+  o.env = {{"OMP_NUM_THREADS", "3"}};
+  EXPECT_EQ(threadsPerRank(o), 3);
+  r = launchLocal(o);
+  ASSERT_TRUE(r.ok()) << r.summary();
+  for (const auto& rank : r.ranks) EXPECT_EQ(rank.output, "3\n");
+
+  o.env.clear();
+  ::setenv("OMP_NUM_THREADS", "5", 1);
+  EXPECT_EQ(threadsPerRank(o), 5);
+  r = launchLocal(o);
+  ASSERT_TRUE(r.ok()) << r.summary();
+  for (const auto& rank : r.ranks) EXPECT_EQ(rank.output, "5\n");
+
+  if (saved) {
+    ::setenv("OMP_NUM_THREADS", saved->c_str(), 1);
+  } else {
+    ::unsetenv("OMP_NUM_THREADS");
+  }
 }
 
 }  // namespace

@@ -21,21 +21,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-bool catches(pid_t pid, int signal) {
-  std::ifstream status(fmt::format("/proc/{}/status", pid));
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("SigCgt:", 0) == 0) return (std::stoull(line.substr(7), nullptr, 16) >> (signal - 1)) & 1;
-  }
-  return false;
-}
-
-std::string readAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 TEST(FatalSignalE2E, ACrashingLauncherSaysWhereAndStillDiesOfIt) {
   TrainWorkspace ws;
   RunSpec s;
@@ -48,19 +33,19 @@ TEST(FatalSignalE2E, ACrashingLauncherSaysWhereAndStillDiesOfIt) {
   ASSERT_GT(launcher, 0);
   const auto deadline = Clock::now() + std::chrono::seconds(60);
   while (Clock::now() < deadline && !catches(launcher, SIGSEGV)) std::this_thread::yield();
-  ASSERT_TRUE(catches(launcher, SIGSEGV)) << readAll(log);
+  ASSERT_TRUE(catches(launcher, SIGSEGV)) << readBytes(log);
   ASSERT_EQ(::kill(launcher, SIGSEGV), 0);
   int status = 0;
   while (::waitpid(launcher, &status, WNOHANG) == 0) {
     if (Clock::now() > deadline) {
       ::kill(-launcher, SIGKILL);
       ::waitpid(launcher, nullptr, 0);
-      FAIL() << "the launcher did not die:\n" << readAll(log);
+      FAIL() << "the launcher did not die:\n" << readBytes(log);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ::kill(-launcher, SIGKILL);  // its ranks, should any be left
-  const std::string out = readAll(log);
+  const std::string out = readBytes(log);
   ASSERT_TRUE(WIFSIGNALED(status)) << "exit status " << WEXITSTATUS(status) << "\n" << out;
   EXPECT_EQ(WTERMSIG(status), SIGSEGV) << out;
   EXPECT_NE(out.find(fmt::format("pipeforge: fatal signal SIGSEGV (invalid memory access) sent by process {} in "

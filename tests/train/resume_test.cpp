@@ -37,11 +37,6 @@ RunSpec gptTwoStages() {
   return s;
 }
 
-std::string readBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 // Two stage files hold the same optimizer state, parameter by parameter.
 void expectSameOptimizerState(const train::StageOptimizerState& x, const train::StageOptimizerState& y) {
   EXPECT_EQ(x.name, y.name);
@@ -128,15 +123,6 @@ pid_t findRank(pid_t launcher, int rank) {
     if (env.find(fmt::format("{}RANK={}{}", '\0', rank, '\0')) != std::string::npos) return std::stoi(name);
   }
   return -1;
-}
-
-// Whether process `pid` has a handler for `signal` (SigCgt of /proc/PID/status).
-bool catches(pid_t pid, int signal) {
-  std::ifstream status(fmt::format("/proc/{}/status", pid));
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("SigCgt:", 0) == 0) return (std::stoull(line.substr(7), nullptr, 16) >> (signal - 1)) & 1;
-  }
-  return false;
 }
 
 // Issue 39 item 7: Ctrl-C while `pipeforge train --nproc 2` starts, during

@@ -33,13 +33,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-std::string readAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // `pipeforge train --config C --nproc 2` in the background, output to a file.
 class BackgroundRun {
  public:
@@ -62,7 +55,7 @@ class BackgroundRun {
     }
   }
   pid_t pid() const { return pid_; }
-  std::string output() const { return readAll(log_); }
+  std::string output() const { return readBytes(log_); }
 
   // The exit status within `limit`, or nullopt (then the run is killed).
   std::optional<int> wait(std::chrono::milliseconds limit) {
@@ -93,7 +86,7 @@ std::vector<pid_t> childrenOf(pid_t parent) {
   while (dirent* e = ::readdir(proc)) {
     pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
     if (pid <= 0) continue;
-    std::string stat = readAll(fmt::format("/proc/{}/stat", pid));
+    std::string stat = readBytes(fmt::format("/proc/{}/stat", pid));
     auto close = stat.rfind(')');
     if (close == std::string::npos) continue;
     std::istringstream rest(stat.substr(close + 2));
@@ -132,7 +125,7 @@ struct Socket {
 std::map<std::string, Socket> tcpSockets() {
   std::map<std::string, Socket> out;
   for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::istringstream lines(readAll(table));
+    std::istringstream lines(readBytes(table));
     std::string line;
     std::getline(lines, line);  // header
     while (std::getline(lines, line)) {
@@ -200,7 +193,7 @@ TEST(LocalRunSecurity, EverySocketListensOnLoopbackOnly) {
 }
 
 std::string envOf(pid_t pid, const std::string& name) {
-  std::string env = readAll(fmt::format("/proc/{}/environ", pid));
+  std::string env = readBytes(fmt::format("/proc/{}/environ", pid));
   std::string key = name + "=";
   for (std::size_t at = 0; at < env.size();) {
     std::size_t end = env.find('\0', at);

@@ -105,6 +105,19 @@ pid_t startTrainInBackground(const std::string& config, const std::string& log) 
   return pid;
 }
 
+std::string readBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+bool catches(pid_t pid, int signal) {
+  std::ifstream status(fmt::format("/proc/{}/status", pid));
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("SigCgt:", 0) == 0) return (std::stoull(line.substr(7), nullptr, 16) >> (signal - 1)) & 1;
+  }
+  return false;
+}
+
 CommandResult runPipeforge(const std::string& args) {
   return runCommand(std::string(PIPEFORGE_BINARY) + " " + args);
 }

@@ -55,6 +55,12 @@ class TrainWorkspace {
 // starts any worker: `AttributeError: 'NoneType' object has no attribute 'get'`.)
 std::string torchrunUnusable();
 
+// A file's bytes; empty when it cannot be read (a log not yet written).
+std::string readBytes(const std::string& path);
+
+// Whether process `pid` has a handler for `signal` (SigCgt of /proc/PID/status).
+bool catches(pid_t pid, int signal);
+
 // `pipeforge <args>`, output captured.
 CommandResult runPipeforge(const std::string& args);
 
