@@ -102,7 +102,7 @@ double makespanLowerBound(const AutoScheduleConfig& config) {
   const int P = config.num_ranks;
   const int S = P * config.stages_per_rank;
   const std::vector<int> stage_to_rank = makeStageToRank(P, S, config.layout);
-  const CostModel& c = config.costs;
+  const CostModel c = config.costs.withOverheadsCharged(stage_to_rank);
   std::vector<double> head(P, -1.0);
   std::vector<double> work(P, 0.0);
   double t = 0.0;  // earliest start of F(s, 0)
@@ -456,9 +456,14 @@ void checkMemoryLimitReachable(const AutoScheduleConfig& config) {
 }  // namespace
 
 // The steps: Note [Auto schedule steps].
-AutoScheduleResult autoSchedule(const AutoScheduleConfig& config) {
-  checkConfig(config);
-  checkMemoryLimitReachable(config);
+AutoScheduleResult autoSchedule(const AutoScheduleConfig& requested) {
+  checkConfig(requested);
+  checkMemoryLimitReachable(requested);
+  // Note [Action overheads]: every candidate has this layout, so its messages
+  // are charged to the stages' actions once, for all of them.
+  AutoScheduleConfig config = requested;
+  config.costs = requested.costs.withOverheadsCharged(
+      makeStageToRank(config.num_ranks, config.num_ranks * config.stages_per_rank, config.layout));
   AutoSearch search(config);
   search.addNamedSchedules();
   search.addGreedySchedules();

@@ -64,6 +64,30 @@ double CostModel::duration(const Action& action) const {
   unknownActionType(action.type);
 }
 
+CostModel CostModel::withOverheadsCharged(const std::vector<int>& stage_to_rank) const {
+  if (!hasOverheads()) return *this;
+  const int S = static_cast<int>(stage_to_rank.size());
+  check(S);
+  CostModel charged = *this;
+  charged.send_overhead = charged.recv_overhead = charged.action_overhead = 0.0;
+  charged.stages.clear();
+  for (int s = 0; s < S; ++s) {
+    const bool from_before = s > 0 && stage_to_rank[s - 1] != stage_to_rank[s];
+    const bool to_after = s + 1 < S && stage_to_rank[s + 1] != stage_to_rank[s];
+    const StageCost& own = stage(s);
+    StageCost c = own;
+    // F takes its input from the stage before and sends its output on; the
+    // backward takes the gradient from the stage after and sends one back.
+    c.forward += action_overhead + (from_before ? recv_overhead : 0.0) + (to_after ? send_overhead : 0.0);
+    const double backward_messages = (to_after ? recv_overhead : 0.0) + (from_before ? send_overhead : 0.0);
+    c.backward_input += action_overhead + backward_messages;
+    c.backward_weight += action_overhead;
+    c.full_backward = own.fullBackward() + action_overhead + backward_messages;
+    charged.stages.push_back(c);
+  }
+  return charged;
+}
+
 double CostModel::weightMemoryShare(int stage_index) const {
   return stage(stage_index).weight_memory_share.value_or(weight_memory_share);
 }
@@ -127,6 +151,9 @@ void CostModel::check(int num_stages) const {
     }
   }
   checkFinite(comm_latency, "comm latency", false);
+  checkFinite(send_overhead, "send overhead", false);
+  checkFinite(recv_overhead, "recv overhead", false);
+  checkFinite(action_overhead, "action overhead", false);
   if (!(weight_memory_share >= 0.0 && weight_memory_share <= 1.0)) {
     throw ScheduleError(fmt::format(
         "cost model: weight_memory_share is {}; expected a fraction in [0, 1]",
@@ -190,7 +217,7 @@ StageCost readStage(const nlohmann::json& json, const StageCost& defaults,
       throw ScheduleError(fmt::format(
           "cost model JSON: unknown key \"{}\"; expected forward, backward_input, "
           "backward_weight, full_backward, activation_memory, weight_memory_share{}",
-          item.key(), extra_keys.empty() ? "" : ", stages, comm_latency"));
+          item.key(), extra_keys.empty() ? "" : ", stages, comm_latency, send_overhead, recv_overhead, action_overhead"));
     }
   }
   StageCost cost = defaults;
@@ -215,7 +242,8 @@ StageCost readStage(const nlohmann::json& json, const StageCost& defaults,
 CostModel costModelFromJson(const nlohmann::json& json) {
   CostModel model;
   StageCost shared =
-      readStage(json, StageCost{}, {"stages", "comm_latency", "weight_memory_share"});
+      readStage(json, StageCost{},
+                {"stages", "comm_latency", "weight_memory_share", "send_overhead", "recv_overhead", "action_overhead"});
   if (json.contains("stages")) {
     const nlohmann::json& list = json.at("stages");
     if (!list.is_array() || list.empty()) {
@@ -227,6 +255,9 @@ CostModel costModelFromJson(const nlohmann::json& json) {
     model.stages = {shared};
   }
   if (json.contains("comm_latency")) model.comm_latency = readNumber(json, "comm_latency");
+  if (json.contains("send_overhead")) model.send_overhead = readNumber(json, "send_overhead");
+  if (json.contains("recv_overhead")) model.recv_overhead = readNumber(json, "recv_overhead");
+  if (json.contains("action_overhead")) model.action_overhead = readNumber(json, "action_overhead");
   if (json.contains("weight_memory_share")) {
     model.weight_memory_share = readNumber(json, "weight_memory_share");
   }
@@ -253,17 +284,26 @@ nlohmann::json costModelToJson(const CostModel& model) {
   }
   json["comm_latency"] = model.comm_latency;
   json["weight_memory_share"] = model.weight_memory_share;
+  if (model.hasOverheads()) {
+    json["send_overhead"] = model.send_overhead;
+    json["recv_overhead"] = model.recv_overhead;
+    json["action_overhead"] = model.action_overhead;
+  }
   return json;
 }
 
 std::string describeCostModel(const CostModel& model) {
+  const std::string overheads =
+      model.hasOverheads() ? fmt::format(" send={:g} recv={:g} action={:g}", model.send_overhead,
+                                         model.recv_overhead, model.action_overhead)
+                           : "";
   if (model.stages.size() == 1) {
     const StageCost& c = model.stages.front();
-    return fmt::format("F={:g} I={:g} W={:g} B={:g} comm={:g}", c.forward, c.backward_input,
-                       c.backward_weight, c.fullBackward(), model.comm_latency);
+    return fmt::format("F={:g} I={:g} W={:g} B={:g} comm={:g}{}", c.forward, c.backward_input,
+                       c.backward_weight, c.fullBackward(), model.comm_latency, overheads);
   }
-  return fmt::format("per-stage costs ({} stages), comm={:g}", model.stages.size(),
-                     model.comm_latency);
+  return fmt::format("per-stage costs ({} stages), comm={:g}{}", model.stages.size(),
+                     model.comm_latency, overheads);
 }
 
 }  // namespace pipeforge::schedules

@@ -50,6 +50,30 @@ struct CostModel {
   // inputs); the rest is released when I ends. In [0, 1]. A stage's own
   // StageCost::weight_memory_share takes precedence.
   double weight_memory_share = 0.5;
+  // Note [Action overheads]: what a rank spends besides the stages' compute.
+  //   send_overhead    posting one message to another rank (the transport
+  //                    may copy it out before it returns), on the sender;
+  //   recv_overhead    taking one message from another rank in (its RECV),
+  //                    on the receiver;
+  //   action_overhead  the runtime's own time around every F, I, W or B.
+  // A message crosses every stage boundary between two ranks, one per
+  // microbatch each way: a stage's F receives its input from the stage
+  // before on another rank and sends its output to the stage after on
+  // another; its I or B does the same with gradients, the other way. So a
+  // layout that keeps neighbouring stages on one rank (the V's turn) sends
+  // fewer messages, and the simulators see it: they charge these to the
+  // actions through withOverheadsCharged, for the program's own layout.
+  double send_overhead = 0.0;
+  double recv_overhead = 0.0;
+  double action_overhead = 0.0;
+
+  bool hasOverheads() const { return send_overhead != 0.0 || recv_overhead != 0.0 || action_overhead != 0.0; }
+
+  // This model with the overheads above added to each stage's F, I, W and B
+  // for the layout `stage_to_rank`, and then zero (so charging twice
+  // changes nothing). Unchanged without overheads. Throws ScheduleError when
+  // the model does not fit stage_to_rank.size() stages (check).
+  CostModel withOverheadsCharged(const std::vector<int>& stage_to_rank) const;
 
   // The share that applies to `stage`.
   double weightMemoryShare(int stage) const;
@@ -91,7 +115,8 @@ CostModel parseCostList(std::string_view text);
 //   {"forward": 1, "backward_input": 1.3, "backward_weight": 0.7,
 //    "full_backward": 2, "activation_memory": 1,            // one set for all stages, or
 //    "stages": [{"forward": 1, ...}, ...],                    // one object per stage
-//    "comm_latency": 0.1, "weight_memory_share": 0.5}
+//    "comm_latency": 0.1, "weight_memory_share": 0.5,
+//    "send_overhead": 0.2, "recv_overhead": 0.05, "action_overhead": 0.01}
 // Unknown keys are rejected (a typo must not silently become a default).
 CostModel costModelFromJson(const nlohmann::json& json);
 nlohmann::json costModelToJson(const CostModel& model);

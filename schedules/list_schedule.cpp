@@ -384,6 +384,11 @@ std::optional<RankOrders> ListScheduler::run() {
 
 std::optional<RankOrders> listSchedule(const ListScheduleProblem& problem,
                                        const ListSchedulePolicy& policy) {
+  if (problem.costs.hasOverheads()) {  // Note [Action overheads]
+    ListScheduleProblem charged = problem;
+    charged.costs = problem.costs.withOverheadsCharged(problem.stage_to_rank);
+    return ListScheduler(charged, policy).run();
+  }
   return ListScheduler(problem, policy).run();
 }
 

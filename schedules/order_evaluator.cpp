@@ -18,13 +18,14 @@ OrderEvaluator::OrderEvaluator(const RankOrders& shape, const CostModel& costs)
       rule_(shape.num_stages),
       comm_(costs.comm_latency) {
   costs.check(S_);
+  const CostModel charged = costs.withOverheadsCharged(stage_to_rank_);  // Note [Action overheads]
   dur_.resize(4 * static_cast<std::size_t>(S_));
   mem_.resize(4 * static_cast<std::size_t>(S_));
   act_.resize(S_);
   for (int s = 0; s < S_; ++s) {
     for (OpKind kind : {OpKind::kF, OpKind::kI, OpKind::kW, OpKind::kB}) {
       const int at = static_cast<int>(kind) * S_ + s;
-      dur_[at] = costs.duration(toAction(Op{kind, s, 0}));
+      dur_[at] = charged.duration(toAction(Op{kind, s, 0}));
       mem_[at] = costs.memoryChange(toActionType(kind), s);
     }
     act_[s] = costs.stage(s).activation_memory;

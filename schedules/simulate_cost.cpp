@@ -84,7 +84,7 @@ class Simulator {
   std::optional<std::pair<int, int>> findProducer(int key) const;
 
   const Program& program_;
-  const CostModel& costs_;
+  CostModel costs_;  // its overheads charged once the layout is checked (Note [Action overheads])
   DependencyRule rule_;
   int S_;
   int M_;
@@ -490,6 +490,7 @@ CostSimulation summarize(std::vector<TimedAction> events, std::vector<double> pe
 
 CostSimulation Simulator::run() {
   checkShape();
+  costs_ = costs_.withOverheadsCharged(program_.stage_to_rank);
   resetState();
   runRanks();
   return summarize(std::move(events_), peak_, program_.num_ranks);

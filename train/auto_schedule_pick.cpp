@@ -21,6 +21,7 @@ namespace {
 struct StageMeasurements {
   std::vector<double> times;   // medianActionTimes
   std::vector<double> memory;  // medianActionMemory
+  ActionOverheads overheads;   // medianOverheads
 };
 
 // Each stage's median action times and memory over the timed runs, on this rank.
@@ -37,7 +38,7 @@ StageMeasurements profileStages(runtime::PipelineRunner& runner, const Batch& ba
     runner.zeroGrad();
     if (run >= kWarmUpRuns) timed.push_back(runner.lastProfile());
   }
-  return {medianActionTimes(timed, num_stages), medianActionMemory(timed, num_stages)};
+  return {medianActionTimes(timed, num_stages), medianActionMemory(timed, num_stages), medianOverheads(timed)};
 }
 
 // The element-wise sum of `values` over all ranks.
@@ -82,7 +83,15 @@ AutoChoice pickAutoSchedule(runtime::PipelineRunner& runner, const Batch& batch,
   mine.insert(mine.end(), measured.memory.begin(), measured.memory.end());
   if (runner.dpRank() != 0) mine.assign(mine.size(), 0.0);  // replica 0's measurements only
   const std::size_t measurements = mine.size();
-  mine.resize(measurements + static_cast<std::size_t>(world_size), 0.0);
+  // Then every rank's model state, and replica 0's ranks' overheads (three each).
+  const std::size_t overheads_at = measurements + static_cast<std::size_t>(world_size);
+  mine.resize(overheads_at + 3 * static_cast<std::size_t>(world_size), 0.0);
+  if (runner.dpRank() == 0) {
+    const std::size_t at = overheads_at + 3 * static_cast<std::size_t>(runner.rank());
+    mine[at] = measured.overheads.send_ms;
+    mine[at + 1] = measured.overheads.recv_ms;
+    mine[at + 2] = measured.overheads.action_ms;
+  }
   const ModelStateBytes state =
       estimateModelState(runner.rank(), runner.parameters(), config.optimizer.name, config.optimizer.momentum,
                          config.pipeline.zero_stage >= 1 ? config.pipeline.data_parallel : 1);
@@ -91,13 +100,30 @@ AutoChoice pickAutoSchedule(runtime::PipelineRunner& runner, const Batch& batch,
   const std::vector<double> times(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(measured.times.size()));
   const std::vector<double> memory(all.begin() + static_cast<std::ptrdiff_t>(measured.times.size()),
                                    all.begin() + static_cast<std::ptrdiff_t>(measurements));
-  const double model_state = *std::max_element(all.begin() + static_cast<std::ptrdiff_t>(measurements), all.end());
+  const double model_state = *std::max_element(all.begin() + static_cast<std::ptrdiff_t>(measurements),
+                                                all.begin() + static_cast<std::ptrdiff_t>(overheads_at));
+  // Note [Action overheads]: the mean over the ranks that had any.
+  double overhead[3] = {0.0, 0.0, 0.0};
+  for (int k = 0; k < 3; ++k) {
+    int ranks = 0;
+    for (int r = 0; r < world_size; ++r) {
+      const double v = all[overheads_at + 3 * static_cast<std::size_t>(r) + static_cast<std::size_t>(k)];
+      if (v > 0.0) {
+        overhead[k] += v;
+        ++ranks;
+      }
+    }
+    if (ranks > 0) overhead[k] /= ranks;
+  }
 
   ScheduleChoiceRequest request;
   request.num_ranks = pipeline_ranks;
   request.stages_per_rank = config.pipeline.stages_per_rank;
   request.num_microbatches = config.pipeline.microbatches;
   request.costs = costModelFromMeasurements(times, memory, num_stages);
+  request.costs.send_overhead = overhead[0];
+  request.costs.recv_overhead = overhead[1];
+  request.costs.action_overhead = overhead[2];
   request.stage_temporaries = stageTemporaries(memory, num_stages);
   if (config.pipeline.memory_limit) {
     request.memory_limit = (*config.pipeline.memory_limit - model_state) * (1.0 - kMemoryHeadroom);

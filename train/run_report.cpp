@@ -114,7 +114,9 @@ nlohmann::json RunReport::reportAutoSchedule(const AutoChoice& a) {
                      {"B", sc.fullBackward()}, {"activation_bytes", sc.activation_memory},
                      {"weight_memory_share", a.costs.weightMemoryShare(static_cast<int>(s))}});
   }
-  out_ << fmt::format("    measured ms per stage: F{} | I{} | W{} | B{}\n", f, i, w, b);
+  out_ << fmt::format("    measured ms per stage: F{} | I{} | W{} | B{}; per message: send {:.3g}, receive {:.3g}; "
+                      "per action: {:.3g}\n",
+                      f, i, w, b, a.costs.send_overhead, a.costs.recv_overhead, a.costs.action_overhead);
   out_ << fmt::format("    activations a microbatch keeps per stage:{}\n", kept);
   nlohmann::json named = nlohmann::json::array();
   std::string ran, not_run;
@@ -143,6 +145,8 @@ nlohmann::json RunReport::reportAutoSchedule(const AutoChoice& a) {
           {"program_digest", fmt::format("{:08x}", a.digest)},
           {"csv", csv},
           {"measured_ms", costs},
+          {"overheads_ms",
+           {{"send", a.costs.send_overhead}, {"recv", a.costs.recv_overhead}, {"action", a.costs.action_overhead}}},
           {"named", named}};
 }
 

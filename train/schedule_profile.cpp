@@ -43,7 +43,50 @@ double median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
+// Seconds `step` spent posting sends (their spans lie inside it).
+double sendsInside(const runtime::StepProfile& profile, const runtime::TimedStep& step) {
+  double s = 0.0;
+  for (const runtime::TimedSpan& span : profile.spans) {
+    if (span.kind == runtime::SpanKind::kSend && span.start_s >= step.start_s && span.end_s <= step.end_s) {
+      s += span.end_s - span.start_s;
+    }
+  }
+  return s;
+}
+
+bool insideSomeAction(const runtime::StepProfile& profile, const runtime::TimedSpan& span) {
+  for (const runtime::TimedStep& step : profile.steps) {
+    if (span.start_s >= step.start_s && span.end_s <= step.end_s) return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+ActionOverheads medianOverheads(const std::vector<runtime::StepProfile>& profiles) {
+  std::vector<double> sends, recvs, between;
+  for (const runtime::StepProfile& profile : profiles) {
+    double outside = profile.step_s;
+    int compute = 0;
+    for (const runtime::TimedStep& step : profile.steps) {
+      outside -= step.end_s - step.start_s;
+      if (step.action.type == sch::ActionType::kRecvF || step.action.type == sch::ActionType::kRecvB) {
+        recvs.push_back(1e3 * std::max(0.0, step.end_s - step.start_s - step.wait_s));
+      }
+      if (timedKind(step.action.type) >= 0) ++compute;
+    }
+    for (const runtime::TimedSpan& span : profile.spans) {
+      if (span.kind == runtime::SpanKind::kSend) sends.push_back(1e3 * (span.end_s - span.start_s));
+      if (!insideSomeAction(profile, span)) outside -= span.end_s - span.start_s;
+    }
+    if (compute > 0) between.push_back(1e3 * std::max(0.0, outside) / compute);
+  }
+  ActionOverheads o;
+  if (!sends.empty()) o.send_ms = median(sends);
+  if (!recvs.empty()) o.recv_ms = median(recvs);
+  if (!between.empty()) o.action_ms = median(between);
+  return o;
+}
 
 sch::Program profilingProgram(int num_ranks, int stages_per_rank, int num_microbatches) {
   sch::Program program;
@@ -73,7 +116,8 @@ std::vector<double> medianActionTimes(const std::vector<runtime::StepProfile>& p
     for (const runtime::TimedStep& step : profile.steps) {
       const int kind = timedKind(step.action.type);
       if (kind < 0 || step.action.stage < 0 || step.action.stage >= num_stages) continue;
-      const double ms = 1e3 * std::max(0.0, step.end_s - step.start_s - step.wait_s);
+      const double sends = sendsInside(profile, step);
+      const double ms = 1e3 * std::max(0.0, step.end_s - step.start_s - step.wait_s - sends);
       samples[static_cast<std::size_t>(step.action.stage) * kTimedKinds + kind].push_back(ms);
     }
   }

@@ -40,7 +40,21 @@ inline constexpr int kTimedKinds = 4;
 // every such action in `profiles`, at [stage * kTimedKinds + kind]; 0 where
 // the rank ran none (stages it does not hold). Medians, so the first calls
 // of a fresh module (TorchScript optimizes on them) do not count.
+// Posting a send inside an action (its "send ... to rank" span) is cut out
+// of it: medianOverheads counts it, for the boundaries that cross ranks.
 std::vector<double> medianActionTimes(const std::vector<runtime::StepProfile>& profiles, int num_stages);
+
+// One rank's overheads (Note [Action overheads] in schedules/cost_model.h),
+// in milliseconds, from the same profiles: the median send posting, the
+// median RECV less its wait, and per F, I, W or B the step's time outside
+// every action and every span between actions (the runtime's bookkeeping),
+// the median over steps. Zero where the rank had none (one rank sends nothing).
+struct ActionOverheads {
+  double send_ms = 0.0;
+  double recv_ms = 0.0;
+  double action_ms = 0.0;
+};
+ActionOverheads medianOverheads(const std::vector<runtime::StepProfile>& profiles);
 
 // The cost model of per-stage times laid out as medianActionTimes lays them
 // out, after the ranks summed theirs (each stage measured by one rank).

@@ -280,6 +280,86 @@ TEST(SimulateCost, GoldenLoweredScheduleRuns) {
   EXPECT_DOUBLE_EQ(lowered, simulateCost(lowerForExecution(compute), c).makespan);
 }
 
+// Note [Action overheads]: a message costs its sender and its receiver, on
+// the actions that make and take it, only where neighbouring stages sit on
+// two ranks; every F, I, W and B pays the runtime's own overhead.
+TEST(CostModel, OverheadsAreChargedToTheActionsOfEachCrossingOfTheLayout) {
+  CostModel c = CostModel::uniform(1, 1.5, 0.5);
+  c.send_overhead = 0.25;
+  c.recv_overhead = 0.125;
+  c.action_overhead = 0.0625;
+  // Loop on 2 ranks: 0,2 on rank 0 and 1,3 on rank 1; every boundary crosses.
+  const CostModel loop = c.withOverheadsCharged({0, 1, 0, 1});
+  ASSERT_EQ(loop.stages.size(), 4u);
+  EXPECT_FALSE(loop.hasOverheads());
+  // Stage 0: F sends, its backward receives; stage 3: F receives, B sends.
+  EXPECT_DOUBLE_EQ(loop.stages[0].forward, 1 + 0.0625 + 0.25);
+  EXPECT_DOUBLE_EQ(loop.stages[0].backward_input, 1.5 + 0.0625 + 0.125);
+  EXPECT_DOUBLE_EQ(loop.stages[0].backward_weight, 0.5 + 0.0625);
+  EXPECT_DOUBLE_EQ(loop.stages[0].fullBackward(), 2 + 0.0625 + 0.125);
+  EXPECT_DOUBLE_EQ(loop.stages[1].forward, 1 + 0.0625 + 0.125 + 0.25);
+  EXPECT_DOUBLE_EQ(loop.stages[1].fullBackward(), 2 + 0.0625 + 0.125 + 0.25);
+  EXPECT_DOUBLE_EQ(loop.stages[3].forward, 1 + 0.0625 + 0.125);
+  EXPECT_DOUBLE_EQ(loop.stages[3].backward_input, 1.5 + 0.0625 + 0.25);
+  // V: 0,3 on rank 0 and 1,2 on rank 1; 1 -> 2 stays on rank 1.
+  const CostModel v = c.withOverheadsCharged({0, 1, 1, 0});
+  EXPECT_DOUBLE_EQ(v.stages[1].forward, 1 + 0.0625 + 0.125);
+  EXPECT_DOUBLE_EQ(v.stages[1].fullBackward(), 2 + 0.0625 + 0.25);
+  EXPECT_DOUBLE_EQ(v.stages[2].forward, 1 + 0.0625 + 0.25);
+  EXPECT_DOUBLE_EQ(v.stages[2].backward_input, 1.5 + 0.0625 + 0.125);
+  // Charging twice changes nothing; one rank sends nothing.
+  EXPECT_EQ(costModelToJson(v.withOverheadsCharged({0, 1, 1, 0})), costModelToJson(v));
+  const CostModel alone = c.withOverheadsCharged({0, 0});
+  EXPECT_DOUBLE_EQ(alone.stages[1].forward, 1 + 0.0625);
+  EXPECT_DOUBLE_EQ(alone.stages[1].fullBackward(), 2 + 0.0625);
+  // Without overheads the model comes back as it was (one set for all stages).
+  EXPECT_EQ(CostModel::uniform(1, 1, 1).withOverheadsCharged({0, 1, 0, 1}).stages.size(), 1u);
+}
+
+TEST(CostModel, OverheadsRoundTripThroughJsonAndBadOnesAreRefused) {
+  const CostModel m = costModelFromJson(nlohmann::json::parse(
+      R"({"forward": 1, "backward_input": 1, "backward_weight": 1, "send_overhead": 0.2, "recv_overhead": 0.05,
+          "action_overhead": 0.01})"));
+  EXPECT_DOUBLE_EQ(m.send_overhead, 0.2);
+  EXPECT_DOUBLE_EQ(m.recv_overhead, 0.05);
+  EXPECT_DOUBLE_EQ(m.action_overhead, 0.01);
+  EXPECT_EQ(costModelToJson(costModelFromJson(costModelToJson(m))), costModelToJson(m));
+  EXPECT_THAT(describeCostModel(m), HasSubstr("send=0.2 recv=0.05 action=0.01"));
+  try {
+    costModelFromJson(nlohmann::json::parse(R"({"send_overhead": -1})"));
+    FAIL() << "a negative overhead was taken";
+  } catch (const ScheduleError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("send overhead is -1; expected a finite number >= 0"));
+  }
+}
+
+// The simulator, the order evaluator and the lowered program all charge the
+// same overheads: a schedule simulated with them equals the same schedule
+// simulated on the costs charged by hand.
+TEST(SimulateCost, OverheadsCostTheSameInEverySimulator) {
+  CostModel c = CostModel::uniform(1, 1.3, 0.7, 0.1);
+  c.send_overhead = 0.2;
+  c.recv_overhead = 0.05;
+  c.action_overhead = 0.01;
+  for (const char* name : {"1F1B", "Interleaved1F1B", "ZBVZeroBubble", "DualPipeV"}) {
+    const int spr = std::string(name) == "1F1B" ? 1 : 2;
+    const Program p = generateSchedule(name, {2, spr, 6});
+    const CostModel by_hand = c.withOverheadsCharged(p.stage_to_rank);
+    const CostSimulation sim = simulateCost(p, c);
+    EXPECT_DOUBLE_EQ(sim.makespan, simulateCost(p, by_hand).makespan) << name;
+    EXPECT_GT(sim.makespan, simulateCost(p, CostModel::uniform(1, 1.3, 0.7, 0.1)).makespan) << name;
+    EXPECT_DOUBLE_EQ(simulateCost(lowerForExecution(p), c).makespan,
+                     simulateCost(lowerForExecution(p), by_hand).makespan)
+        << name;
+    if (std::string(name) == "DualPipeV") continue;  // its OVERLAP_F_B: one op per half in the evaluator
+    const RankOrders orders = fromProgram(p);
+    OrderEvaluator evaluator(orders, c);
+    OrderEvaluation e;
+    evaluator.evaluate(orders, e, false);
+    EXPECT_DOUBLE_EQ(e.makespan, sim.makespan) << name;
+  }
+}
+
 TEST(SimulateCost, OrderEvaluatorAgreesWithTheSimulator) {
   CostModel c = CostModel::uniform(1, 1.3, 0.7, 0.1);
   c.weight_memory_share = 0.4;

@@ -123,6 +123,28 @@ TEST(ChooseSchedule, UnbalancedStagesPickTheVLayout) {
             c.program);
 }
 
+// Note [Action overheads]: with messages that cost their ranks, the V, whose
+// middle boundary stays on one rank, sends a third fewer than the loop, and
+// auto's pick is never slower, on the same charged costs, than any named
+// schedule it could have run instead.
+TEST(ChooseSchedule, MessageOverheadsPickTheLayoutThatSendsFewer) {
+  ScheduleChoiceRequest r = request(2, 2, 8, {stageCost(1, 1, 1, 2)});
+  r.costs.send_overhead = 0.3;
+  r.costs.recv_overhead = 0.1;
+  r.costs.action_overhead = 0.02;
+  const ScheduleChoice c = chooseSchedule(r);
+  EXPECT_EQ(c.layout, sch::StageLayout::kV);
+  EXPECT_DOUBLE_EQ(c.makespan, sch::simulateCost(c.program, r.costs).makespan);
+  for (const NamedScheduleTime& n : c.named) {
+    if (n.makespan) EXPECT_LE(c.makespan, *n.makespan + 1e-9) << n.name;
+  }
+  // The named schedules were timed with the overheads too.
+  const sch::Program interleaved = named("Interleaved1F1B", 2, 2, 8);
+  EXPECT_DOUBLE_EQ(*namedTime(c, "Interleaved1F1B").makespan, sch::simulateCost(interleaved, r.costs).makespan);
+  EXPECT_GT(*namedTime(c, "Interleaved1F1B").makespan,
+            sch::simulateCost(interleaved, request(2, 2, 8, {stageCost(1, 1, 1, 2)}).costs).makespan);
+}
+
 // Expensive weight gradients make a zero-bubble schedule the fastest, and
 // the fastest keeps the most activations alive; a limit under its peak must
 // give a slower schedule whose simulated peak fits, checked here by

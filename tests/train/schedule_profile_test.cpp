@@ -71,6 +71,37 @@ TEST(MedianActionTimes, MediansOfComputeTimeWithoutWaits) {
   for (int k = 0; k < kTimedKinds; ++k) EXPECT_EQ(t[kTimedKinds + k], 0.0);  // stage 1: not this rank's
 }
 
+// Note [Action overheads]: posting a send is cut out of the action that
+// posts it and counted per message, as is a RECV less its wait; what lies
+// outside every action and span is the runtime's own, per action.
+TEST(MedianOverheads, SendsRecvsAndTheTimeBetweenActions) {
+  runtime::StepProfile a;
+  a.step_s = 20e-3;
+  a.steps = {timed("1RECV_F0", 0, 0.5),  // 0.5 ms taking the message in
+             timed("1F0", 1, 5, 1),      // 4 - 1 waited - 0.5 sending = 2.5 ms of compute
+             timed("1SEND_F0", 5, 5),
+             timed("1RECV_B0", 6, 7, 0.6),  // 0.4
+             timed("1B0", 8, 14)};
+  a.spans = {runtime::TimedSpan{runtime::SpanKind::kWait, "wait recv 1F0 from rank 0", 1e-3, 2e-3},
+             runtime::TimedSpan{runtime::SpanKind::kSend, "send 1F0 to rank 2", 4.5e-3, 5e-3, 64},
+             runtime::TimedSpan{runtime::SpanKind::kAllReduce, "all-reduce", 15e-3, 18e-3}};
+  const std::vector<double> t = medianActionTimes({a}, 2);
+  EXPECT_NEAR(t[kTimedKinds + static_cast<int>(TimedKind::kForward)], 2.5, 1e-9);
+  const ActionOverheads o = medianOverheads({a});
+  EXPECT_NEAR(o.send_ms, 0.5, 1e-9);
+  EXPECT_NEAR(o.recv_ms, 0.45, 1e-9);  // median of 0.5 and 0.4
+  // 20 ms less 11.5 ms of actions less the 3 ms all-reduce between them, over F and B.
+  EXPECT_NEAR(o.action_ms, (20 - 11.5 - 3) / 2, 1e-9);
+  // One rank alone sends and receives nothing.
+  runtime::StepProfile alone;
+  alone.step_s = 4e-3;
+  alone.steps = {timed("0F0", 0, 1), timed("0B0", 1, 3)};
+  const ActionOverheads none = medianOverheads({alone});
+  EXPECT_EQ(none.send_ms, 0.0);
+  EXPECT_EQ(none.recv_ms, 0.0);
+  EXPECT_NEAR(none.action_ms, 0.5, 1e-9);
+}
+
 TEST(CostModelFromTimes, FillsWhatWasNotTimed) {
   // Stage 0 timed everything; stage 1 only F and B (m = 1, or one rank);
   // stage 2 only F, I and W; stage 3 a zero F.
