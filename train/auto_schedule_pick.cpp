@@ -94,7 +94,7 @@ AutoChoice pickAutoSchedule(runtime::PipelineRunner& runner, const Batch& batch,
   }
   const ModelStateBytes state =
       estimateModelState(runner.rank(), runner.parameters(), config.optimizer.name, config.optimizer.momentum,
-                         config.pipeline.zero_stage >= 1 ? config.pipeline.data_parallel : 1);
+                         config.pipeline.zero_stage, config.pipeline.data_parallel);
   mine[measurements + static_cast<std::size_t>(runner.rank())] = static_cast<double>(state.total());
   const std::vector<double> all = sumOverRanks(runner, mine);
   const std::vector<double> times(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(measured.times.size()));

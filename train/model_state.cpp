@@ -58,7 +58,7 @@ ModelStateBytes measureModelState(int rank, const std::vector<runtime::NamedTens
 }
 
 ModelStateBytes estimateModelState(int rank, const std::vector<runtime::NamedTensor>& parameters, OptimizerName name,
-                                   double momentum, int optimizer_shards) {
+                                   double momentum, int zero_stage, int replicas) {
   ModelStateBytes out;
   out.rank = rank;
   std::set<const void*> params, trained;
@@ -68,15 +68,17 @@ ModelStateBytes estimateModelState(int rank, const std::vector<runtime::NamedTen
     case OptimizerName::kAdamW: states = 2; break;
     case OptimizerName::kSgd: states = momentum != 0.0 ? 1 : 0; break;
   }
+  const int shards = zero_stage >= 1 ? std::max(1, replicas) : 1;
   for (const auto& p : parameters) {
     if (!params.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
     out.parameters += p.tensor.numel();
     const auto bytes = static_cast<std::int64_t>(p.tensor.nbytes());
-    out.param_bytes += bytes;
+    const std::int64_t piece =
+        (p.tensor.numel() + shards - 1) / shards * static_cast<std::int64_t>(p.tensor.element_size());
+    out.param_bytes += zero_stage >= 3 ? piece : bytes;
     if (!p.tensor.requires_grad()) continue;
-    out.grad_bytes += bytes;
-    const std::int64_t piece = (p.tensor.numel() + optimizer_shards - 1) / std::max(1, optimizer_shards);
-    out.optimizer_bytes += states * piece * static_cast<std::int64_t>(p.tensor.element_size());
+    out.grad_bytes += zero_stage >= 2 ? piece : bytes;
+    out.optimizer_bytes += states * piece;
   }
   return out;
 }

@@ -56,10 +56,12 @@ ModelStateBytes measureModelState(int rank, const std::vector<runtime::NamedTens
 // Before the first step: the bytes measureModelState will find after it,
 // from the parameters alone: each trainable one gets a gradient of its
 // size, Adam(W) two state tensors of it, SGD one with momentum and none
-// without; with the optimizer state in `optimizer_shards` pieces
-// (pipeline.zero_stage 1: Note [Shards]), this rank's largest piece of each.
+// without. With pipeline.zero_stage z over `replicas` (Note [Shards]),
+// this rank's largest piece of each: of the optimizer state from z = 1, of
+// the gradients from z = 2 and of the parameters at z = 3, as
+// measureModelState counts them.
 ModelStateBytes estimateModelState(int rank, const std::vector<runtime::NamedTensor>& parameters, OptimizerName name,
-                                   double momentum, int optimizer_shards = 1);
+                                   double momentum, int zero_stage = 0, int replicas = 1);
 
 // {"event": "model_state", "rank": r, "parameters": n, "param_bytes": ...,
 // "grad_bytes": ..., "optimizer_bytes": ..., "bytes_per_parameter": ...}, and back.
