@@ -49,6 +49,20 @@ void checkSegmentsShareTensors(const torch::jit::Module& stage_module, int stage
   }
 }
 
+// Note [Stale dtype checks]: torch.export keeps a `.to(dtype)` that did
+// nothing when it traced as a check of that dtype (aten._assert_tensor_metadata).
+// Autocast (training.precision bf16/fp16) gives such a tensor another dtype,
+// and the check fails, as PyTorch's ExportedProgram.module() fails under
+// torch.autocast. The error then says why and what to do.
+std::string staleDtypeCheckHint(const std::string& what, bool exported) {
+  if (!exported || what.find("Tensor dtype mismatch! Expected:") == std::string::npos) return "";
+  return ". torch.export wrote this dtype check where the model converted a tensor to the dtype it already had "
+         "when it was exported (aten._assert_tensor_metadata); training.precision bf16 or fp16 (autocast) makes "
+         "it another dtype, and PyTorch's ExportedProgram.module() fails the same way under torch.autocast. Train "
+         "this .pt2 with training.precision: fp32, or export it under `with torch.autocast(device_type, dtype)` "
+         "in the precision you train in";
+}
+
 // An op's error in a stage's forward, without the interpreter's framing:
 // "The following operation failed in the TorchScript interpreter. Traceback
 // of TorchScript (most recent call last): <source>RuntimeError: <what>"
@@ -58,7 +72,9 @@ std::string describeForwardError(const std::string& what, bool exported) {
   const std::string kHeader = "Traceback of TorchScript (most recent call last):";
   const auto header = what.find(kHeader);
   const auto error = what.rfind("Error: ");
-  if (header == std::string::npos || error == std::string::npos || error < header) return ": " + what;
+  if (header == std::string::npos || error == std::string::npos || error < header) {
+    return ": " + what + staleDtypeCheckHint(what, exported);
+  }
   auto kind = error;  // back to the start of "RuntimeError"
   while (kind > 0 && std::isalnum(static_cast<unsigned char>(what[kind - 1]))) --kind;
   std::string source = what.substr(header + kHeader.size(), kind - header - kHeader.size());
@@ -69,6 +85,7 @@ std::string describeForwardError(const std::string& what, bool exported) {
   std::string message = what.substr(error + 7);
   while (!message.empty() && std::isspace(static_cast<unsigned char>(message.back()))) message.pop_back();
   const char* where = exported ? "the stage's program" : "the stage's TorchScript";
+  message += staleDtypeCheckHint(message, exported);
   return source.empty() ? fmt::format(" in {}: {}", where, message)
                         : fmt::format(" in {} at `{}`: {}", where, source, message);
 }
