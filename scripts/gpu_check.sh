@@ -6,10 +6,13 @@
 #   1. unpacks the bundle and builds Pipeforge against that machine's torch
 #      (only the targets the check needs, -j<cores>);
 #   2. runs the CUDA tests (tests/runtime/cuda_test.cpp);
-#   3. trains the demo GPT with NCCL, 2 ranks sharing GPU 0, on 1F1B,
+#   3. runs bench/vs_pytorch against PyTorch's pipelining on the GPU: gpt24
+#      and the transformers Llama, fp32 and bf16, 2 ranks sharing GPU 0 and
+#      1 rank with 2 stages (scripts/gpu_vs_pytorch.sh);
+#   4. trains the demo GPT with NCCL, 2 ranks sharing GPU 0, on 1F1B,
 #      ZBVZeroBubble and DualPipeV, and the same on the CPU over Gloo: the
 #      losses must agree within float tolerance;
-#   4. trains a larger GPT on one GPU in fp32 and in bf16: step time and
+#   5. trains a larger GPT on one GPU in fp32 and in bf16: step time and
 #      torch.cuda.max_memory_allocated of each.
 # Everything goes to one results file, $OUT/gpu_check.md, with the logs of
 # what failed beside it. Each part runs even when an earlier one failed.
@@ -19,7 +22,7 @@
 #   BUNDLE=.gpu_bundle the .deb files; BUILD=build-gpu; JOBS=$(nproc)
 #   REHEARSAL=1        stop before the first part that needs a GPU: the CPU
 #                      rehearsal with a CUDA venv standing in for the device
-#   GPU=cpu            run parts 3 and 4 on the CPU instead of cuda:0 (a dry
+#   GPU=cpu            run parts 3 to 5 on the CPU instead of cuda:0 (a dry
 #                      run of their configs, launch and comparisons)
 #   SKIP_BUILD=1       use BUILD as it is (a dry run over an existing build)
 set -uo pipefail
@@ -100,7 +103,11 @@ if [ "${REHEARSAL:-0}" = 1 ]; then
   exit 0
 fi
 
-# --- 3. NCCL training vs the CPU -----------------------------------------------
+# --- 3. against PyTorch's pipelining on the GPU (scripts/gpu_vs_pytorch.sh) -----
+PF="$PF" PYTHON="$PYTHON" R="$R" OUT="$OUT" ZOO="$ROOT/$BUILD/zoo" GPU="$GPU" bash scripts/gpu_vs_pytorch.sh
+say "- ($(elapsed) so far)"
+
+# --- 4. NCCL training vs the CPU -----------------------------------------------
 # The text the GPTs learn: this tree's C++ sources (hundreds of KiB).
 TEXT="$WORK/text.txt"
 find "$ROOT/runtime" "$ROOT/train" "$ROOT/stage" -name '*.cpp' -exec cat {} + >"$TEXT"
@@ -200,7 +207,7 @@ resolve_stack() {  # LOG
 }
 resolve_stack "$WORK/launcher.log"
 
-# --- 4. bf16 against fp32 on one GPU -------------------------------------------
+# --- 5. bf16 against fp32 on one GPU -------------------------------------------
 say ""
 BIG_LAYERS=${BIG_LAYERS:-12} BIG_DIM=${BIG_DIM:-1024}
 say "## bf16 against fp32: a $BIG_LAYERS-block GPT (d=$BIG_DIM, T=256), 1 rank with 2 stages on $GPU, ZBVZeroBubble"

@@ -208,11 +208,14 @@ void RunReport::modelState(const ModelStateBytes& bytes) {
 }
 
 void RunReport::activationMemory(const std::vector<std::int64_t>& peaks, const std::vector<int>& pipeline_rank,
-                                 const AutoChoice* a) {
+                                 const std::vector<std::int64_t>& device_peaks, const AutoChoice* a) {
   std::string line;
   for (std::size_t r = 0; r < peaks.size(); ++r) {
     const int p = pipeline_rank.at(r);
     nlohmann::json record{{"event", "activation_memory"}, {"rank", r}, {"pipeline_rank", p}, {"peak_bytes", peaks[r]}};
+    if (r < device_peaks.size() && device_peaks[r] >= 0) {
+      record["max_memory_allocated_mib"] = static_cast<double>(device_peaks[r]) / (1024.0 * 1024.0);
+    }
     std::string simulated;
     if (a != nullptr && p >= 0 && p < static_cast<int>(a->choice.rank_peak_memory.size())) {
       const double sim = a->choice.rank_peak_memory[p];

@@ -72,8 +72,10 @@ class RunReport {
   // [Activation memory] in runtime/schedule_executor.cpp), by rank, and each
   // rank's pipeline rank: an `activation_memory` record per rank, with auto's
   // simulated peak and what the limit left for activations, and one line.
+  // `device_peaks`: each rank's torch.cuda.max_memory_allocated on a GPU
+  // (max_memory_allocated_mib in its record), -1 on the CPU.
   void activationMemory(const std::vector<std::int64_t>& peak_bytes, const std::vector<int>& pipeline_rank,
-                        const AutoChoice* auto_choice);
+                        const std::vector<std::int64_t>& device_peaks, const AutoChoice* auto_choice);
 
   // Ends the bar and prints the summary: losses, dropped updates, where the
   // checkpoint, the metrics and the trace (`trace_path`, empty: none) are.

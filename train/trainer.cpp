@@ -19,6 +19,7 @@
 #include "common/error.h"
 #include "common/host_memory.h"
 #include "common/interrupt.h"
+#include "compat/cuda_device.h"
 #include "data/dataset.h"
 #include "data/open_dataset.h"
 #include "runtime/pipeline_runner.h"
@@ -158,8 +159,10 @@ class RankTrainer {
     summary.interrupted_by = interrupted_by_;
     summary.skipped_steps = policy_.skippedSteps();
     summary.overflow_steps = policy_.overflowSteps();
+    // And on a GPU this rank's torch.cuda.max_memory_allocated, else -1.
+    const std::int64_t device_peak = compat::maxMemoryAllocated(runner_->device()).value_or(-1);
     channel_->publish("activation_memory/" + std::to_string(rank()),
-                      fmt::format("{} {}", activation_peak_, runner_->pipelineRank()));
+                      fmt::format("{} {} {}", activation_peak_, runner_->pipelineRank(), device_peak));
     if (config_.trace) trace_->publish();
     runner_->barrier();  // every rank published its last loss and its trace
     reports_->drain(reports_->size(), summary);
@@ -252,20 +255,21 @@ class RankTrainer {
 
   // Rank 0: every rank's peak activation memory over the run, to the metrics.
   void reportActivationMemory() {
-    std::vector<std::int64_t> peaks;
+    std::vector<std::int64_t> peaks, device_peaks;
     std::vector<int> pipeline_ranks;
     for (int r = 0; r < plan_.env.world_size; ++r) {
       const std::string text = channel_->takeFrom(r, "activation_memory/" + std::to_string(r));
       std::istringstream in(text);
-      std::int64_t peak = 0;
+      std::int64_t peak = 0, device_peak = -1;
       int p = -1;
-      if (!(in >> peak >> p)) {
+      if (!(in >> peak >> p >> device_peak)) {
         throw Error(ErrorCode::kPeerFailure, fmt::format("rank {} sent an activation_memory record that is not one: {}", r, text));
       }
       peaks.push_back(peak);
       pipeline_ranks.push_back(p);
+      device_peaks.push_back(device_peak);
     }
-    report_->activationMemory(peaks, pipeline_ranks, auto_choice_ ? &*auto_choice_ : nullptr);
+    report_->activationMemory(peaks, pipeline_ranks, device_peaks, auto_choice_ ? &*auto_choice_ : nullptr);
   }
 
   // After the run's first update, while the gradients still exist: every

@@ -155,10 +155,13 @@ def example_input(spec: ModelSpec, rows: int) -> dict:
     return {"shape": [rows, *spec.input_shape], "dtype": "float32"}
 
 
-def make_model_file(spec: ModelSpec, zoo: str, work: str) -> str:
+def make_model_file(spec: ModelSpec, zoo: str, work: str, precision: str = "fp32") -> str:
     """The file Pipeforge splits: TorchScript, or for an exported model the
     .pt2 a user writes with torch.export (dynamic batch and sequence), with
-    the weights beside it as NAME.init.pt for the eager side."""
+    the weights beside it as NAME.init.pt for the eager side. For bf16
+    training the export runs under torch.autocast(bfloat16), as a user must
+    export it: an fp32 export checks dtypes that autocast changes (Note
+    [Stale dtype checks] in runtime/pipeline_stage.cpp)."""
     if spec.exported:
         model = spec.build()
         path = os.path.join(work, spec.name + ".pt2")
@@ -166,7 +169,9 @@ def make_model_file(spec: ModelSpec, zoo: str, work: str) -> str:
         x = torch.randint(0, spec.vocab, (2, 16), generator=torch.Generator().manual_seed(1))
         batch = torch.export.Dim("batch", min=1, max=64)
         seq = torch.export.Dim("seq", min=2, max=spec.input_shape[0])
-        torch.export.save(torch.export.export(model, (x,), dynamic_shapes=({0: batch, 1: seq},)), path)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            program = torch.export.export(model, (x,), dynamic_shapes=({0: batch, 1: seq},))
+        torch.export.save(program, path)
         return path
     if spec.zoo_file:
         path = os.path.join(zoo, spec.zoo_file)

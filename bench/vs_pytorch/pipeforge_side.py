@@ -68,7 +68,10 @@ def split_cuts(binary: str, split_dir: str) -> list:
 
 
 def write_config(path: str, job: dict, split_dir: str, out_dir: str) -> None:
+    """The training config. Job "device" cuda: every rank on GPU 0 (`cuda:0`, see run); job
+    "precision": `training.precision` (fp32, or bf16: autocast with fp32 master weights)."""
     opt = job["optimizer"]
+    device = ", device: 'cuda:0'" if job.get("device") == "cuda" else ""
     # bench/activation_checkpointing.py sets it; absent: the default (none).
     ckpt = f", activation_checkpointing: {job['activation_checkpointing']}" if "activation_checkpointing" in job else ""
     impl = ADAMW_KEYS[job.get("adamw", "loop")]
@@ -79,8 +82,8 @@ loss: cross_entropy
 optimizer: {{name: adamw, lr: {opt['lr']}, betas: {opt['betas']}, eps: {opt['eps']}, weight_decay: {opt['weight_decay']}{impl}}}
 lr_schedule: {{decay: constant, warmup_steps: 0}}
 data: {{format: tensors, path: {job['data']}, val_fraction: 0.0}}
-training: {{steps: {len(job['rows'])}, global_batch_size: {job['batch']}, seed: {job['seed']}, eval_every: 0}}
-distributed: {{timeout_s: 120}}
+training: {{steps: {len(job['rows'])}, global_batch_size: {job['batch']}, seed: {job['seed']}, eval_every: 0, precision: {job.get('precision', 'fp32')}}}
+distributed: {{timeout_s: 120{device}}}
 output: {{dir: {out_dir}, log_every: 1, trace: false}}
 """)
 
@@ -140,11 +143,29 @@ def run(binary: str, job: dict, work: str) -> dict:
     tail = _MetricsTail(os.path.join(out_dir, "metrics.jsonl"))
     log = open(os.path.join(work, name + ".train.log"), "w")
     t_launch = time.monotonic()
-    proc = subprocess.Popen([binary, "train", "--config", config, "--nproc", str(job["ranks"])],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
-
-    with procstat.RankWatcher(lambda: procstat.rank_pids(proc.pid), tail) as watcher:
-        rc = proc.wait()
+    by_hand = job.get("device") == "cuda" or os.environ.get("VS_PYTORCH_RANKS_BY_HAND") == "1"
+    if by_hand and job["ranks"] > 1:
+        # Every rank on GPU 0: NCCL refuses two ranks of one host on one device unless each has a host id of
+        # its own, which one launcher cannot give, so the ranks start as torchrun would start them
+        # (scripts/gpu_check.sh, two_ranks_on_gpu0). VS_PYTORCH_RANKS_BY_HAND=1 does the same on the CPU:
+        # scripts/gpu_vs_pytorch.sh's rehearsal.
+        port = free_port()
+        procs = [subprocess.Popen([binary, "train", "--config", config], stdout=log, stderr=subprocess.STDOUT,
+                                  env=dict(env, RANK=str(r), WORLD_SIZE=str(job["ranks"]), LOCAL_RANK=str(r),
+                                           LOCAL_WORLD_SIZE=str(job["ranks"]), MASTER_ADDR="127.0.0.1",
+                                           MASTER_PORT=str(port), NCCL_HOSTID=f"pf-rank-{r}",
+                                           NCCL_SOCKET_IFNAME="lo"))
+                 for r in range(job["ranks"])]
+        with procstat.RankWatcher(lambda: {r: p.pid for r, p in enumerate(procs)}, tail) as watcher:
+            rc = max(p.wait() for p in procs)
+    else:
+        # One rank: the process itself trains (no launcher between).
+        nproc = ["--nproc", str(job["ranks"])] if job["ranks"] > 1 else []
+        proc = subprocess.Popen([binary, "train", "--config", config] + nproc, stdout=log, stderr=subprocess.STDOUT,
+                                env=env)
+        ranks = (lambda: procstat.rank_pids(proc.pid)) if nproc else (lambda: {0: proc.pid})
+        with procstat.RankWatcher(ranks, tail) as watcher:
+            rc = proc.wait()
     log.close()
     if rc != 0:
         with open(log.name) as f:
@@ -164,4 +185,24 @@ def run(binary: str, job: dict, work: str) -> dict:
             "split_s": split_s, "first_step_s": split_s + (first_step_end - t_launch),
             "parallelism": cpu / (t_b - t_a),
             "cpu_per_step": cpu / (steps - 1 - w), "first_loss": by_step[1][2]["loss"],
-            "cuts": cuts, "cuts_error": cuts_error, "auto_schedule": tail.start.get("auto_schedule")}
+            "cuts": cuts, "cuts_error": cuts_error, "auto_schedule": tail.start.get("auto_schedule"),
+            "gpu_mib": gpu_peaks(os.path.join(out_dir, "metrics.jsonl"), job["ranks"])}
+
+
+def gpu_peaks(metrics: str, ranks: int) -> list:
+    """Each rank's torch.cuda.max_memory_allocated in MiB, from the activation_memory records the run
+    ends with (None on the CPU)."""
+    peaks = [None] * ranks
+    with open(metrics) as f:
+        for line in f:
+            record = json.loads(line)
+            if record.get("event") == "activation_memory" and record.get("rank", ranks) < ranks:
+                peaks[record["rank"]] = record.get("max_memory_allocated_mib")
+    return peaks
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

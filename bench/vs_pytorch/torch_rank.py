@@ -21,7 +21,11 @@ gradient scaling), one AdamW update per local stage (job "adamw": loop =
 foreach=False, foreach = foreach=True, fused = fused=True), zero the gradients.
 Writes JOB.rank<R>.json: per-step wall times and monotonic end stamps, CPU
 seconds of this process at each step end, the step-1 loss (on the rank with
-the last stage) and ru_maxrss.
+the last stage), ru_maxrss and, on a GPU, torch.cuda.max_memory_allocated.
+
+Job "device" cuda puts every rank on GPU 0 (NCCL); job "precision" bf16 runs
+each stage's forward and the loss under torch.autocast(bfloat16), parameters
+and optimizer in fp32, as Pipeforge's `training.precision: bf16`.
 """
 import json
 import os
@@ -94,6 +98,20 @@ def param_groups(module) -> list:
     return [{"params": g} for g in (split, whole) if g]
 
 
+class Autocast(torch.nn.Module):
+    """A stage's forward under torch.autocast (job "precision": bf16), as
+    Pipeforge's `training.precision: bf16` runs each stage forward and the
+    loss; the backward runs outside it, as autocast's documentation asks."""
+
+    def __init__(self, inner: torch.nn.Module, device_type: str) -> None:
+        super().__init__()
+        self.inner, self.device_type = inner, device_type
+
+    def forward(self, *args, **kwargs):
+        with torch.autocast(self.device_type, dtype=torch.bfloat16):
+            return self.inner(*args, **kwargs)
+
+
 def main() -> None:
     job_path, rank = sys.argv[1], int(sys.argv[2])
     with open(job_path) as f:
@@ -102,12 +120,20 @@ def main() -> None:
     ranks, per_rank, m = job["ranks"], job["stages_per_rank"], job["microbatches"]
     tp = job.get("tensor_parallel", 1)
     num_stages = ranks // tp * per_rank
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{job['port']}", rank=rank, world_size=ranks)
+    # job "device": "cpu" (Gloo), or "cuda": every rank on GPU 0 over NCCL (two ranks of one host on
+    # one GPU need a NCCL_HOSTID each, which torch_side.py sets, as scripts/gpu_check.sh does for Pipeforge).
+    cuda = job.get("device", "cpu") == "cuda"
+    device = torch.device("cuda:0") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{job['port']}", rank=rank,
+                            world_size=ranks)
+    bf16 = job.get("precision", "fp32") == "bf16"
 
     spec = models.MODELS[job["model"]]
     data = torch.load(job["data"])
-    inputs, targets = data["inputs"], data["targets"]
-    model = models.load_eager(spec, job["model_file"])
+    inputs, targets = data["inputs"].to(device), data["targets"].to(device)
+    model = models.load_eager(spec, job["model_file"]).to(device)
     example = inputs[: job["batch"] // m]
     pp_rank, pp_group = rank // tp, None
     mine = local_stages(pp_rank, ranks // tp, per_rank, job.get("placement", "v"))
@@ -129,11 +155,19 @@ def main() -> None:
         # fails ("Pair is not connected"). PipelineStage over the same stage module
         # (the class the interop tests use) warms up by its vote protocol instead.
         modules = [pipe.get_stage_module(s) for s in mine]
-    stages = [PipelineStage(module, s, num_stages, torch.device("cpu"), group=pp_group)
+    if bf16:
+        modules = [Autocast(module, device.type) for module in modules]
+    stages = [PipelineStage(module, s, num_stages, device, group=pp_group)
               for module, s in zip(modules, mine)]
     del pipe, model  # what other ranks' stages hold can go
     cls = getattr(schedules, "Schedule" + job["schedule"])
-    schedule = cls(stages[0] if per_rank == 1 else stages, m, loss_fn=models.loss_fn)
+
+    def loss_fn(output, target):
+        if not bf16:
+            return models.loss_fn(output, target)
+        with torch.autocast(device.type, dtype=torch.bfloat16):  # as Pipeforge: cross_entropy runs in fp32 there
+            return models.loss_fn(output, target)
+    schedule = cls(stages[0] if per_rank == 1 else stages, m, loss_fn=loss_fn)
     opt = job["optimizer"]
     impl = ADAMW_IMPL[job.get("adamw", "loop")]
     optimizers = [torch.optim.AdamW(param_groups(st.submod), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
@@ -143,13 +177,15 @@ def main() -> None:
     step_s, end_t, end_cpu, first_loss = [], [], [], None
     for step, rows in enumerate(job["rows"]):
         t0 = time.monotonic()
-        idx = torch.tensor(rows)
+        idx = torch.tensor(rows, device=device)
         x, y = inputs.index_select(0, idx), targets.index_select(0, idx)
         losses = []
         schedule.step(*((x,) if has_first else ()), **({"target": y, "losses": losses} if has_last else {}))
         for o in optimizers:
             o.step()
             o.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize(device)  # the step's kernels done, as Pipeforge's step time waits for them
         t1 = time.monotonic()
         step_s.append(t1 - t0)
         end_t.append(t1)
@@ -158,7 +194,8 @@ def main() -> None:
             first_loss = sum(l.item() for l in losses) / len(losses)
     dist.barrier()
     out = {"rank": rank, "step_s": step_s, "end_t": end_t, "end_cpu": end_cpu, "first_loss": first_loss,
-           "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+           "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+           "gpu_mib": torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None}
     with open(f"{job_path}.rank{rank}.json", "w") as f:
         json.dump(out, f)
     dist.destroy_process_group()

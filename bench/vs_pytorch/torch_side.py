@@ -33,8 +33,12 @@ def run(job: dict, work: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(job["threads"]), GLOO_SOCKET_IFNAME="lo")
     logs = [open(os.path.join(work, f"{name}.torch.rank{r}.log"), "w") for r in range(ranks)]
     t_launch = time.monotonic()
+    # On a GPU every rank shares GPU 0: NCCL refuses two ranks of one host on one device unless each has a
+    # host id of its own (then they talk over loopback sockets), as scripts/gpu_check.sh runs Pipeforge's.
+    gpu_env = (lambda r: {"NCCL_HOSTID": f"pt-rank-{r}", "NCCL_SOCKET_IFNAME": "lo"}) if job.get("device") == "cuda" \
+        else (lambda r: {})
     procs = [subprocess.Popen([sys.executable, RANK_SCRIPT, job_path, str(r)], stdout=logs[r],
-                              stderr=subprocess.STDOUT, env=env) for r in range(ranks)]
+                              stderr=subprocess.STDOUT, env=dict(env, **gpu_env(r))) for r in range(ranks)]
     with procstat.RankWatcher(lambda: {r: p.pid for r, p in enumerate(procs)}) as watcher:
         deadline = time.monotonic() + 900
         while any(p.poll() is None for p in procs):
@@ -72,4 +76,5 @@ def run(job: dict, work: str) -> dict:
             "peak_kib": [max(watcher.peak_kib.get(r, 0), out[r]["maxrss_kib"]) for r in range(ranks)],
             "first_step_s": out[0]["end_t"][0] - t_launch, "parallelism": cpu / wall,
             "cpu_per_step": cpu / (len(job["rows"]) - 1 - w),
-            "first_loss": next((o["first_loss"] for o in out if o["first_loss"] is not None), None)}
+            "first_loss": next((o["first_loss"] for o in out if o["first_loss"] is not None), None),
+            "gpu_mib": [o.get("gpu_mib") for o in out]}

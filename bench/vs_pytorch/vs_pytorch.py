@@ -58,6 +58,7 @@ import torch_side  # noqa: E402
 # layout name -> (ranks, schedule, stages per rank[, tensor parallel]); more than one stage per rank: the V
 # placement. A tensor-parallel layout runs ranks / tp pipeline ranks, on the models of TP_MODELS only.
 LAYOUTS = {
+    "1r-ZBV": (1, "ZBVZeroBubble", 2),  # one process with both stages (the GPU check's second shape)
     "2r-1F1B": (2, "1F1B", 1),
     "2r-ZBV": (2, "ZBVZeroBubble", 2),
     "4r-ZBV": (4, "ZBVZeroBubble", 2),
@@ -98,7 +99,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--pipeforge", default=os.environ.get("PIPEFORGE", "build/cli/pipeforge"))
     p.add_argument("--zoo", default="build/zoo", help="folder with gpt_demo.pt")
     p.add_argument("--models", default=",".join(models.MODELS), help=f"comma list of {', '.join(models.MODELS)}")
-    p.add_argument("--layouts", default=",".join(LAYOUTS), help=f"comma list of {', '.join(LAYOUTS)}")
+    p.add_argument("--layouts", default=",".join(lay for lay in LAYOUTS if LAYOUTS[lay][0] > 1),
+                   help=f"comma list of {', '.join(LAYOUTS)} (default: all but 1r-ZBV)")
     p.add_argument("--best", action=argparse.BooleanOptionalAction, default=True,
                    help="also run each side's best (rows Pr-best): Pipeforge's cost split + schedule auto, PyTorch's "
                         "fastest named schedule at the same cuts (default: on; --no-best skips them)")
@@ -112,6 +114,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--batch", type=int, default=32, help="rows per step (global batch)")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank, both sides")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (Gloo), or cuda: every rank on GPU 0 over NCCL, both sides; the rows then add each "
+                        "rank's torch.cuda.max_memory_allocated")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: each stage's forward and the loss under autocast, fp32 parameters and optimizer, "
+                        "both sides (Pipeforge's training.precision)")
     p.add_argument("--quick", action="store_true", help="smoke run: gpt_demo on 2r-1F1B (and 2r-best), 6 steps "
                                                          "(2 warm-up)")
     p.add_argument("--work", default="", help="scratch folder (default: a new one under /tmp, removed after)")
@@ -128,7 +136,7 @@ def parse_args() -> argparse.Namespace:
             p.error(f"unknown layout '{lay}'; known: {', '.join(LAYOUTS)}")
     try:
         a.best_ranks = (sorted({int(r) for r in a.best_ranks.split(",")}) if a.best_ranks
-                        else sorted({LAYOUTS[lay][0] for lay in a.layouts if len(LAYOUTS[lay]) < 4}))
+                        else sorted({LAYOUTS[lay][0] for lay in a.layouts if len(LAYOUTS[lay]) < 4 and LAYOUTS[lay][0] > 1}))
     except ValueError:
         p.error(f"--best-ranks {a.best_ranks}: not a comma list of integers")
     if any(r < 2 for r in a.best_ranks):
@@ -169,9 +177,13 @@ def summarize(model: str, layout: str, pf: dict, pt, warmup: int) -> dict:
     cpu_ratio = pf["cpu_per_step"] / pt["cpu_per_step"]
     rss_ok = all(a is not None and b is not None and a <= b for a, b in zip(pf["peak_kib"], pt["peak_kib"]))
     step_ok = ratio <= STEP_GOAL if model in STEP_GOAL_MODELS else None
+    pf_gpu, pt_gpu = pf.get("gpu_mib") or [], pt.get("gpu_mib") or []
+    gpu = any(v is not None for v in pf_gpu + pt_gpu)
+    gpu_ok = (all(a is not None and b is not None and a <= b for a, b in zip(pf_gpu, pt_gpu)) if gpu else None)
     return dict(s, pt_ms=pt_ms, ratio=ratio, pt_rss=pt["peak_kib"], pt_first=pt["first_step_s"],
                 pt_par=pt["parallelism"], pt_cpu=pt["cpu_per_step"], pt_loss=pt["first_loss"], cpu_ratio=cpu_ratio,
-                step_ok=step_ok, rss_ok=rss_ok, cpu_ok=cpu_ratio <= CPU_GOAL, pt_steps=pt["step_s"])
+                step_ok=step_ok, rss_ok=rss_ok, cpu_ok=cpu_ratio <= CPU_GOAL, pt_steps=pt["step_s"],
+                pf_gpu=pf_gpu if gpu else None, pt_gpu=pt_gpu if gpu else None, gpu_ok=gpu_ok)
 
 
 def torch_error(e: Exception) -> str:
@@ -197,10 +209,15 @@ def row(s: dict) -> str:
                 f"{'n/a':10s} {'n/a':7s} {'n/a':9s}\n    PyTorch failed: "
                 f"{s['pt_error']}")
     loss_pt = "?" if s["pt_loss"] is None else f"{s['pt_loss']:.4f}"
-    return (f"{pf_cols[0]} {s['pt_ms']:7.1f} {s['ratio']:6.2f} | {pf_cols[1]} {'/'.join(map(mib, s['pt_rss'])):>16s} | "
+    line = (f"{pf_cols[0]} {s['pt_ms']:7.1f} {s['ratio']:6.2f} | {pf_cols[1]} {'/'.join(map(mib, s['pt_rss'])):>16s} | "
             f"{pf_cols[2]} {s['pt_first']:6.2f} | {pf_cols[3]} {s['pt_par']:5.2f} | {pf_cols[4]} {s['pt_cpu']:6.3f} "
             f"{s['cpu_ratio']:6.2f} | {pf_cols[5]} {loss_pt:>7s} | {GOAL[s['step_ok']]:10s} {GOAL[s['rss_ok']]:7s} "
             f"{GOAL[s['cpu_ok']]:9s}")
+    if s.get("pf_gpu") is not None:  # --device cuda: torch.cuda.max_memory_allocated per rank, MiB
+        gpu = lambda v: "/".join("?" if x is None else f"{x:.0f}" for x in v)  # noqa: E731
+        line += f"\n    max_memory_allocated MiB/rank PF {gpu(s['pf_gpu'])}, PT {gpu(s['pt_gpu'])}: " \
+                f"PF<=PT {GOAL[s['gpu_ok']]}"
+    return line
 
 
 # The best rows (issue 28) ---------------------------------------------------
@@ -334,25 +351,29 @@ def main() -> None:
     os.makedirs(work, exist_ok=True)
     rows = 4 * a.batch
     pt_adamw, pf_adamw = ADAMW[a.adamw]
-    print(f"Pipeforge ({version}) vs torch.distributed.pipelining (torch {torch.__version__}), Gloo on 127.0.0.1, "
-          f"{os.cpu_count()} cores")
+    where = ("every rank on GPU 0, NCCL over loopback sockets" if a.device == "cuda" else "Gloo on 127.0.0.1")
+    print(f"Pipeforge ({version}) vs torch.distributed.pipelining (torch {torch.__version__}), {where}, "
+          f"{os.cpu_count()} cores, {a.precision}")
     print(f"{a.threads} intra-op thread(s) per rank on both sides; batch {a.batch} rows in {a.microbatches} "
           f"microbatches; AdamW '{a.adamw}' on both sides (PyTorch {pt_adamw}, Pipeforge {pf_adamw}); {a.steps} steps, "
           f"median of the last {a.steps - a.warmup}; scratch {work}")
+    if a.best_ranks and a.device == "cuda":
+        print("best rows: not on a GPU (auto's profile and the limit assume a core per rank); use --no-best")
+        a.best_ranks = []
     if a.best_ranks:
         print(f"best rows at {', '.join(map(str, a.best_ranks))} ranks: Pipeforge's cost split into 2P stages + "
               f"schedule auto vs PyTorch's fastest of {', '.join(s for s, _, _ in BEST_SCHEDULES)}; "
               "limit = M x sum over stages (F+I+W) / P of auto's measured costs")
     batch_rows = [interop_common.batch_rows(SEED, rows, s, a.batch) for s in range(a.steps)]
-    results, best = [], []
+    results, best, pf_failed = [], [], []
     for name in a.models:
         spec = models.MODELS[name]
-        model_file = models.make_model_file(spec, os.path.abspath(a.zoo), work)
+        model_file = models.make_model_file(spec, os.path.abspath(a.zoo), work, a.precision)
         data = os.path.join(work, name + ".data.pt")
         models.make_data(spec, rows, data)
         base = {"model": name, "model_file": model_file, "data": data, "microbatches": a.microbatches,
                 "batch": a.batch, "threads": a.threads, "optimizer": OPTIMIZER, "adamw": a.adamw, "seed": SEED,
-                "rows": batch_rows, "warmup": a.warmup}
+                "rows": batch_rows, "warmup": a.warmup, "device": a.device, "precision": a.precision}
         print(f"\n{name}: {spec.describe}")
         if a.layouts:
             print(HEADER, flush=True)
@@ -363,7 +384,12 @@ def main() -> None:
                 continue
             job = dict(base, name=f"{name}-{layout}", cuts=models.cuts(spec, ranks // tp * per_rank), ranks=ranks,
                        schedule=schedule, stages_per_rank=per_rank, placement="v", tensor_parallel=tp)
-            pf = pipeforge_side.run(binary, job, work)
+            try:
+                pf = pipeforge_side.run(binary, job, work)
+            except RuntimeError as e:  # the row has no Pipeforge side; the others still run
+                print(f"{name:9s} {layout:8s} | Pipeforge failed: {torch_error(e)}", flush=True)
+                pf_failed.append(f"{name} {layout}: {torch_error(e)}")
+                continue
             try:
                 pt, error = torch_side.run(job, work), None
             except RuntimeError as e:  # PyTorch cannot pipeline this model: Pipeforge's side still stands
@@ -396,6 +422,9 @@ def main() -> None:
     step_rows = [s for s in results if s["step_ok"] is not None]
     compared = [s for s in results if s["pt_error"] is None]
     print()
+    gpu_rows = [s for s in results if s.get("gpu_ok") is not None]
+    if gpu_rows:
+        print(f"Goal max_memory_allocated PF <= PT on every rank: {goal_count(gpu_rows, 'gpu_ok')}")
     if results:
         print(f"Goal step <= {STEP_GOAL}x PyTorch (GPT models and the Llama): "
               f"{sum(s['step_ok'] for s in step_rows)}/{len(step_rows)} rows hold; "
@@ -405,6 +434,8 @@ def main() -> None:
         print(f"Best rows: goal PF best <= {STEP_GOAL}x PT best (gpt24, 2 and 4 ranks): "
               f"{goal_count(best, 'step_ok')}; goal PF best <= {LIMIT_GOAL}x the limit (gpt24, 2 ranks): "
               f"{goal_count(best, 'limit_ok')}; goal CPU s/step <= {CPU_GOAL}x PT best: {goal_count(best, 'cpu_ok')}")
+    if pf_failed:
+        print(f"Pipeforge failed {len(pf_failed)} row(s): " + "; ".join(pf_failed))
     failed = [s for s in results if s["pt_error"] is not None]
     if failed:
         print(f"PyTorch could not train {len(failed)} row(s) that Pipeforge trained: "
