@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -102,7 +103,39 @@ std::string makePrivateDir(const std::string& prefix) {
   return tmpl;
 }
 
+// Note [Launch folders]: a launcher holds an flock on `<folder>/owner` for
+// as long as it runs; the RemovedOnReturn below removes the folder when it
+// returns. One killed with SIGKILL cannot, so each launch first removes the
+// folders under `prefix` whose owner lock it can take (their launcher is
+// gone; the lock cannot outlive it, whatever reuses its pid). A folder
+// without the file is left alone: its launcher may not have taken it yet.
+int holdOwnerLock(const std::string& dir) {
+  const int fd = ::open((dir + "/owner").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 }  // namespace
+
+void removeAbandonedLaunchFolders(const std::string& prefix) {
+  const std::filesystem::path pattern(prefix);
+  const std::string stem = pattern.filename().string();
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(pattern.parent_path(), ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(stem, 0) != 0 || !entry.is_directory(ec)) continue;
+    const std::string owner = entry.path().string() + "/owner";
+    struct stat st {};
+    if (::stat(owner.c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
+    const int fd = ::open(owner.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) std::filesystem::remove_all(entry.path(), ec);
+    ::close(fd);
+  }
+}
 
 int findFreePort(const std::string& addr) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -295,15 +328,19 @@ LaunchResult launchLocal(const LaunchOptions& o) {
   result.master_port = o.master_port.value_or(findFreePort(o.master_addr));
   result.run_id = o.run_id.empty() ? freshRunId() : o.run_id;
 
-  // Logs and the private store folder of this run; removed at the end.
-  const std::string run_dir = makePrivateDir("/tmp/pipeforge-launch-");
+  // Logs and the private store folder of this run; removed at the end, or
+  // by a later launch if this one is killed (Note [Launch folders]).
+  removeAbandonedLaunchFolders(kLaunchFolderPrefix);
+  const std::string run_dir = makePrivateDir(kLaunchFolderPrefix);
   struct RemovedOnReturn {  // also when a rank's failure ends the run with an exception
     std::string dir;
+    int owner_fd = -1;
     ~RemovedOnReturn() {
       std::error_code ec;
       std::filesystem::remove_all(dir, ec);
+      if (owner_fd >= 0) ::close(owner_fd);
     }
-  } removed{run_dir};
+  } removed{run_dir, holdOwnerLock(run_dir)};
   const std::string private_dir = run_dir + "/store";
   if (::mkdir(private_dir.c_str(), 0700) != 0) {
     throw LaunchError(fmt::format("cannot make a folder {}: {}", private_dir, std::strerror(errno)));

@@ -87,6 +87,13 @@ struct LaunchResult {
 // Throws LaunchError when the executable cannot be started.
 LaunchResult launchLocal(const LaunchOptions& options);
 
+// Where launchLocal keeps a run's logs and private store folder.
+inline constexpr const char* kLaunchFolderPrefix = "/tmp/pipeforge-launch-";
+
+// Removes this user's folders named `prefix`... whose launcher is gone
+// (Note [Launch folders] in local_launcher.cpp). launchLocal calls it.
+void removeAbandonedLaunchFolders(const std::string& prefix);
+
 // Note [Threads per rank]: the OMP_NUM_THREADS each rank runs with: the one
 // in `options.env` or this process's environment, else this host's cores
 // shared among the ranks (at least 1).

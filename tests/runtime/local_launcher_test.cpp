@@ -1,9 +1,14 @@
 #include "runtime/local_launcher.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <thread>
@@ -117,6 +122,51 @@ TEST(LocalLauncherTest, EachRankGetsItsShareOfTheCoresUnlessTheUserChose) {
   } else {
     ::unsetenv("OMP_NUM_THREADS");
   }
+}
+
+// Note [Launch folders]: a launcher killed with SIGKILL leaves its folder;
+// the next launch removes it once no launcher holds its owner lock, and
+// leaves a live launcher's folder and one not yet claimed.
+TEST(LocalLauncherTest, RemovesTheFoldersOfLaunchersThatAreGone) {
+  namespace fs = std::filesystem;
+  std::string root_template = (fs::temp_directory_path() / "pf-sweep-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(root_template.data()), nullptr);
+  const fs::path root(root_template);
+  const std::string prefix = (root / "launch-").string();
+  for (const char* name : {"launch-gone", "launch-live", "launch-unclaimed", "other-gone"}) {
+    fs::create_directories(root / name / "store");
+  }
+  for (const char* name : {"launch-gone", "launch-live", "other-gone"}) std::ofstream(root / name / "owner");
+  const int live = ::open((root / "launch-live" / "owner").c_str(), O_RDWR);
+  ASSERT_GE(live, 0);
+  ASSERT_EQ(::flock(live, LOCK_EX | LOCK_NB), 0);
+
+  removeAbandonedLaunchFolders(prefix);
+  EXPECT_FALSE(fs::exists(root / "launch-gone"));
+  EXPECT_TRUE(fs::exists(root / "launch-live" / "store"));
+  EXPECT_TRUE(fs::exists(root / "launch-unclaimed"));
+  EXPECT_TRUE(fs::exists(root / "other-gone"));  // not this prefix
+
+  ::close(live);  // its launcher ends without removing it (SIGKILL)
+  removeAbandonedLaunchFolders(prefix);
+  EXPECT_FALSE(fs::exists(root / "launch-live"));
+  fs::remove_all(root);
+}
+
+// A run's own folder survives a sweep while the run goes on, and is gone once it returns.
+TEST(LocalLauncherTest, ARunsFolderIsHeldWhileItRunsAndGoneAfter) {
+  namespace fs = std::filesystem;
+  LaunchOptions o = shell("sleep 0.6; test -d \"$PIPEFORGE_STORE_DIR\" && echo \"$PIPEFORGE_STORE_DIR\"", 2);
+  std::thread sweeper([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    removeAbandonedLaunchFolders(kLaunchFolderPrefix);
+  });
+  LaunchResult r = launchLocal(o);
+  sweeper.join();
+  ASSERT_TRUE(r.ok()) << r.summary();
+  const std::string store = r.ranks[0].output.substr(0, r.ranks[0].output.find('\n'));
+  ASSERT_EQ(store.rfind(kLaunchFolderPrefix, 0), 0u) << store;
+  EXPECT_FALSE(fs::exists(fs::path(store).parent_path())) << store;
 }
 
 }  // namespace
