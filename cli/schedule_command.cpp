@@ -428,7 +428,8 @@ void addScheduleCommand(CLI::App& app, int& exit_code) {
                   "(B = I + W)");
   sub->add_option("--cost-file", o->cost_file,
                   "per-stage costs as JSON ({\"stages\": [{\"forward\": 1, ...}], "
-                  "\"comm_latency\": 0.1})");
+                  "\"comm_latency\": 0.1}; also send_overhead, recv_overhead and action_overhead: "
+                  "what a message costs each side and the runtime per action)");
   sub->add_option("--mem-limit", o->mem_limit,
                   "peak activation memory per rank, in --act-mem's unit (bytes: 8GiB): auto stays below "
                   "it, a named schedule above it is an error");
