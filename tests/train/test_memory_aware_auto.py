@@ -11,17 +11,18 @@ rows), trained 2 steps with AdamW on 2 Gloo ranks, 8 microbatches of 4 rows:
     train, and each rank's measured peak (the `activation_memory` records) is
     within 10% of the peak auto simulated for that schedule on that rank;
     so is auto's own choice;
-  * a limit under the peak of the fastest unconstrained choice (model state
-    plus 80% of its peak) makes auto choose another program whose simulated
-    peak fits with auto's 10% headroom, and the measured peak stays within
-    what the limit leaves;
   * a limit below one microbatch per stage is refused before training (exit
-    1), naming the smallest peak and the fixes.
+    1), naming the smallest peak, the least limit and the fixes;
+  * a limit 3% above that least one makes auto choose a program whose
+    simulated peak fits with auto's 10% headroom (another than the
+    unconstrained choice when that one does not fit), and the measured peak
+    stays within what the limit leaves.
 
 Usage: test_memory_aware_auto.py PIPEFORGE_BINARY ZOO_DIR
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -113,27 +114,10 @@ def main():
                 measured = max(m["peak_bytes"] for m in run["memory"])
                 within(f"{name}, peak over ranks", measured, named_peak(auto, name))
 
-        # A limit the fastest unconstrained choice does not fit.
         free = autos[2]["start"]["auto_schedule"]
         state = free["model_state_bytes"]
-        budget = 0.8 * free["simulated_peak_activation_bytes"]
-        limited = train(binary, d, "limited", model, text, 2, "auto", state + budget)
-        record = limited["start"]["auto_schedule"]
-        print(f"limit: model state {state / 1e6:.3f} MB + {budget / 1e6:.3f} MB for activations -> {record['chosen']}, "
-              f"simulated {record['simulated_peak_activation_bytes'] / 1e6:.3f} MB")
-        if record["program_digest"] == free["program_digest"]:
-            failures.append(f"the limited run chose the same program ({record['chosen']})")
-        # Auto keeps 10% of the budget as headroom (Note [Memory headroom]).
-        if record["simulated_peak_activation_bytes"] > 0.9 * budget * (1 + 1e-9):
-            failures.append(f"the limited choice simulates {record['simulated_peak_activation_bytes']} > 0.9 * {budget}")
-        for m in limited["memory"]:
-            if abs(m["activation_budget_bytes"] - budget) > 1.0:
-                failures.append(f"rank {m['rank']} records a budget {m['activation_budget_bytes']}, expected {budget}")
-            print(f"  limited rank {m['rank']}: measured peak {m['peak_bytes'] / 1e6:.3f} MB of {budget / 1e6:.3f} MB")
-            if m["peak_bytes"] > budget:
-                failures.append(f"limited rank {m['rank']}: measured peak {m['peak_bytes']} exceeds {budget}")
-
-        # A limit nothing fits: it leaves less than one stage's microbatch.
+        # A limit nothing fits: it leaves less than one stage's microbatch. The
+        # refusal names the least limit any schedule fits in.
         smallest = min(c["activation_bytes"] for c in free["measured_ms"])
         refused = train(binary, d, "refused", model, text, 2, "auto", state + 0.5 * smallest, expect=1)
         for fragment in ("pipeline.memory_limit", "no schedule fits", "pipeline.microbatches",
@@ -143,6 +127,34 @@ def main():
         if "Aborted" in refused["output"] or "terminate called" in refused["output"]:
             failures.append(f"the refusal crashed:\n{refused['output']}")
         print("  refused: " + next((l for l in refused["output"].splitlines() if "no schedule fits" in l), "?")[:160])
+        least = re.search(r"([0-9.]+) (B|KiB|MiB|GiB) in all", refused["output"])
+        if not least:
+            failures.append(f"the refusal names no least limit:\n{refused['output']}")
+            least_bytes = state + 2 * free["simulated_peak_activation_bytes"]
+        else:
+            least_bytes = float(least.group(1)) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[least.group(2)]
+
+        # A limit just above that least one (3%, over the refusal's rounding):
+        # auto must choose a program whose simulated peak fits with its 10%
+        # headroom, another than the unconstrained choice when that one does
+        # not fit, and the measured peak must stay within what the limit leaves.
+        budget = 1.03 * least_bytes - state
+        limited = train(binary, d, "limited", model, text, 2, "auto", state + budget)
+        record = limited["start"]["auto_schedule"]
+        print(f"limit: model state {state / 1e6:.3f} MB + {budget / 1e6:.3f} MB for activations -> {record['chosen']}, "
+              f"simulated {record['simulated_peak_activation_bytes'] / 1e6:.3f} MB (unconstrained: {free['chosen']}, "
+              f"{free['simulated_peak_activation_bytes'] / 1e6:.3f} MB)")
+        if free["simulated_peak_activation_bytes"] > 0.9 * budget and record["program_digest"] == free["program_digest"]:
+            failures.append(f"the limited run chose the same program ({record['chosen']}), which does not fit")
+        # Auto keeps 10% of the budget as headroom (Note [Memory headroom]).
+        if record["simulated_peak_activation_bytes"] > 0.9 * budget * (1 + 1e-9):
+            failures.append(f"the limited choice simulates {record['simulated_peak_activation_bytes']} > 0.9 * {budget}")
+        for m in limited["memory"]:
+            if abs(m["activation_budget_bytes"] - budget) > 1.0:
+                failures.append(f"rank {m['rank']} records a budget {m['activation_budget_bytes']}, expected {budget}")
+            print(f"  limited rank {m['rank']}: measured peak {m['peak_bytes'] / 1e6:.3f} MB of {budget / 1e6:.3f} MB")
+            if m["peak_bytes"] > budget:
+                failures.append(f"limited rank {m['rank']}: measured peak {m['peak_bytes']} exceeds {budget}")
 
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
