@@ -23,6 +23,7 @@ import time
 
 import models
 import procstat
+from torch_side import free_port
 
 # job "adamw" (vs_pytorch.py --adamw) -> the train config's optimizer keys. loop: neither key,
 # LibTorch's per-parameter loop, also for a job without "adamw" (bench/activation_checkpointing.py).
@@ -200,9 +201,3 @@ def gpu_peaks(metrics: str, ranks: int) -> list:
                 peaks[record["rank"]] = record.get("max_memory_allocated_mib")
     return peaks
 
-
-def free_port() -> int:
-    import socket
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
