@@ -109,10 +109,16 @@ std::string makePrivateDir(const std::string& prefix) {
 // folders under `prefix` whose owner lock it can take (their launcher is
 // gone; the lock cannot outlive it, whatever reuses its pid). A folder
 // without the file is left alone: its launcher may not have taken it yet.
+// The file is locked as `owner.tmp` and only then renamed to `owner`, so an
+// `owner` that a sweep can see is always locked while its launcher lives: a
+// sweep can never slip in between the file's creation and its lock.
 int holdOwnerLock(const std::string& dir) {
-  const int fd = ::open((dir + "/owner").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+  const std::string tmp = dir + "/owner.tmp";
+  const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return -1;
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0 || ::rename(tmp.c_str(), (dir + "/owner").c_str()) != 0) {
     ::close(fd);
+    ::unlink(tmp.c_str());
     return -1;
   }
   return fd;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -141,7 +142,11 @@ TEST(LocalLauncherTest, RemovesTheFoldersOfLaunchersThatAreGone) {
   ASSERT_GE(live, 0);
   ASSERT_EQ(::flock(live, LOCK_EX | LOCK_NB), 0);
 
+  fs::create_directories(root / "launch-claiming");  // killed while claiming: left alone
+  std::ofstream(root / "launch-claiming" / "owner.tmp");
+
   removeAbandonedLaunchFolders(prefix);
+  EXPECT_TRUE(fs::exists(root / "launch-claiming"));
   EXPECT_FALSE(fs::exists(root / "launch-gone"));
   EXPECT_TRUE(fs::exists(root / "launch-live" / "store"));
   EXPECT_TRUE(fs::exists(root / "launch-unclaimed"));
@@ -153,15 +158,18 @@ TEST(LocalLauncherTest, RemovesTheFoldersOfLaunchersThatAreGone) {
   fs::remove_all(root);
 }
 
-// A run's own folder survives a sweep while the run goes on, and is gone once it returns.
+// A run's own folder survives sweeps while the run goes on, from the moment
+// its folder is made (the sweeper runs without pause, so it also sweeps while
+// the launcher claims the folder), and is gone once it returns.
 TEST(LocalLauncherTest, ARunsFolderIsHeldWhileItRunsAndGoneAfter) {
   namespace fs = std::filesystem;
   LaunchOptions o = shell("sleep 0.6; test -d \"$PIPEFORGE_STORE_DIR\" && echo \"$PIPEFORGE_STORE_DIR\"", 2);
-  std::thread sweeper([] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    removeAbandonedLaunchFolders(kLaunchFolderPrefix);
+  std::atomic<bool> done{false};
+  std::thread sweeper([&done] {
+    while (!done.load()) removeAbandonedLaunchFolders(kLaunchFolderPrefix);
   });
   LaunchResult r = launchLocal(o);
+  done = true;
   sweeper.join();
   ASSERT_TRUE(r.ok()) << r.summary();
   const std::string store = r.ranks[0].output.substr(0, r.ranks[0].output.find('\n'));
