@@ -343,11 +343,6 @@ class C10dComm : public Communicator {
                                        : fmt::format("{}, {}", name, fmt::join(binding_.interfaces, ","));
   }
 
-  std::string peerName(int peer) const {
-    if (peer < 0 || static_cast<std::size_t>(peer) >= hosts_.size()) return fmt::format("rank {}", peer);
-    return fmt::format("rank {} (host {})", peer, hosts_[static_cast<std::size_t>(peer)]);
-  }
-
   std::string hostOf(int rank) const override {
     if (rank < 0 || static_cast<std::size_t>(rank) >= hosts_.size()) return "";
     return hosts_[static_cast<std::size_t>(rank)];
@@ -360,7 +355,7 @@ class C10dComm : public Communicator {
   std::unique_ptr<PendingOp> isend(const at::Tensor& tensor, int dst, std::uint32_t tag) override {
     auto state = std::make_shared<SendState>();
     state->keep = {tensor};
-    state->what = fmt::format("rank {} sending tag {} to {}", rank(), tag, peerName(dst));
+    state->what = fmt::format("rank {} sending tag {} to {}", rank(), tag, describeRank(dst));
     state->peer = dst;
     state->work = post(state->what, dst, [&] { return world_->send(state->keep, dst, static_cast<int>(tag)); });
     {
@@ -374,7 +369,7 @@ class C10dComm : public Communicator {
 
   std::unique_ptr<PendingOp> irecv(const at::Tensor& tensor, int src, std::uint32_t tag) override {
     std::vector<at::Tensor> keep{tensor};
-    std::string what = fmt::format("rank {} receiving tag {} from {}", rank(), tag, peerName(src));
+    std::string what = fmt::format("rank {} receiving tag {} from {}", rank(), tag, describeRank(src));
     WorkPtr work = post(what, src, [&] { return world_->recv(keep, src, static_cast<int>(tag)); });
     return std::make_unique<RecvOp>(shared_, work, std::move(keep), options_.timeout, std::move(what), src);
   }
@@ -609,8 +604,8 @@ class C10dComm : public Communicator {
       if (r == rank() || static_cast<std::size_t>(r) >= hosts_.size()) continue;
       const std::string& host = hosts_[static_cast<std::size_t>(r)];
       const std::string address = host.substr(host.rfind(", ") == std::string::npos ? 0 : host.rfind(", ") + 2);
-      if (error.find("[" + address + "]") != std::string::npos) named.push_back(peerName(r));
-      others.push_back(peerName(r));
+      if (error.find("[" + address + "]") != std::string::npos) named.push_back(describeRank(r));
+      others.push_back(describeRank(r));
     }
     std::vector<std::string>& list = named.empty() ? others : named;
     if (list.empty()) return "";
@@ -667,7 +662,7 @@ class C10dComm : public Communicator {
       const std::string lost = fmt::format(
           "rank 0 failed: the rendezvous store it hosts at {}:{} stopped answering, so {} has exited, crashed or "
           "is cut off from rank {}'s host",
-          env.master_addr, env.master_port, peerName(0), env.rank);
+          env.master_addr, env.master_port, describeRank(0), env.rank);
       try {
         // The whole job's timeout: a slow store is not yet a lost one.
         std::optional<std::optional<std::string>> read = withinLimit<std::optional<std::string>>(

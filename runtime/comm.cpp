@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -16,6 +17,11 @@ class FinishedGather : public PendingOp {
 };
 
 }  // namespace
+
+std::string Communicator::describeRank(int rank) const {
+  const std::string host = hostOf(rank);
+  return host.empty() ? fmt::format("rank {}", rank) : fmt::format("rank {} (host {})", rank, host);
+}
 
 std::unique_ptr<PendingOp> Communicator::iallgather(const at::Tensor& in, const at::Tensor& out,
                                                     const std::vector<int>& group) {

@@ -113,6 +113,9 @@ class Communicator {
     (void)rank;
     return "";
   }
+  // "rank 5 (host node2, 10.0.0.2)", or "rank 5" when its host is unknown:
+  // the one wording of a rank in every message about a peer.
+  std::string describeRank(int rank) const;
 
   // Publishes `report` as this rank's failure: every wait on every rank ends
   // with kAborted. The first report published wins; later ones are dropped.

@@ -772,10 +772,7 @@ void PipelineRunner::zeroGrad() {
 
 std::string PipelineRunner::hostOf(int rank) const { return impl_->comm_->hostOf(rank); }
 
-std::string PipelineRunner::describeRank(int rank) const {
-  const std::string host = hostOf(rank);
-  return host.empty() ? fmt::format("rank {}", rank) : fmt::format("rank {} (host {})", rank, host);
-}
+std::string PipelineRunner::describeRank(int rank) const { return impl_->comm_->describeRank(rank); }
 
 void PipelineRunner::barrier() {
   try {
