@@ -1,6 +1,7 @@
 #include "train/auto_schedule_pick.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include <ATen/ATen.h>
 
@@ -50,6 +51,33 @@ std::vector<double> sumOverRanks(runtime::PipelineRunner& runner, const std::vec
   return std::vector<double>(sum.data_ptr<double>(), sum.data_ptr<double>() + sum.numel());
 }
 
+// What the ranks pool for the search, in one allreduce: the same sizes on
+// every rank, each entry filled in by the one rank that owns it (or by the
+// ranks of replica 0, each its own slot) and zero elsewhere, so that every
+// sum is bitwise one rank's number.
+struct PooledMeasurements {
+  std::vector<double> times;        // per stage and action (medianActionTimes): replica 0's
+  std::vector<double> memory;       // per stage (medianActionMemory): replica 0's
+  std::vector<double> model_state;  // per stage (estimateModelState): replica 0's, tensor-parallel rank 0's
+  std::vector<double> overheads;    // per rank: send, receive, action (medianOverheads); replica 0's
+
+  std::vector<double> pack() const {
+    std::vector<double> out;
+    for (const std::vector<double>* part : {&times, &memory, &model_state, &overheads}) {
+      out.insert(out.end(), part->begin(), part->end());
+    }
+    return out;
+  }
+  // Reads back what pack() wrote on a rank with the same sizes.
+  void unpack(const std::vector<double>& packed) {
+    auto at = packed.begin();
+    for (std::vector<double>* part : {&times, &memory, &model_state, &overheads}) {
+      std::copy(at, at + static_cast<std::ptrdiff_t>(part->size()), part->begin());
+      at += static_cast<std::ptrdiff_t>(part->size());
+    }
+  }
+};
+
 // Note [Memory headroom]: the search keeps the simulated peak this share
 // under what the limit leaves for activations. The memory model is checked
 // to 10% of the measured peak (tests/train/test_memory_aware_auto.py); what
@@ -58,7 +86,7 @@ std::vector<double> sumOverRanks(runtime::PipelineRunner& runner, const std::vec
 // until its own backward, an action's temporaries above their median.
 constexpr double kMemoryHeadroom = 0.1;
 
-std::string noScheduleFitsMessage(const TrainConfig& config, const NoScheduleFits& e, double model_state) {
+std::string noScheduleFitsMessage(const TrainConfig& config, const NoScheduleFits& e) {
   const double limit = *config.pipeline.memory_limit;
   return fmt::format(
       "pipeline.memory_limit {}: no schedule fits. A rank's parameters, gradients and optimizer state take up to {}, "
@@ -68,8 +96,8 @@ std::string noScheduleFitsMessage(const TrainConfig& config, const NoScheduleFit
       "(pipeline.microbatches: each holds fewer activations), recompute them "
       "(pipeline.activation_checkpointing: full), or spread the model over more pipeline ranks or "
       "pipeline.stages_per_rank",
-      formatByteSize(limit), formatByteSize(model_state), formatByteSize(e.smallest_peak), layoutName(e.layout),
-      formatByteSize(model_state + e.smallest_peak / (1.0 - kMemoryHeadroom)), 100.0 * kMemoryHeadroom);
+      formatByteSize(limit), formatByteSize(e.model_state), formatByteSize(e.smallest_peak), layoutName(e.layout),
+      formatByteSize(e.least_limit), 100.0 * kMemoryHeadroom);
 }
 
 }  // namespace
@@ -78,36 +106,38 @@ AutoChoice pickAutoSchedule(runtime::PipelineRunner& runner, const Batch& batch,
                             int pipeline_ranks, int num_stages, int world_size) {
   const at::Tensor rng = cpuGeneratorState();
   const StageMeasurements measured = profileStages(runner, batch, num_stages, lossScalingFor(config, batch));
-  // One allreduce: replica 0's times and memory, then every rank's model state.
-  std::vector<double> mine = measured.times;
-  mine.insert(mine.end(), measured.memory.begin(), measured.memory.end());
-  if (runner.dpRank() != 0) mine.assign(mine.size(), 0.0);  // replica 0's measurements only
-  const std::size_t measurements = mine.size();
-  // Then every rank's model state, and replica 0's ranks' overheads (three each).
-  const std::size_t overheads_at = measurements + static_cast<std::size_t>(world_size);
-  mine.resize(overheads_at + 3 * static_cast<std::size_t>(world_size), 0.0);
-  if (runner.dpRank() == 0) {
-    const std::size_t at = overheads_at + 3 * static_cast<std::size_t>(runner.rank());
-    mine[at] = measured.overheads.send_ms;
-    mine[at + 1] = measured.overheads.recv_ms;
-    mine[at + 2] = measured.overheads.action_ms;
+  PooledMeasurements pool{measured.times, measured.memory, std::vector<double>(num_stages, 0.0),
+                          std::vector<double>(3 * static_cast<std::size_t>(world_size), 0.0)};
+  if (runner.dpRank() != 0) {
+    std::fill(pool.times.begin(), pool.times.end(), 0.0);
+    std::fill(pool.memory.begin(), pool.memory.end(), 0.0);
+  } else {
+    const std::size_t at = 3 * static_cast<std::size_t>(runner.rank());
+    pool.overheads[at] = measured.overheads.send_ms;
+    pool.overheads[at + 1] = measured.overheads.recv_ms;
+    pool.overheads[at + 2] = measured.overheads.action_ms;
   }
-  const ModelStateBytes state =
-      estimateModelState(runner.rank(), runner.parameters(), config.optimizer.name, config.optimizer.momentum,
-                         config.pipeline.zero_stage, config.pipeline.data_parallel);
-  mine[measurements + static_cast<std::size_t>(runner.rank())] = static_cast<double>(state.total());
-  const std::vector<double> all = sumOverRanks(runner, mine);
-  const std::vector<double> times(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(measured.times.size()));
-  const std::vector<double> memory(all.begin() + static_cast<std::ptrdiff_t>(measured.times.size()),
-                                   all.begin() + static_cast<std::ptrdiff_t>(measurements));
-  const double model_state = *std::max_element(all.begin() + static_cast<std::ptrdiff_t>(measurements),
-                                                all.begin() + static_cast<std::ptrdiff_t>(overheads_at));
+  // Note [Memory-aware auto]: model state per stage, so that each layout
+  // sums its own ranks' (the V holds other stages together than the loop).
+  if (runner.dpRank() == 0 && runner.tpRank() == 0) {
+    const std::vector<runtime::NamedTensor> params = runner.parameters();
+    for (int stage : runner.localStages()) {
+      std::vector<runtime::NamedTensor> mine;
+      std::copy_if(params.begin(), params.end(), std::back_inserter(mine),
+                   [stage](const runtime::NamedTensor& p) { return p.stage == stage; });
+      const ModelStateBytes state =
+          estimateModelState(runner.rank(), mine, config.optimizer.name, config.optimizer.momentum,
+                             config.pipeline.zero_stage, config.pipeline.data_parallel);
+      pool.model_state.at(static_cast<std::size_t>(stage)) = static_cast<double>(state.total());
+    }
+  }
+  pool.unpack(sumOverRanks(runner, pool.pack()));
   // Note [Action overheads]: the mean over the ranks that had any.
   double overhead[3] = {0.0, 0.0, 0.0};
-  for (int k = 0; k < 3; ++k) {
+  for (std::size_t k = 0; k < 3; ++k) {
     int ranks = 0;
-    for (int r = 0; r < world_size; ++r) {
-      const double v = all[overheads_at + 3 * static_cast<std::size_t>(r) + static_cast<std::size_t>(k)];
+    for (std::size_t r = 0; r < static_cast<std::size_t>(world_size); ++r) {
+      const double v = pool.overheads[3 * r + k];
       if (v > 0.0) {
         overhead[k] += v;
         ++ranks;
@@ -120,19 +150,19 @@ AutoChoice pickAutoSchedule(runtime::PipelineRunner& runner, const Batch& batch,
   request.num_ranks = pipeline_ranks;
   request.stages_per_rank = config.pipeline.stages_per_rank;
   request.num_microbatches = config.pipeline.microbatches;
-  request.costs = costModelFromMeasurements(times, memory, num_stages);
+  request.costs = costModelFromMeasurements(pool.times, pool.memory, num_stages);
   request.costs.send_overhead = overhead[0];
   request.costs.recv_overhead = overhead[1];
   request.costs.action_overhead = overhead[2];
-  request.stage_temporaries = stageTemporaries(memory, num_stages);
-  if (config.pipeline.memory_limit) {
-    request.memory_limit = (*config.pipeline.memory_limit - model_state) * (1.0 - kMemoryHeadroom);
-  }
+  request.stage_temporaries = stageTemporaries(pool.memory, num_stages);
+  request.memory_limit = config.pipeline.memory_limit;
+  request.stage_model_state = pool.model_state;
+  request.memory_headroom = kMemoryHeadroom;
   ScheduleChoice choice;
   try {
     choice = chooseSchedule(request);
   } catch (const NoScheduleFits& e) {
-    throw Error(ErrorCode::kUserInput, noScheduleFitsMessage(config, e, model_state));
+    throw Error(ErrorCode::kUserInput, noScheduleFitsMessage(config, e));
   }
 
   std::vector<double> digests(world_size, 0.0);
@@ -142,6 +172,7 @@ AutoChoice pickAutoSchedule(runtime::PipelineRunner& runner, const Batch& batch,
   runner.setProgram(choice.program);
   runner.setProfiling(config.trace);
   setCpuGeneratorState(rng);
+  const double model_state = choice.model_state;
   return AutoChoice{std::move(choice), request.costs, static_cast<std::uint32_t>(digests[0]), model_state,
                     config.pipeline.memory_limit};
 }

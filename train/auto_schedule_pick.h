@@ -24,11 +24,14 @@
 // the microbatches, again replica 0's numbers on every rank. The search's
 // memory model is then in bytes: F allocates the stage's bytes, I releases
 // all but the stage's measured W share, W the rest. With
-// pipeline.memory_limit, each rank's model state (parameters, gradients and
+// pipeline.memory_limit, each stage's model state (parameters, gradients and
 // optimizer state, estimated from the parameters: train/model_state.h) is
-// taken off the limit, the largest rank's for all, and the search keeps
-// every rank's simulated activation peak 10% under what is left (Note
-// [Memory headroom] in the .cpp). When even one
+// pooled too; each layout the search tries sums its ranks' stages, takes
+// the largest rank's sum off the limit, and keeps every rank's simulated
+// activation peak 10% under what is left (Note [Memory headroom] in the
+// .cpp). The V holds other stages together than the loop (the first and
+// the last, which often carry the embeddings), so its model state is its
+// own. When even one
 // microbatch in flight per stage does not fit, the run stops here, before
 // training, naming the smallest peak and the fixes. The run then reports
 // every rank's measured peak beside the simulated one (RunReport::activationMemory).

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "schedules/auto_schedule.h"
 #include "schedules/csv.h"
+#include "schedules/errors.h"
 #include "schedules/generate.h"
 #include "schedules/lower.h"
 #include "schedules/simulate_cost.h"
@@ -25,6 +28,15 @@ std::vector<double> rankTemporaries(const ScheduleChoiceRequest& request, const 
     r = std::max(r, request.stage_temporaries[s]);
   }
   return out;
+}
+
+// The largest rank's model state under `stage_to_rank`: the sum of its stages'.
+double layoutModelState(const ScheduleChoiceRequest& request, const std::vector<int>& stage_to_rank) {
+  std::vector<double> rank(static_cast<std::size_t>(request.num_ranks), 0.0);
+  for (std::size_t s = 0; s < request.stage_model_state.size() && s < stage_to_rank.size(); ++s) {
+    rank.at(static_cast<std::size_t>(stage_to_rank[s])) += request.stage_model_state[s];
+  }
+  return rank.empty() ? 0.0 : *std::max_element(rank.begin(), rank.end());
 }
 
 // The simulated peak of each rank under `program` as the runtime runs it
@@ -59,6 +71,18 @@ const char* layoutName(sch::StageLayout layout) {
 }
 
 ScheduleChoice chooseSchedule(const ScheduleChoiceRequest& request) {
+  const int num_stages = request.num_ranks * request.stages_per_rank;
+  if (!request.stage_model_state.empty() &&
+      request.stage_model_state.size() != static_cast<std::size_t>(std::max(num_stages, 0))) {
+    throw sch::ScheduleError(fmt::format("auto schedule: model state given for {} stages, but the job has {}",
+                                         request.stage_model_state.size(), num_stages),
+                             ErrorCode::kInternal);
+  }
+  if (!(request.memory_headroom >= 0.0 && request.memory_headroom < 1.0)) {
+    throw sch::ScheduleError(fmt::format("auto schedule: memory headroom {} is not a share in [0, 1)",
+                                         request.memory_headroom),
+                             ErrorCode::kInternal);
+  }
   // With one stage per rank the V is the loop: searching it again finds the same.
   std::vector<sch::StageLayout> layouts{sch::StageLayout::kLoop};
   if (request.stages_per_rank > 1) layouts.push_back(sch::StageLayout::kV);
@@ -77,11 +101,17 @@ ScheduleChoice chooseSchedule(const ScheduleChoiceRequest& request) {
     const double temporary = request.stage_temporaries.empty()
                                  ? 0.0
                                  : *std::max_element(request.stage_temporaries.begin(), request.stage_temporaries.end());
+    const double model_state =
+        request.stage_model_state.empty()
+            ? 0.0
+            : layoutModelState(request, sch::makeStageToRank(request.num_ranks, num_stages, layout));
     if (request.memory_limit) {
       const double smallest = sch::minimumMemoryLimit(config) + temporary;  // config has no limit yet
-      config.memory_limit = *request.memory_limit - temporary;
-      if (*request.memory_limit < smallest || *config.memory_limit <= 0.0) {
-        if (!too_small || smallest < too_small->smallest_peak) too_small.emplace(smallest, layout);
+      const double activations = (*request.memory_limit - model_state) * (1.0 - request.memory_headroom);
+      config.memory_limit = activations - temporary;
+      if (activations < smallest || *config.memory_limit <= 0.0) {
+        const double least = model_state + smallest / (1.0 - request.memory_headroom);
+        if (!too_small || least < too_small->least_limit) too_small.emplace(smallest, layout, model_state, least);
         continue;
       }
     }
@@ -108,6 +138,7 @@ ScheduleChoice chooseSchedule(const ScheduleChoiceRequest& request) {
     choice.origin = result.origin;
     choice.layout = layout;
     choice.makespan = makespan;
+    choice.model_state = model_state;
     choice.rank_peak_memory = rankPeaks(request, choice.program);
     choice.peak_memory = choice.rank_peak_memory.empty()
                              ? 0.0
@@ -120,8 +151,12 @@ ScheduleChoice chooseSchedule(const ScheduleChoiceRequest& request) {
   return std::move(*best);
 }
 
-NoScheduleFits::NoScheduleFits(double smallest, sch::StageLayout l)
-    : std::runtime_error("no schedule fits the memory limit"), smallest_peak(smallest), layout(l) {}
+NoScheduleFits::NoScheduleFits(double smallest, sch::StageLayout l, double state, double least)
+    : std::runtime_error("no schedule fits the memory limit"),
+      smallest_peak(smallest),
+      layout(l),
+      model_state(state),
+      least_limit(least) {}
 
 std::uint32_t programDigest(const sch::Program& program) {
   std::uint32_t h = 2166136261u;

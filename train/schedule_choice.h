@@ -24,9 +24,15 @@ struct ScheduleChoiceRequest {
   int stages_per_rank = 1;
   int num_microbatches = 1;
   schedules::CostModel costs;  // one entry per stage, times in milliseconds
-  // Peak activation memory allowed per rank, in the unit of the costs'
-  // activation_memory (bytes when measured); absent: no limit.
+  // The memory a rank may use, in the unit of the costs' activation_memory
+  // (bytes when measured); absent: no limit. Per layout, a rank's model
+  // state is the sum of its stages' `stage_model_state`, and every rank's
+  // activations get the limit less the largest rank's model state, less
+  // `memory_headroom` (a share) of what remains. Without model state and
+  // headroom the whole limit is for activations.
   std::optional<double> memory_limit;
+  std::vector<double> stage_model_state;  // per stage, or empty (none)
+  double memory_headroom = 0.0;
   // Per stage (or empty): what its actions hold for a moment above what
   // they keep (schedules' memory model counts only what is kept). A rank's
   // simulated peak adds the largest of its stages'; the search keeps the
@@ -48,6 +54,7 @@ struct ScheduleChoice {
   schedules::StageLayout layout = schedules::StageLayout::kLoop;
   double makespan = 0.0;       // simulated step time
   double peak_memory = 0.0;    // max over ranks, in the unit of the costs' activation_memory
+  double model_state = 0.0;    // the largest rank's model state in this layout (stage_model_state)
   std::vector<double> rank_peak_memory;  // simulated peak per pipeline rank
   double lower_bound = 0.0;    // no schedule of the chosen layout can be faster
   std::vector<NamedScheduleTime> named;  // in scheduleNames() order
@@ -59,7 +66,8 @@ struct AutoChoice {
   ScheduleChoice choice;
   schedules::CostModel costs;  // measured, in milliseconds
   std::uint32_t digest = 0;    // programDigest(choice.program), the same on every rank
-  double model_state_bytes = 0.0;     // the largest rank's parameters, gradients and optimizer state (estimated)
+  double model_state_bytes = 0.0;     // the chosen layout's largest rank's parameters, gradients and
+                                      // optimizer state (estimated)
   std::optional<double> memory_limit; // pipeline.memory_limit, bytes per rank
 };
 
@@ -70,12 +78,16 @@ struct AutoChoice {
 // below what every layout needs.
 ScheduleChoice chooseSchedule(const ScheduleChoiceRequest& request);
 
-// The limit is below the smallest peak of every layout: one microbatch's
-// activations on all of a rank's stages (schedules::minimumMemoryLimit).
+// The limit is below what every layout needs: its largest rank's model
+// state, and the smallest activation peak it can have (one microbatch's
+// activations on all of a rank's stages, schedules::minimumMemoryLimit, and
+// the temporaries) with the headroom. Names the layout that needs the least.
 struct NoScheduleFits : std::runtime_error {
-  NoScheduleFits(double smallest_peak, schedules::StageLayout layout);
-  double smallest_peak;
-  schedules::StageLayout layout;  // the layout that has it
+  NoScheduleFits(double smallest_peak, schedules::StageLayout layout, double model_state, double least_limit);
+  double smallest_peak;           // activations
+  schedules::StageLayout layout;  // the layout that needs the least
+  double model_state;             // its largest rank's
+  double least_limit;             // the least memory_limit under which it fits
 };
 
 const char* layoutName(schedules::StageLayout layout);

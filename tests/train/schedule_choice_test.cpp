@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "schedules/auto_schedule.h"
+#include "schedules/errors.h"
 #include "schedules/generate.h"
 #include "schedules/simulate_cost.h"
 #include "schedules/validate.h"
@@ -200,6 +201,46 @@ TEST(ChooseSchedule, ALimitBelowOneMicrobatchPerStageFitsNothing) {
   const ScheduleChoice v = chooseSchedule(r);
   EXPECT_EQ(v.layout, sch::StageLayout::kV);
   EXPECT_LE(v.peak_memory, 550.0 + 1e-9);
+}
+
+// Note [Memory-aware auto]: each layout takes its own ranks' model state off
+// the limit, the sum of their stages'. Stages 0 and 2 carry 300 each: the
+// loop puts both on rank 0 (600), the V one on each rank (300).
+TEST(ChooseSchedule, EachLayoutTakesItsOwnModelStateOffTheLimit) {
+  std::vector<sch::StageCost> stages(4, stageCost(1, 1, 1, 2));
+  for (sch::StageCost& c : stages) c.activation_memory = 100.0;
+  ScheduleChoiceRequest r = request(2, 2, 4, stages);
+  r.stage_model_state = {300, 0, 300, 0};
+  r.memory_limit = 550.0;  // loop: 600 of state alone; V: 250 left, one microbatch per stage takes 200
+  const ScheduleChoice v = chooseSchedule(r);
+  EXPECT_EQ(v.layout, sch::StageLayout::kV);
+  EXPECT_DOUBLE_EQ(v.model_state, 300.0);
+  EXPECT_LE(v.peak_memory, 250.0 + 1e-9);
+
+  r.stage_model_state = {300, 0, 0, 300};  // now the V holds both on rank 0, the loop one per rank
+  const ScheduleChoice loop = chooseSchedule(r);
+  EXPECT_EQ(loop.layout, sch::StageLayout::kLoop);
+  EXPECT_DOUBLE_EQ(loop.model_state, 300.0);
+  EXPECT_LE(loop.peak_memory, 250.0 + 1e-9);
+
+  // With headroom, what is left shrinks by its share: 250 * 0.8 = 200 still fits one microbatch per stage.
+  r.memory_headroom = 0.2;
+  EXPECT_LE(chooseSchedule(r).peak_memory, 200.0 + 1e-9);
+  r.memory_headroom = 0.5;  // 125 left: nothing fits; the loop needs 300 + 200 / 0.5 = 700, the V 600 + 400
+  try {
+    chooseSchedule(r);
+    FAIL() << "no layout fits 550 with half of what is left kept free";
+  } catch (const NoScheduleFits& e) {
+    EXPECT_EQ(e.layout, sch::StageLayout::kLoop);
+    EXPECT_DOUBLE_EQ(e.model_state, 300.0);
+    EXPECT_DOUBLE_EQ(e.smallest_peak, 200.0);
+    EXPECT_DOUBLE_EQ(e.least_limit, 700.0);
+  }
+  r.memory_limit = 700.0;  // exactly the least limit the refusal named
+  EXPECT_EQ(chooseSchedule(r).layout, sch::StageLayout::kLoop);
+
+  r.stage_model_state = {1, 2, 3};  // not one per stage
+  EXPECT_THROW(chooseSchedule(r), sch::ScheduleError);
 }
 
 TEST(ChooseSchedule, DigestsTellProgramsApart) {
