@@ -651,11 +651,17 @@ class C10dComm : public Communicator {
     return shared_->stopping || shared_->report.has_value();
   }
 
+  // Note [Watchdog polls on its own clock]: the watchdog shares the cv that
+  // every posted send and every reaped one notifies. Woken by those, it
+  // used to ask the store each time: two store round trips per message, each
+  // one also waking rank 0's store thread on rank 0's core, in the middle of
+  // the step. It now asks once per kPoll, and a notify only makes it check
+  // whether the run is stopping or failed.
   void watch() {
     std::unique_lock<std::mutex> lock(shared_->mu);
     while (!shared_->stopping && !shared_->report) {
-      shared_->cv.wait_for(lock, kPoll);
-      if (shared_->stopping || shared_->report) break;
+      const auto next = Clock::now() + kPoll;
+      if (shared_->cv.wait_until(lock, next, [&] { return shared_->stopping || shared_->report.has_value(); })) break;
       lock.unlock();
       std::optional<std::string> found;
       const DistEnv& env = options_.env;
